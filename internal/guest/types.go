@@ -1,0 +1,146 @@
+package guest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"time"
+)
+
+// Op names an operation on a stream.
+type Op string
+
+const (
+	OpPing     Op = "ping"
+	OpInfo     Op = "info"
+	OpExec     Op = "exec"
+	OpReadFile Op = "read_file"
+	OpWrite    Op = "write_file"
+	OpStat     Op = "stat"
+	OpList     Op = "list"
+	OpPoweroff Op = "poweroff"
+	OpSetTime  Op = "set_time"
+	OpAttach   Op = "attach"
+)
+
+// Request is the first frame of every stream.
+type Request struct {
+	Op Op `json:"op"`
+
+	Exec *ExecRequest `json:"exec,omitempty"`
+	// ID names a running exec for OpAttach.
+	ID string `json:"id,omitempty"`
+
+	// Path and Mode serve the file operations. Paths are absolute in the guest.
+	Path string      `json:"path,omitempty"`
+	Mode fs.FileMode `json:"mode,omitempty"`
+	User string      `json:"user,omitempty"` // owner of written files; default user when empty
+
+	// Time is the host's wall clock for OpSetTime.
+	Time time.Time `json:"time,omitzero"`
+}
+
+// ExecRequest describes a process to start in the guest.
+type ExecRequest struct {
+	// ID names the process so that a new stream can attach to it after the
+	// channel broke (a rewind, a restarted supervisor). The agent picks one
+	// when it is empty.
+	ID string `json:"id,omitempty"`
+	Argv []string `json:"argv"`
+	// Env entries (KEY=VALUE) are added to the agent's base environment
+	// (PATH, HOME, USER, LOGNAME, SHELL, LANG, TERM) and override it.
+	Env []string `json:"env,omitempty"`
+	Dir string   `json:"dir,omitempty"`
+	// User is a name or "root"; empty means the sandbox's default user.
+	User string `json:"user,omitempty"`
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+}
+
+// Validate reports a request the agent would refuse, so the host can say so
+// before a stream is opened.
+func (r *ExecRequest) Validate() error {
+	if len(r.Argv) == 0 || r.Argv[0] == "" {
+		return fmt.Errorf("exec: no command given")
+	}
+	for _, e := range r.Env {
+		if !validEnv(e) {
+			return fmt.Errorf("exec: environment entry %q is not KEY=VALUE", e)
+		}
+	}
+	return nil
+}
+
+func validEnv(e string) bool {
+	for i := 0; i < len(e); i++ {
+		switch c := e[i]; {
+		case c == '=':
+			return i > 0
+		case c == 0:
+			return false
+		}
+	}
+	return false
+}
+
+// Response answers a Request. Error is empty on success.
+type Response struct {
+	Error string `json:"error,omitempty"`
+
+	Info *Info     `json:"info,omitempty"`
+	Stat *FileInfo `json:"stat,omitempty"`
+	List []FileInfo `json:"list,omitempty"`
+	Pid  int        `json:"pid,omitempty"`
+	ID   string     `json:"id,omitempty"`
+}
+
+// Info describes the guest.
+type Info struct {
+	Kernel   string `json:"kernel"` // uname -r
+	Machine  string `json:"machine"`
+	Hostname string `json:"hostname"`
+	User     string `json:"user"`
+	UID      int    `json:"uid"`
+	GID      int    `json:"gid"`
+	Uptime   float64 `json:"uptime_seconds"`
+	// Boot records how long the agent's own start-up took inside the guest.
+	AgentStartMillis float64 `json:"agent_start_ms"`
+}
+
+// FileInfo is what stat and list report.
+type FileInfo struct {
+	Name    string      `json:"name"`
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"mode"`
+	ModTime time.Time   `json:"mtime"`
+	Link    string      `json:"link,omitempty"`
+}
+
+// WindowSize is a terminal's size in character cells.
+type WindowSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// ExitStatus ends an exec stream.
+type ExitStatus struct {
+	Code   int    `json:"code"`             // exit code, or 128+signal
+	Signal string `json:"signal,omitempty"` // set when the process was killed by a signal
+	Error  string `json:"error,omitempty"`  // the agent failed to run or wait for it
+}
+
+func marshal(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only our own types are marshalled
+	}
+	return b
+}
+
+// WriteJSON writes a frame whose payload is v as JSON.
+func WriteJSON(w interface{ Write([]byte) (int, error) }, kind FrameKind, v any) error {
+	return WriteFrame(w, kind, marshal(v))
+}
+
+func fileMode(m uint32) fs.FileMode { return fs.FileMode(m).Perm() }

@@ -1,0 +1,144 @@
+package qemu
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// Options are the host-side facts the command line needs besides the spec.
+type Options struct {
+	Accel vmm.Accel
+	// RAMPath is the file guest RAM lives in (memory-backend-file,share=on).
+	// On Linux it names a descriptor of a file on tmpfs: /proc/self/fd/N.
+	RAMPath string
+	// File descriptors QEMU inherits: connected stream sockets.
+	QMPFd, AgentFd int
+	NetFd          int // 0: no NIC
+	// Incoming, when set, starts QEMU waiting for a migration stream
+	// ("defer": the stream is given over QMP later).
+	Incoming string
+}
+
+// seccompPolicy is QEMU's own sandbox: it may start no helper program
+// (migration streams come as file descriptors over QMP, never exec:),
+// never gain privileges, change resource limits or use obsolete calls.
+const seccompPolicy = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+// Binary names the QEMU program for a guest architecture.
+func Binary(arch vmspec.Arch) string {
+	if arch == vmspec.ARM64 {
+		return "qemu-system-aarch64"
+	}
+	return "qemu-system-x86_64"
+}
+
+// consoleDevice is the serial console's name in the guest kernel.
+func consoleDevice(arch vmspec.Arch) string {
+	if arch == vmspec.ARM64 {
+		return "ttyAMA0"
+	}
+	return "ttyS0"
+}
+
+// Args translates a spec into QEMU's arguments. It is a pure function so
+// that the command line for every platform and acceleration is unit-tested
+// here, including the ones this machine cannot run.
+func Args(s *vmspec.Spec, o Options) ([]string, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if o.RAMPath == "" {
+		return nil, fmt.Errorf("qemu: no RAM file")
+	}
+	if o.QMPFd <= 2 || o.AgentFd <= 2 {
+		return nil, fmt.Errorf("qemu: QMP and agent descriptors must be inherited ones (>2)")
+	}
+	if strings.ContainsAny(o.RAMPath, ",") {
+		return nil, fmt.Errorf("qemu: RAM path %q contains a comma", o.RAMPath)
+	}
+	mem := strconv.Itoa(s.MemoryMiB) + "M"
+	a := []string{
+		"-name", "kosa8-" + s.Name + ",debug-threads=on",
+		"-nodefaults", "-no-user-config", "-display", "none",
+		"-no-reboot", // a guest reboot or panic ends QEMU; the supervisor decides what next
+		"-sandbox", seccompPolicy,
+	}
+
+	var machine []string
+	switch s.Arch {
+	case vmspec.AMD64:
+		// microvm: no PCI, no firmware; devices are virtio-mmio, found
+		// through ACPI (the Debian kernel has no virtio_mmio.device= support).
+		machine = []string{"microvm", "accel=" + string(o.Accel), "acpi=on", "rtc=on"}
+		if o.Accel == vmm.TCG {
+			// Without a PIT the kernel hung at TSC calibration in a third of
+			// TCG boots.
+			machine = append(machine, "pit=on")
+		}
+	case vmspec.ARM64:
+		machine = []string{"virt", "accel=" + string(o.Accel), "gic-version=max"}
+		if o.Accel == vmm.HVF {
+			// Apple silicon's HVF supports GICv2/v3 only via QEMU's emulation.
+			machine[2] = "gic-version=3"
+		}
+	}
+	machine = append(machine, "memory-backend=ram")
+	cpu := "max"
+	if o.Accel == vmm.KVM || o.Accel == vmm.HVF {
+		cpu = "host"
+	}
+	a = append(a,
+		"-machine", strings.Join(machine, ","),
+		"-cpu", cpu,
+		"-smp", strconv.Itoa(s.CPUs),
+		"-m", mem,
+		"-object", "memory-backend-file,id=ram,size="+mem+",mem-path="+o.RAMPath+",share=on",
+		"-kernel", s.Kernel,
+		"-initrd", s.Initrd,
+		"-append", strings.TrimSpace("console="+consoleDevice(s.Arch)+" "+s.Cmdline),
+		"-chardev", "socket,id=qmp,fd="+strconv.Itoa(o.QMPFd),
+		"-mon", "chardev=qmp,mode=control",
+		"-chardev", "socket,id=agent,fd="+strconv.Itoa(o.AgentFd),
+		"-device", "virtio-serial-device,max_ports=2",
+		"-device", "virtserialport,chardev=agent,name="+s.AgentPort,
+	)
+	if s.ConsoleLog != "" {
+		if strings.Contains(s.ConsoleLog, ",") {
+			return nil, fmt.Errorf("qemu: console log path %q contains a comma", s.ConsoleLog)
+		}
+		a = append(a, "-chardev", "file,id=console,path="+s.ConsoleLog, "-serial", "chardev:console")
+	} else {
+		a = append(a, "-serial", "none")
+	}
+	for _, d := range s.Disks {
+		if strings.Contains(d.Path, ",") {
+			return nil, fmt.Errorf("qemu: disk path %q contains a comma", d.Path)
+		}
+		drive := "id=" + d.ID + ",file=" + d.Path + ",format=" + d.Format + ",if=none,discard=unmap,detect-zeroes=unmap"
+		if d.ReadOnly {
+			drive += ",read-only=on"
+		}
+		a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive="+d.ID)
+	}
+	if s.Net != nil && o.NetFd > 2 {
+		a = append(a,
+			"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str="+strconv.Itoa(o.NetFd),
+			"-device", "virtio-net-device,netdev=net0,mac="+s.Net.MAC,
+		)
+	}
+	a = append(a,
+		"-object", "rng-random,id=rng0,filename=/dev/urandom",
+		"-device", "virtio-rng-device,rng=rng0",
+		// Free page reporting hands pages the guest frees back to the host,
+		// which keeps the RAM file sparse and checkpoints small.
+		"-device", "virtio-balloon-device,free-page-reporting=on",
+	)
+	if o.Incoming != "" {
+		a = append(a, "-incoming", o.Incoming)
+	}
+	return a, nil
+}

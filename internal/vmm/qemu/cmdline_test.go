@@ -1,0 +1,187 @@
+package qemu
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+func spec(arch vmspec.Arch) *vmspec.Spec {
+	return &vmspec.Spec{
+		Name: "t", Arch: arch, CPUs: 2, MemoryMiB: 1024,
+		Kernel: "/img/vmlinuz", Initrd: "/img/initrd", Cmdline: "kosa8.uid=1000",
+		Disks:      []vmspec.Disk{{ID: "root", Path: "/sb/root.qcow2", Format: "qcow2"}},
+		ConsoleLog: "/sb/console.log", AgentPort: "org.kosa8.agent",
+	}
+}
+
+func opts(a vmm.Accel) Options {
+	return Options{Accel: a, RAMPath: "/proc/self/fd/3", QMPFd: 4, AgentFd: 5}
+}
+
+// value returns the argument after flag, for the n-th occurrence.
+func value(t *testing.T, args []string, flag string, n int) string {
+	t.Helper()
+	seen := 0
+	for i, a := range args {
+		if a == flag && i+1 < len(args) {
+			if seen == n {
+				return args[i+1]
+			}
+			seen++
+		}
+	}
+	t.Fatalf("%s #%d not in %q", flag, n, args)
+	return ""
+}
+
+func values(args []string, flag string) []string {
+	var out []string
+	for i, a := range args {
+		if a == flag && i+1 < len(args) {
+			out = append(out, args[i+1])
+		}
+	}
+	return out
+}
+
+func TestArgsPerPlatform(t *testing.T) {
+	cases := []struct {
+		name    string
+		arch    vmspec.Arch
+		accel   vmm.Accel
+		machine string
+		cpu     string
+		console string
+	}{
+		{"linux amd64 kvm", vmspec.AMD64, vmm.KVM, "microvm,accel=kvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
+		{"linux amd64 tcg", vmspec.AMD64, vmm.TCG, "microvm,accel=tcg,acpi=on,rtc=on,pit=on,memory-backend=ram", "max", "console=ttyS0"},
+		{"darwin arm64 hvf", vmspec.ARM64, vmm.HVF, "virt,accel=hvf,gic-version=3,memory-backend=ram", "host", "console=ttyAMA0"},
+		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "virt,accel=tcg,gic-version=max,memory-backend=ram", "max", "console=ttyAMA0"},
+		{"linux arm64 kvm", vmspec.ARM64, vmm.KVM, "virt,accel=kvm,gic-version=max,memory-backend=ram", "host", "console=ttyAMA0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			args, err := Args(spec(tc.arch), opts(tc.accel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := value(t, args, "-machine", 0); got != tc.machine {
+				t.Errorf("-machine = %q, want %q", got, tc.machine)
+			}
+			if got := value(t, args, "-cpu", 0); got != tc.cpu {
+				t.Errorf("-cpu = %q, want %q", got, tc.cpu)
+			}
+			if got := value(t, args, "-append", 0); !strings.HasPrefix(got, tc.console+" ") || !strings.Contains(got, "kosa8.uid=1000") {
+				t.Errorf("-append = %q", got)
+			}
+			if got := value(t, args, "-sandbox", 0); got != "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny" {
+				t.Errorf("-sandbox = %q", got)
+			}
+			if got := value(t, args, "-object", 0); got != "memory-backend-file,id=ram,size=1024M,mem-path=/proc/self/fd/3,share=on" {
+				t.Errorf("RAM backend = %q", got)
+			}
+			for _, want := range []string{"-nodefaults", "-no-user-config", "-no-reboot"} {
+				if !slices.Contains(args, want) {
+					t.Errorf("missing %s", want)
+				}
+			}
+			joined := strings.Join(args, " ")
+			for _, banned := range []string{"user,", "-netdev user", "exec:", "slirp", "-nic", "hostfwd"} {
+				if strings.Contains(joined, banned) {
+					t.Errorf("command line contains %q: %s", banned, joined)
+				}
+			}
+		})
+	}
+}
+
+func TestArgsDevices(t *testing.T) {
+	s := spec(vmspec.AMD64)
+	s.Disks = append(s.Disks, vmspec.Disk{ID: "base", Path: "/img/base.raw", Format: "raw", ReadOnly: true})
+	s.Net = &vmspec.Net{MAC: "52:54:00:00:00:01"}
+	o := opts(vmm.TCG)
+	o.NetFd = 6
+	o.Incoming = "defer"
+	args, err := Args(s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drives := values(args, "-drive")
+	if len(drives) != 2 || !strings.Contains(drives[1], "read-only=on") || strings.Contains(drives[0], "read-only") {
+		t.Errorf("drives = %q", drives)
+	}
+	chardevs := values(args, "-chardev")
+	want := []string{"socket,id=qmp,fd=4", "socket,id=agent,fd=5", "file,id=console,path=/sb/console.log"}
+	if !slices.Equal(chardevs, want) {
+		t.Errorf("chardevs = %q, want %q", chardevs, want)
+	}
+	if got := value(t, args, "-netdev", 0); got != "stream,id=net0,server=off,addr.type=fd,addr.str=6" {
+		t.Errorf("-netdev = %q", got)
+	}
+	devs := strings.Join(values(args, "-device"), " ")
+	for _, want := range []string{"virtserialport,chardev=agent,name=org.kosa8.agent", "virtio-net-device,netdev=net0,mac=52:54:00:00:00:01", "virtio-balloon-device,free-page-reporting=on", "virtio-rng-device"} {
+		if !strings.Contains(devs, want) {
+			t.Errorf("devices lack %q: %s", want, devs)
+		}
+	}
+	if got := value(t, args, "-incoming", 0); got != "defer" {
+		t.Errorf("-incoming = %q", got)
+	}
+}
+
+func TestArgsRejects(t *testing.T) {
+	s := spec(vmspec.AMD64)
+	s.Disks[0].Path = "/a,b/root.qcow2"
+	if _, err := Args(s, opts(vmm.TCG)); err == nil || !strings.Contains(err.Error(), "comma") {
+		t.Errorf("comma in a disk path: err = %v", err)
+	}
+	o := opts(vmm.TCG)
+	o.QMPFd = 1
+	if _, err := Args(spec(vmspec.AMD64), o); err == nil {
+		t.Error("stdout as QMP descriptor accepted")
+	}
+	bad := spec(vmspec.AMD64)
+	bad.CPUs = 0
+	if _, err := Args(bad, opts(vmm.TCG)); err == nil {
+		t.Error("invalid spec accepted")
+	}
+}
+
+func TestChooseAccel(t *testing.T) {
+	cases := []struct {
+		name string
+		host Host
+		arch vmspec.Arch
+		want vmm.Accel
+		ask  vmm.Accel
+		err  string
+	}{
+		{"linux with kvm", Host{"linux", vmspec.AMD64, true, false}, vmspec.AMD64, vmm.KVM, "", ""},
+		{"linux without kvm", Host{"linux", vmspec.AMD64, false, false}, vmspec.AMD64, vmm.TCG, "", ""},
+		{"linux foreign arch", Host{"linux", vmspec.AMD64, true, false}, vmspec.ARM64, vmm.TCG, "", ""},
+		{"mac with hvf", Host{"darwin", vmspec.ARM64, false, true}, vmspec.ARM64, vmm.HVF, "", ""},
+		{"mac without hvf", Host{"darwin", vmspec.ARM64, false, false}, vmspec.ARM64, vmm.TCG, "", ""},
+		{"asked tcg on kvm host", Host{"linux", vmspec.AMD64, true, false}, vmspec.AMD64, vmm.TCG, vmm.TCG, ""},
+		{"asked kvm without it", Host{"linux", vmspec.AMD64, false, false}, vmspec.AMD64, "", vmm.KVM, "/dev/kvm"},
+		{"asked hvf on linux", Host{"linux", vmspec.AMD64, true, false}, vmspec.AMD64, "", vmm.HVF, "not available"},
+		{"asked kvm foreign arch", Host{"linux", vmspec.AMD64, true, false}, vmspec.ARM64, "", vmm.KVM, "cannot run"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ChooseAccel(tc.host, tc.arch, tc.ask)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want it to mention %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("ChooseAccel = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,49 @@
+package qemu
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// DetectHost reports this machine's accelerators.
+func DetectHost() Host {
+	v, err := unix.SysctlUint32("kern.hv_support")
+	return Host{GOOS: "darwin", Arch: vmspec.HostArch(), HVFUsable: err == nil && v == 1}
+}
+
+func procAttr() *syscall.SysProcAttr {
+	// macOS has no parent-death signal; the supervisor kills QEMU on exit
+	// and QEMU's QMP socket closing ends it otherwise.
+	return &syscall.SysProcAttr{Setpgid: true}
+}
+
+func defaultRAMDir() string {
+	return filepath.Join(os.TempDir(), "kosa8-"+strconv.Itoa(os.Getuid()))
+}
+
+// ramPath: macOS has no /proc/self/fd, so QEMU opens the file by name.
+func ramPath(_ int, f *os.File) string { return f.Name() }
+
+func createRAMFile(dir, name string, size int64) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	p := filepath.Join(dir, fmt.Sprintf("%s.%d.ram", name, os.Getpid()))
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create RAM file: %w", err)
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		os.Remove(p)
+		return nil, err
+	}
+	return f, nil
+}

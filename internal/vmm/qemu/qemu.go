@@ -1,0 +1,332 @@
+// Package qemu runs kosa8's machines with QEMU: microvm on x86-64, virt on
+// arm64, KVM or HVF where the host has them, TCG where it does not.
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// Driver starts QEMU machines.
+type Driver struct {
+	binary string
+	accel  vmm.Accel
+	ramDir string
+}
+
+// Config selects how a Driver runs QEMU.
+type Config struct {
+	Arch vmspec.Arch
+	// Accel forces an acceleration; empty picks the best the host has.
+	Accel vmm.Accel
+	// Binary overrides the QEMU program (default: found in PATH, or $KOSA8_QEMU).
+	Binary string
+	// RAMDir holds guest RAM files; it must be tmpfs on Linux. Default:
+	// a private directory under /dev/shm.
+	RAMDir string
+}
+
+// New finds QEMU and decides the acceleration.
+func New(cfg Config) (*Driver, error) {
+	if cfg.Arch == "" {
+		cfg.Arch = vmspec.HostArch()
+	}
+	bin, err := FindBinary(cfg.Arch, cfg.Binary)
+	if err != nil {
+		return nil, err
+	}
+	accel, err := ChooseAccel(DetectHost(), cfg.Arch, cfg.Accel)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.RAMDir == "" {
+		cfg.RAMDir = defaultRAMDir()
+	}
+	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir}, nil
+}
+
+// FindBinary locates the QEMU program for arch.
+func FindBinary(arch vmspec.Arch, override string) (string, error) {
+	if override == "" {
+		override = os.Getenv("KOSA8_QEMU")
+	}
+	name := Binary(arch)
+	if override != "" {
+		name = override
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		pkg := "qemu-system-x86"
+		if arch == vmspec.ARM64 {
+			pkg = "qemu-system-arm"
+		}
+		hint := "run 'kosa8 setup' or install " + pkg
+		if runtime.GOOS == "darwin" {
+			hint = "run 'brew install qemu'"
+		}
+		return "", fmt.Errorf("%s not found: %s: %w", name, hint, vmm.ErrNotFound)
+	}
+	return p, nil
+}
+
+// Version is a QEMU release.
+type Version struct{ Major, Minor, Micro int }
+
+func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Micro) }
+
+// AtLeast reports whether v is major.minor or newer.
+func (v Version) AtLeast(major, minor int) bool {
+	return v.Major > major || (v.Major == major && v.Minor >= minor)
+}
+
+var versionRE = regexp.MustCompile(`QEMU emulator version (\d+)\.(\d+)(?:\.(\d+))?`)
+
+// ParseVersion reads the first line of `qemu-system-* --version`.
+func ParseVersion(out string) (Version, error) {
+	m := versionRE.FindStringSubmatch(out)
+	if m == nil {
+		return Version{}, fmt.Errorf("unrecognised QEMU version output %q", firstLine(out))
+	}
+	var v Version
+	v.Major, _ = strconv.Atoi(m[1])
+	v.Minor, _ = strconv.Atoi(m[2])
+	if m[3] != "" {
+		v.Micro, _ = strconv.Atoi(m[3])
+	}
+	return v, nil
+}
+
+func firstLine(s string) string {
+	if i := bytes.IndexByte([]byte(s), '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// MinVersion is the oldest QEMU kosa8 runs: 7.2 brought -netdev stream.
+var MinVersion = Version{7, 2, 0}
+
+// BinaryVersion runs bin --version.
+func BinaryVersion(ctx context.Context, bin string) (Version, string, error) {
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return Version{}, "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	v, err := ParseVersion(string(out))
+	return v, firstLine(string(out)), err
+}
+
+func (d *Driver) Name() string       { return "qemu" }
+func (d *Driver) Accel() vmm.Accel   { return d.accel }
+func (d *Driver) BinaryPath() string { return d.binary }
+
+// Machine is a running QEMU.
+type Machine struct {
+	cmd   *exec.Cmd
+	pid   int
+	qmp   *QMP
+	agent net.Conn
+	ram   *os.File
+
+	done    chan struct{}
+	waitErr error
+	stderr  *tail
+}
+
+func (m *Machine) Pid() int              { return m.pid }
+func (m *Machine) Agent() net.Conn       { return m.agent }
+func (m *Machine) QMP() *QMP             { return m.qmp }
+func (m *Machine) RAM() *os.File         { return m.ram }
+func (m *Machine) Done() <-chan struct{} { return m.done }
+
+// Wait blocks until QEMU exits (its error, with the tail of what QEMU
+// printed) or ctx ends.
+func (m *Machine) Wait(ctx context.Context) error {
+	select {
+	case <-m.done:
+		return m.waitErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Kill ends QEMU at once.
+func (m *Machine) Kill() error {
+	select {
+	case <-m.done:
+		return nil
+	default:
+	}
+	if err := m.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	<-m.done
+	return nil
+}
+
+// Stderr returns the last of what QEMU printed.
+func (m *Machine) Stderr() string { return m.stderr.String() }
+
+// Start starts QEMU for spec. ctx bounds the start only; the machine runs
+// until it exits or is killed, and dies with this process.
+func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOptions) (vmm.Machine, error) {
+	var cleanup []func()
+	fail := func(err error) (vmm.Machine, error) {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+		return nil, err
+	}
+	ram, err := createRAMFile(d.ramDir, spec.Name, int64(spec.MemoryMiB)<<20)
+	if err != nil {
+		return fail(err)
+	}
+	cleanup = append(cleanup, func() { ram.Close() })
+	qmpHost, qmpQemu, err := socketPair("qmp")
+	if err != nil {
+		return fail(err)
+	}
+	cleanup = append(cleanup, func() { qmpHost.Close(); qmpQemu.Close() })
+	agentHost, agentQemu, err := socketPair("agent")
+	if err != nil {
+		return fail(err)
+	}
+	cleanup = append(cleanup, func() { agentHost.Close(); agentQemu.Close() })
+
+	// Descriptors 3, 4, 5 (and 6) in QEMU, in ExtraFiles order.
+	extra := []*os.File{ram, qmpQemu, agentQemu}
+	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), QMPFd: 4, AgentFd: 5}
+	if opts.Net != nil {
+		extra = append(extra, opts.Net)
+		o.NetFd = 6
+	}
+	args, err := Args(spec, o)
+	if err != nil {
+		return fail(err)
+	}
+	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10)}
+	cmd := exec.Command(d.binary, args...)
+	cmd.ExtraFiles = extra
+	cmd.Stdin = nil
+	var errOut io.Writer = m.stderr
+	if opts.Stderr != nil {
+		errOut = io.MultiWriter(m.stderr, opts.Stderr)
+	}
+	cmd.Stdout, cmd.Stderr = errOut, errOut
+	cmd.SysProcAttr = procAttr()
+	m.cmd = cmd
+
+	started := make(chan error, 1)
+	go func() {
+		// The parent-death signal fires when the thread that forked QEMU
+		// exits, not the process: keep this thread for QEMU's whole life.
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		err := cmd.Wait()
+		if err != nil {
+			err = fmt.Errorf("qemu exited: %w%s", err, m.stderr.Suffix())
+		}
+		m.waitErr = err
+		close(m.done)
+	}()
+	if err := <-started; err != nil {
+		return fail(fmt.Errorf("start %s: %w", d.binary, err))
+	}
+	m.pid = cmd.Process.Pid
+	cleanup = append(cleanup, func() { _ = m.Kill() })
+	qmpQemu.Close()
+	agentQemu.Close()
+
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	qc, err := net.FileConn(qmpHost)
+	if err != nil {
+		return fail(err)
+	}
+	qmpHost.Close()
+	go func() {
+		select {
+		case <-m.done:
+			cancel() // QEMU died before its greeting: stop waiting for it
+		case <-qctx.Done():
+		}
+	}()
+	m.qmp, err = NewQMP(qctx, qc.(*net.UnixConn))
+	if err != nil {
+		select {
+		case <-m.done:
+			return fail(fmt.Errorf("qemu failed to start%s", m.stderr.Suffix()))
+		default:
+		}
+		return fail(err)
+	}
+	ac, err := net.FileConn(agentHost)
+	if err != nil {
+		return fail(err)
+	}
+	agentHost.Close()
+	m.agent = ac
+	return m, nil
+}
+
+func socketPair(name string) (*os.File, *os.File, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair for %s: %w", name, err)
+	}
+	syscall.CloseOnExec(fds[0])
+	syscall.CloseOnExec(fds[1])
+	return os.NewFile(uintptr(fds[0]), name+"-host"), os.NewFile(uintptr(fds[1]), name+"-qemu"), nil
+}
+
+// tail keeps the last n bytes written to it.
+type tail struct {
+	mu  sync.Mutex
+	n   int
+	buf []byte
+}
+
+func newTail(n int) *tail { return &tail{n: n} }
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > t.n {
+		t.buf = append([]byte(nil), t.buf[len(t.buf)-t.n:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(bytes.TrimSpace(t.buf))
+}
+
+// Suffix formats the tail for the end of an error message.
+func (t *tail) Suffix() string {
+	if s := t.String(); s != "" {
+		return ": " + s
+	}
+	return ""
+}

@@ -1,0 +1,63 @@
+// Package vmm is the contract between kosa8 and the programs that run its
+// virtual machines. A driver starts a Machine from a vmspec.Spec; optional
+// capabilities are separate interfaces, checked with a type assertion, and
+// a driver that lacks one says so with ErrNotSupported rather than a stub.
+package vmm
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// Accel is the hardware acceleration a machine runs with.
+type Accel string
+
+const (
+	KVM Accel = "kvm"
+	HVF Accel = "hvf"
+	TCG Accel = "tcg" // software emulation: slow, and not a security boundary like KVM/HVF
+)
+
+// IsolationWarning is what kosa8 says wherever a sandbox runs under TCG.
+const IsolationWarning = "running under TCG (software emulation, no KVM/HVF): slow, and QEMU's emulator is not a security boundary on the level of KVM or HVF"
+
+var (
+	// ErrNotSupported: the driver cannot do this.
+	ErrNotSupported = errors.New("not supported by this VMM")
+	// ErrNotFound: the VMM program is not installed.
+	ErrNotFound = errors.New("VMM not found")
+)
+
+// Driver starts machines.
+type Driver interface {
+	Name() string
+	Accel() Accel
+	Start(ctx context.Context, spec *vmspec.Spec, opts StartOptions) (Machine, error)
+}
+
+// StartOptions carry what the host side of a machine provides.
+type StartOptions struct {
+	// Net, when set, is the host end's peer for the NIC: a connected stream
+	// socket the VMM sends and receives the guest's frames on.
+	Net *os.File
+	// Stderr receives the VMM's own messages.
+	Stderr interface{ Write([]byte) (int, error) }
+}
+
+// Machine is a running VM. Its lifetime is its own, not the start context's.
+type Machine interface {
+	// Pid is the VMM process.
+	Pid() int
+	// Agent is the host end of the guest agent's channel.
+	Agent() net.Conn
+	// Wait blocks until the machine exits or ctx ends; safe for many callers.
+	Wait(ctx context.Context) error
+	// Done is closed when the machine has exited.
+	Done() <-chan struct{}
+	// Kill stops the machine at once.
+	Kill() error
+}

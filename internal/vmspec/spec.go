@@ -1,0 +1,88 @@
+// Package vmspec describes a virtual machine independently of the VMM that
+// runs it. A driver (internal/vmm/qemu) translates it into its own terms.
+package vmspec
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+)
+
+// Arch is a guest CPU architecture, named as Go names it.
+type Arch string
+
+const (
+	AMD64 Arch = "amd64"
+	ARM64 Arch = "arm64"
+)
+
+// HostArch is the architecture of this machine.
+func HostArch() Arch { return Arch(runtime.GOARCH) }
+
+// Spec is one machine.
+type Spec struct {
+	Name      string `json:"name"`
+	Arch      Arch   `json:"arch"`
+	CPUs      int    `json:"cpus"`
+	MemoryMiB int    `json:"memory_mib"`
+
+	Kernel  string `json:"kernel"`
+	Initrd  string `json:"initrd"`
+	Cmdline string `json:"cmdline"`
+
+	Disks []Disk `json:"disks"`
+
+	// ConsoleLog receives the guest's serial console.
+	ConsoleLog string `json:"console_log,omitempty"`
+	// AgentPort is the virtio-serial port name of the host↔agent channel.
+	AgentPort string `json:"agent_port"`
+	// Net attaches the one NIC to a stream socket served by the host.
+	Net *Net `json:"net,omitempty"`
+}
+
+// Disk is a block device, in the order the guest sees them (vda, vdb, …).
+type Disk struct {
+	ID       string `json:"id"`
+	Path     string `json:"path"`
+	Format   string `json:"format"` // qcow2 or raw
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// Net is the guest's only network interface.
+type Net struct {
+	MAC string `json:"mac"`
+}
+
+// Validate reports what is wrong with s, all at once.
+func (s *Spec) Validate() error {
+	var errs []error
+	if s.Name == "" {
+		errs = append(errs, errors.New("vm: no name"))
+	}
+	switch s.Arch {
+	case AMD64, ARM64:
+	default:
+		errs = append(errs, fmt.Errorf("vm: unsupported architecture %q", s.Arch))
+	}
+	if s.CPUs < 1 || s.CPUs > 64 {
+		errs = append(errs, fmt.Errorf("vm: %d CPUs is out of range (1–64)", s.CPUs))
+	}
+	if s.MemoryMiB < 128 {
+		errs = append(errs, fmt.Errorf("vm: %d MiB of memory is too little (at least 128)", s.MemoryMiB))
+	}
+	if s.Kernel == "" || s.Initrd == "" {
+		errs = append(errs, errors.New("vm: kernel and initrd are required"))
+	}
+	for i, d := range s.Disks {
+		if d.ID == "" || d.Path == "" {
+			errs = append(errs, fmt.Errorf("vm: disk %d needs an id and a path", i))
+		}
+		if d.Format != "qcow2" && d.Format != "raw" {
+			errs = append(errs, fmt.Errorf("vm: disk %s has unknown format %q", d.ID, d.Format))
+		}
+	}
+	if s.AgentPort == "" {
+		errs = append(errs, errors.New("vm: no agent port"))
+	}
+	return errors.Join(errs...)
+}
