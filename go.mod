@@ -4,5 +4,11 @@ go 1.26.8
 
 require (
 	github.com/hashicorp/yamux v0.1.2
+	github.com/pelletier/go-toml/v2 v2.4.3
+	github.com/spf13/cobra v1.10.2
+	github.com/spf13/pflag v1.1.0
 	golang.org/x/sys v0.50.0
+	golang.org/x/term v0.48.0
 )
+
+require github.com/inconshreveable/mousetrap v1.1.0 // indirect

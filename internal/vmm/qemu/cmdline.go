@@ -21,6 +21,10 @@ type Options struct {
 	// Incoming, when set, starts QEMU waiting for a migration stream
 	// ("defer": the stream is given over QMP later).
 	Incoming string
+	// TSCkHz is the host's TSC rate, passed to an x86 guest under TCG so
+	// that its kernel skips calibrating against the emulated PIT (which
+	// failed, and then hung the boot, in some TCG boots here).
+	TSCkHz int
 }
 
 // seccompPolicy is QEMU's own sandbox: it may start no helper program
@@ -42,6 +46,14 @@ func consoleDevice(arch vmspec.Arch) string {
 		return "ttyAMA0"
 	}
 	return "ttyS0"
+}
+
+func kernelCmdline(s *vmspec.Spec, o Options) string {
+	c := "console=" + consoleDevice(s.Arch)
+	if s.Arch == vmspec.AMD64 && o.Accel == vmm.TCG && o.TSCkHz > 0 {
+		c += " tsc_early_khz=" + strconv.Itoa(o.TSCkHz)
+	}
+	return strings.TrimSpace(c + " " + s.Cmdline)
 }
 
 // Args translates a spec into QEMU's arguments. It is a pure function so
@@ -99,7 +111,7 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		"-object", "memory-backend-file,id=ram,size="+mem+",mem-path="+o.RAMPath+",share=on",
 		"-kernel", s.Kernel,
 		"-initrd", s.Initrd,
-		"-append", strings.TrimSpace("console="+consoleDevice(s.Arch)+" "+s.Cmdline),
+		"-append", kernelCmdline(s, o),
 		"-chardev", "socket,id=qmp,fd="+strconv.Itoa(o.QMPFd),
 		"-mon", "chardev=qmp,mode=control",
 		"-chardev", "socket,id=agent,fd="+strconv.Itoa(o.AgentFd),

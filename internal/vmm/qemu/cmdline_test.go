@@ -133,6 +133,35 @@ func TestArgsDevices(t *testing.T) {
 	}
 }
 
+func TestTSCOnlyUnderTCGOnX86(t *testing.T) {
+	for _, tc := range []struct {
+		arch  vmspec.Arch
+		accel vmm.Accel
+		want  bool
+	}{{vmspec.AMD64, vmm.TCG, true}, {vmspec.AMD64, vmm.KVM, false}, {vmspec.ARM64, vmm.TCG, false}} {
+		o := opts(tc.accel)
+		o.TSCkHz = 2096016
+		args, err := Args(spec(tc.arch), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Contains(value(t, args, "-append", 0), "tsc_early_khz=2096016")
+		if got != tc.want {
+			t.Errorf("%s/%s: tsc_early_khz present = %v, want %v", tc.arch, tc.accel, got, tc.want)
+		}
+	}
+}
+
+func TestHostTSC(t *testing.T) {
+	if vmspec.HostArch() != vmspec.AMD64 {
+		t.Skip("the TSC is an x86 counter")
+	}
+	// Any x86-64 machine that runs kosa8 counts between 0.5 and 10 GHz.
+	if khz := HostTSCkHz(); khz < 500_000 || khz > 10_000_000 {
+		t.Fatalf("measured TSC rate %d kHz is implausible", khz)
+	}
+}
+
 func TestArgsRejects(t *testing.T) {
 	s := spec(vmspec.AMD64)
 	s.Disks[0].Path = "/a,b/root.qcow2"

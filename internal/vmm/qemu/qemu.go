@@ -211,6 +211,9 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	// Descriptors 3, 4, 5 (and 6) in QEMU, in ExtraFiles order.
 	extra := []*os.File{ram, qmpQemu, agentQemu}
 	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), QMPFd: 4, AgentFd: 5}
+	if d.accel == vmm.TCG && spec.Arch == vmspec.AMD64 && vmspec.HostArch() == vmspec.AMD64 {
+		o.TSCkHz = HostTSCkHz()
+	}
 	if opts.Net != nil {
 		extra = append(extra, opts.Net)
 		o.NetFd = 6

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// check is one line of doctor's report.
+type check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Warn   bool   `json:"warning,omitempty"` // works, but worth knowing
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+func doctorChecks(ctx context.Context) []check {
+	var out []check
+	add := func(c check) { out = append(out, c) }
+	arch := vmspec.HostArch()
+	add(check{Name: "platform", OK: runtime.GOOS == "linux" || runtime.GOOS == "darwin", Detail: runtime.GOOS + "/" + string(arch)})
+
+	h := qemu.DetectHost()
+	accel, err := qemu.ChooseAccel(h, arch, vmm.Accel(os.Getenv("KOSA8_ACCEL")))
+	switch {
+	case err != nil:
+		add(check{Name: "acceleration", Detail: err.Error(), Fix: "unset KOSA8_ACCEL"})
+	case accel == vmm.TCG:
+		fix := "enable virtualization: load kvm_intel or kvm_amd and make /dev/kvm read-write for you (kvm group)"
+		if runtime.GOOS == "darwin" {
+			fix = "use an Apple silicon Mac with macOS 12 or later"
+		}
+		if _, statErr := os.Stat("/dev/kvm"); statErr == nil && runtime.GOOS == "linux" {
+			fix = "/dev/kvm exists but is not usable by you: add yourself to its group (usually kvm)"
+		}
+		add(check{Name: "acceleration", OK: true, Warn: true, Detail: "tcg — " + vmm.IsolationWarning, Fix: fix})
+	default:
+		add(check{Name: "acceleration", OK: true, Detail: string(accel)})
+	}
+
+	if bin, err := qemu.FindBinary(arch, ""); err != nil {
+		add(check{Name: "qemu", Detail: err.Error(), Fix: "kosa8 setup"})
+	} else {
+		vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		v, line, err := qemu.BinaryVersion(vctx, bin)
+		cancel()
+		switch {
+		case err != nil:
+			add(check{Name: "qemu", Detail: err.Error(), Fix: "reinstall QEMU"})
+		case !v.AtLeast(qemu.MinVersion.Major, qemu.MinVersion.Minor):
+			add(check{Name: "qemu", Detail: line + " at " + bin, Fix: "QEMU " + qemu.MinVersion.String() + " or newer is needed"})
+		default:
+			add(check{Name: "qemu", OK: true, Detail: line + " at " + bin})
+		}
+	}
+	if lookTool("qemu-img") {
+		add(check{Name: "qemu-img", OK: true, Detail: "found"})
+	} else {
+		add(check{Name: "qemu-img", Detail: "not found", Fix: "kosa8 setup (installs qemu-utils)"})
+	}
+	if a, err := agentPath(); err != nil {
+		add(check{Name: "agent", Detail: err.Error(), Fix: "make build"})
+	} else {
+		add(check{Name: "agent", OK: true, Detail: a})
+	}
+
+	m, err := manager()
+	if err != nil {
+		add(check{Name: "directories", Detail: err.Error()})
+		return out
+	}
+	if err := sandbox.EnsureWritable(m.Paths.SandboxesDir()); err != nil {
+		add(check{Name: "state dir", Detail: err.Error(), Fix: "set KOSA8_HOME to a writable directory"})
+	} else {
+		add(check{Name: "state dir", OK: true, Detail: m.Paths.SandboxesDir()})
+	}
+	if img, err := (image.Store{Dir: m.Paths.Cache}).Lookup(image.DefaultRecipe(arch)); err != nil {
+		fix := "kosa8 setup"
+		if missing := image.MissingTools(); len(missing) > 0 {
+			fix += " (needs " + fmt.Sprint(missing) + ")"
+		}
+		add(check{Name: "image", Detail: err.Error(), Fix: fix})
+	} else {
+		add(check{Name: "image", OK: true, Detail: fmt.Sprintf("%s, kernel %s, built %s", filepath.Base(img.Dir), img.Manifest.KernelVersion, ago(img.Manifest.Built))})
+	}
+	add(ramCheck())
+	return out
+}
+
+func doctorCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Check what kosa8 needs and say how to fix what is missing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			checks := doctorChecks(cmd.Context())
+			failed := 0
+			for _, c := range checks {
+				if !c.OK {
+					failed++
+				}
+			}
+			if asJSON {
+				if err := printJSON(checks); err != nil {
+					return err
+				}
+			} else {
+				for _, c := range checks {
+					mark := "ok  "
+					switch {
+					case !c.OK:
+						mark = "FAIL"
+					case c.Warn:
+						mark = "warn"
+					}
+					fmt.Printf("%s  %-13s %s\n", mark, c.Name, c.Detail)
+					if c.Fix != "" && (!c.OK || c.Warn) {
+						fmt.Printf("      %-13s fix: %s\n", "", c.Fix)
+					}
+				}
+			}
+			if failed > 0 {
+				return &exitError{1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/sandbox"
+)
+
+// listing is one sandbox as ls --json and inspect show it.
+type listing struct {
+	Name   string         `json:"name"`
+	State  sandbox.State  `json:"state"`
+	Dir    string         `json:"dir"`
+	Config sandbox.Config `json:"config"`
+	Status sandbox.Status `json:"status"`
+	Guest  *guest.Info    `json:"guest,omitempty"`
+}
+
+func describe(sb *sandbox.Sandbox) listing {
+	st := sb.Status()
+	return listing{Name: sb.Config.Name, State: st.State, Dir: sb.Dir, Config: sb.Config, Status: st}
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+}
+
+func lsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list", "ps"},
+		Short:   "List sandboxes",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sbs, err := m.List()
+			if err != nil {
+				return err
+			}
+			out := make([]listing, 0, len(sbs))
+			for _, sb := range sbs {
+				out = append(out, describe(sb))
+			}
+			if asJSON {
+				return printJSON(out)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tACCEL\tCPUS\tMEMORY\tDISK\tCREATED")
+			for _, l := range out {
+				accel := l.Status.Accel
+				if accel == "" {
+					accel = "-"
+				}
+				state := string(l.State)
+				if l.Config.Ephemeral {
+					state += " (--rm)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dG\t%s\n", sanitize(l.Name, false), state, accel, l.Config.CPUs, l.Config.MemoryMiB, l.Config.DiskGiB, ago(l.Config.Created))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func inspectCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect NAME",
+		Short: "Show a sandbox's settings and state as JSON",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sb, err := m.Open(args[0])
+			if err != nil {
+				return err
+			}
+			l := describe(sb)
+			if sb.Alive() {
+				ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
+				defer cancel()
+				if info, err := sandbox.NewClient(sb).Info(ctx); err == nil {
+					info.Hostname = sanitize(info.Hostname, false)
+					info.Kernel = sanitize(info.Kernel, false)
+					l.Guest = info
+				}
+			}
+			return printJSON(l)
+		},
+	}
+}
+
+func logsCmd() *cobra.Command {
+	var supervisorLog, follow bool
+	cmd := &cobra.Command{
+		Use:   "logs [flags] NAME",
+		Short: "Print a sandbox's console log (or its supervisor's)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sb, err := m.Open(args[0])
+			if err != nil {
+				return err
+			}
+			p := sb.Path(sandbox.ConsoleLog)
+			if supervisorLog {
+				p = sb.Path(sandbox.SupervisorLog)
+			}
+			f, err := os.Open(p)
+			if os.IsNotExist(err) {
+				return fmt.Errorf("no log yet: %s has not been started", args[0])
+			}
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			// The console carries what the guest printed: never raw to the
+			// user's terminal.
+			w := sanitizeWriter{os.Stdout}
+			if _, err := io.Copy(w, f); err != nil {
+				return err
+			}
+			for follow && sb.Alive() {
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case <-time.After(200 * time.Millisecond):
+				}
+				if _, err := io.Copy(w, f); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&supervisorLog, "supervisor", false, "the supervisor's log instead of the guest console")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing while the sandbox runs")
+	return cmd
+}

@@ -1,0 +1,398 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
+
+	"github.com/kosa8/kosa8/internal/config"
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// errorCode is kosa8's own exit status for failures that are not the
+// command's (as Docker's 125), so scripts can tell them apart.
+const errorCode = 125
+
+// createFlags are shared by create and run.
+type createFlags struct {
+	name   string
+	cpus   int
+	memory string
+	disk   string
+	rm     bool
+	env    []string
+	accel  string
+}
+
+func (f *createFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.name, "name", "", "sandbox name (default: the folder's name and a random suffix)")
+	fs.IntVar(&f.cpus, "cpus", 0, fmt.Sprintf("virtual CPUs (default %d)", sandbox.DefaultCPUs))
+	fs.StringVar(&f.memory, "memory", "", fmt.Sprintf("guest memory, e.g. 2G (default %dM)", sandbox.DefaultMemoryMiB))
+	fs.StringVar(&f.disk, "disk", "", fmt.Sprintf("root disk size, e.g. 32G (default %dG)", sandbox.DefaultDiskGiB))
+	fs.BoolVar(&f.rm, "rm", false, "remove the sandbox when it stops")
+	fs.StringArrayVarP(&f.env, "env", "e", nil, "set KEY=VALUE in the guest, or pass the host's KEY (repeatable)")
+	fs.StringVar(&f.accel, "accel", os.Getenv("KOSA8_ACCEL"), "force the acceleration: kvm, hvf or tcg")
+}
+
+var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+
+// guestUser mirrors the host user: same name and ids, unless the host user
+// is root (the guest's default user must not be), then kosa8 with 1000:1000.
+func guestUser() (name string, uid, gid int) {
+	uid, gid = os.Getuid(), os.Getgid()
+	name = "kosa8"
+	if u, err := user.Current(); err == nil && userNameRE.MatchString(u.Username) && u.Username != "root" {
+		name = u.Username
+	}
+	if uid == 0 {
+		return "kosa8", 1000, 1000
+	}
+	return name, uid, gid
+}
+
+// resolveEnv turns --env entries into KEY=VALUE, taking bare KEYs from the
+// host's environment.
+func resolveEnv(entries []string) ([]string, error) {
+	var out []string
+	for _, e := range entries {
+		if strings.Contains(e, "=") {
+			out = append(out, e)
+			continue
+		}
+		v, ok := os.LookupEnv(e)
+		if !ok {
+			return nil, fmt.Errorf("--env %s: not set on the host (use --env %s=VALUE)", e, e)
+		}
+		out = append(out, e+"="+v)
+	}
+	return out, nil
+}
+
+// projectConfig loads kosa8.toml from the current folder, saying so when it
+// is not trusted.
+func projectConfig(m *sandbox.Manager) (*config.Project, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	l, err := config.Load(wd, config.NewTrustStore(m.Paths.Config))
+	if err != nil {
+		return nil, err
+	}
+	if l.Untrusted != nil {
+		fmt.Fprintf(os.Stderr, "kosa8: ignoring %s: its content is not trusted. It would set:\n", l.Path)
+		for _, s := range l.Untrusted {
+			fmt.Fprintf(os.Stderr, "    %s\n", s)
+		}
+		fmt.Fprintf(os.Stderr, "  run 'kosa8 trust' to use it\n")
+	}
+	return l.Project, nil
+}
+
+func defaultName() string {
+	base := "sandbox"
+	if wd, err := os.Getwd(); err == nil {
+		base = strings.Trim(regexp.MustCompile(`[^a-zA-Z0-9_.-]+`).ReplaceAllString(filepath.Base(wd), "-"), "-.")
+	}
+	if base == "" || len(base) > 40 {
+		base = "sandbox"
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return base + "-" + hex.EncodeToString(b)
+}
+
+// sandboxConfig combines flags, kosa8.toml and defaults, in that order.
+func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) {
+	c := sandbox.Config{
+		Name: f.name, Arch: string(vmspec.HostArch()),
+		CPUs: sandbox.DefaultCPUs, MemoryMiB: sandbox.DefaultMemoryMiB, DiskGiB: sandbox.DefaultDiskGiB,
+		Ephemeral: f.rm, Accel: f.accel,
+	}
+	c.User, c.UID, c.GID = guestUser()
+	proj, err := projectConfig(m)
+	if err != nil {
+		return c, err
+	}
+	var env []string
+	if proj != nil {
+		s := proj.Sandbox
+		if s.CPUs != 0 {
+			c.CPUs = s.CPUs
+		}
+		if s.Memory != "" {
+			if c.MemoryMiB, err = sandbox.ParseSize(s.Memory); err != nil {
+				return c, fmt.Errorf("kosa8.toml sandbox.memory: %w", err)
+			}
+		}
+		if s.Disk != "" {
+			mib, err := sandbox.ParseSize(s.Disk)
+			if err != nil {
+				return c, fmt.Errorf("kosa8.toml sandbox.disk: %w", err)
+			}
+			c.DiskGiB = (mib + 1023) >> 10
+		}
+		env = append(env, s.Env...)
+	}
+	if f.cpus != 0 {
+		c.CPUs = f.cpus
+	}
+	if f.memory != "" {
+		if c.MemoryMiB, err = sandbox.ParseSize(f.memory); err != nil {
+			return c, fmt.Errorf("--memory: %w", err)
+		}
+	}
+	if f.disk != "" {
+		mib, err := sandbox.ParseSize(f.disk)
+		if err != nil {
+			return c, fmt.Errorf("--disk: %w", err)
+		}
+		c.DiskGiB = (mib + 1023) >> 10
+	}
+	switch vmm.Accel(c.Accel) {
+	case "", vmm.KVM, vmm.HVF, vmm.TCG:
+	default:
+		return c, fmt.Errorf("--accel %q: use kvm, hvf or tcg", c.Accel)
+	}
+	flagEnv, err := resolveEnv(f.env)
+	if err != nil {
+		return c, err
+	}
+	c.Env = append(env, flagEnv...)
+	if c.Name == "" {
+		c.Name = defaultName()
+	}
+	return c, c.Validate()
+}
+
+func createSandbox(ctx context.Context, m *sandbox.Manager, f *createFlags) (*sandbox.Sandbox, error) {
+	cfg, err := f.sandboxConfig(m)
+	if err != nil {
+		return nil, err
+	}
+	img, err := image.Store{Dir: m.Paths.Cache}.Lookup(image.DefaultRecipe(vmspec.Arch(cfg.Arch)))
+	if err != nil {
+		return nil, err
+	}
+	return m.Create(ctx, cfg, img)
+}
+
+// startSandbox starts the sandbox's supervisor, detached, and waits for it
+// to report the guest ready.
+func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*sandbox.Status, error) {
+	if sb.Alive() {
+		return nil, fmt.Errorf("%w: %s", sandbox.ErrRunning, sb.Config.Name)
+	}
+	agent, err := agentPath()
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(sb.Path(sandbox.SupervisorLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer pr.Close()
+	cmd := exec.Command(self, "supervise", "--ready-fd", "3", "--agent", agent, sb.Config.Name)
+	cmd.Stdin = nil
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{pw}
+	cmd.Dir = "/"
+	// A session of its own: the supervisor outlives this CLI and its
+	// terminal (no SIGHUP, no ^C from the terminal's process group).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		pw.Close()
+		return nil, fmt.Errorf("start supervisor: %w", err)
+	}
+	pw.Close()
+	go func() { _ = cmd.Wait() }() // reaped if it dies while we wait; detached otherwise
+
+	var p *progress
+	if !quiet {
+		p = newProgress(os.Stderr)
+		p.Step("booting sandbox " + sb.Config.Name)
+		defer p.Done()
+	}
+	type result struct {
+		msg sandbox.ReadyMessage
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		line, err := bufio.NewReader(pr).ReadBytes('\n')
+		var msg sandbox.ReadyMessage
+		if err == nil {
+			err = json.Unmarshal(line, &msg)
+		}
+		res <- result{msg, err}
+	}()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			return nil, fmt.Errorf("the supervisor exited before the sandbox was ready%s", logTail(sb.Path(sandbox.SupervisorLog)))
+		}
+		if !r.msg.OK {
+			return nil, errors.New(r.msg.Error)
+		}
+		return r.msg.Status, nil
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		return nil, ctx.Err()
+	}
+}
+
+func logTail(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(sanitize(string(b), true)), "\n")
+	if len(lines) > 10 {
+		lines = lines[len(lines)-10:]
+	}
+	if len(lines) == 0 || lines[0] == "" {
+		return ""
+	}
+	return ":\n  " + strings.Join(lines, "\n  ")
+}
+
+// warnTCG says, once per command, that the sandbox runs without hardware
+// isolation.
+func warnTCG(st *sandbox.Status) {
+	if st != nil && st.Accel == string(vmm.TCG) {
+		fmt.Fprintln(os.Stderr, "kosa8: warning: "+vmm.IsolationWarning)
+	}
+}
+
+// runningSandbox opens a sandbox that must be running.
+func runningSandbox(m *sandbox.Manager, name string) (*sandbox.Sandbox, error) {
+	sb, err := m.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	if !sb.Alive() {
+		st := sb.Status()
+		msg := fmt.Sprintf("sandbox %s is %s: 'kosa8 start %s' first", name, st.State, name)
+		if st.State == sandbox.Crashed && st.Error != "" {
+			msg += " (" + st.Error + ")"
+		}
+		return nil, errors.New(msg)
+	}
+	return sb, nil
+}
+
+// execOptions describe one process to run in a sandbox.
+type execOptions struct {
+	argv  []string
+	tty   bool
+	stdin bool
+	env   []string
+	dir   string
+	user  string
+}
+
+// execIn runs a process in a running sandbox, connected to this terminal,
+// and returns its exit code.
+func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error) {
+	req := &guest.ExecRequest{Argv: o.argv, Env: o.env, Dir: o.dir, User: o.user, TTY: o.tty}
+	if o.tty {
+		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+			req.Cols, req.Rows = uint16(w), uint16(h)
+		}
+		if t := os.Getenv("TERM"); t != "" {
+			req.Env = append([]string{"TERM=" + t}, req.Env...)
+		}
+	}
+	conn, err := sandbox.NewClient(sb).Exec(ctx, req)
+	if err != nil {
+		return errorCode, err
+	}
+	defer conn.Close()
+
+	sio := guest.StdIO{Stdout: os.Stdout, Stderr: os.Stderr}
+	if o.stdin {
+		sio.Stdin = os.Stdin
+	}
+	if o.tty && isTerminal(os.Stdin) {
+		old, err := term.MakeRaw(int(os.Stdin.Fd()))
+		if err == nil {
+			defer term.Restore(int(os.Stdin.Fd()), old)
+		}
+		resize := make(chan guest.WindowSize, 1)
+		winch := make(chan os.Signal, 1)
+		signal.Notify(winch, syscall.SIGWINCH)
+		defer signal.Stop(winch)
+		go func() {
+			for range winch {
+				if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+					select {
+					case resize <- guest.WindowSize{Rows: uint16(h), Cols: uint16(w)}:
+					default:
+					}
+				}
+			}
+		}()
+		sio.Resize = resize
+	} else {
+		// Without a terminal, signals to kosa8 go to the process in the guest.
+		sigs := make(chan byte, 4)
+		osig := make(chan os.Signal, 4)
+		signal.Notify(osig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+		defer signal.Stop(osig)
+		go func() {
+			for s := range osig {
+				sigs <- byte(s.(syscall.Signal))
+			}
+		}()
+		sio.Signals = sigs
+	}
+	st, err := guest.Pump(conn, sio)
+	if err != nil {
+		return errorCode, err
+	}
+	if st.Error != "" {
+		return errorCode, errors.New(st.Error)
+	}
+	return st.Code, nil
+}
+
+// stopSandbox stops a running sandbox and waits until it has.
+func stopSandbox(ctx context.Context, sb *sandbox.Sandbox, kill bool) error {
+	if !sb.Alive() {
+		return nil
+	}
+	err := sandbox.NewClient(sb).Stop(ctx, kill)
+	if err != nil && sb.Alive() {
+		// The API may be gone with a wedged supervisor: end it.
+		_ = sb.Kill()
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return sb.WaitStopped(wctx)
+}

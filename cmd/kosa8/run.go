@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kosa8/kosa8/internal/sandbox"
+)
+
+func runCmd() *cobra.Command {
+	var f createFlags
+	var tty, noTTY, detach bool
+	var workdir, userName string
+	cmd := &cobra.Command{
+		Use:   "run [flags] [-- COMMAND [ARG...]]",
+		Short: "Create a sandbox, start it and run a command (or a login shell) in it",
+		Long: `Create a sandbox, start it and run COMMAND in it, or an interactive login shell
+when no command is given. The command's exit status is kosa8's. The sandbox is
+stopped when the command ends, and removed as well with --rm.`,
+		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run",
+		Args:    cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			sb, err := createSandbox(ctx, m, &f)
+			if err != nil {
+				return err
+			}
+			// From here on the sandbox exists: stop it (and remove it with
+			// --rm) however the command ends, ^C included.
+			sigs := make(chan os.Signal, 1)
+			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+			defer signal.Stop(sigs)
+			cleanup := func() {
+				if detach {
+					return
+				}
+				sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				_ = stopSandbox(sctx, sb, sb.Config.Ephemeral)
+				if sb.Config.Ephemeral {
+					_ = m.Remove(sb.Config.Name) // the supervisor removes it too; either wins
+				}
+			}
+			startCtx, cancel := context.WithCancel(ctx)
+			go func() {
+				select {
+				case <-sigs:
+					cancel()
+				case <-startCtx.Done():
+				}
+			}()
+			st, err := startSandbox(startCtx, sb, false)
+			cancel()
+			if err != nil {
+				cleanup()
+				if !sb.Config.Ephemeral {
+					err = fmt.Errorf("%w\n(the sandbox %s was kept: 'kosa8 logs %s', 'kosa8 rm %s')", err, sb.Config.Name, sb.Config.Name, sb.Config.Name)
+				}
+				return err
+			}
+			signal.Stop(sigs)
+			warnTCG(st)
+			if detach {
+				fmt.Println(sb.Config.Name)
+				return nil
+			}
+			o := execOptions{argv: args, stdin: true, dir: workdir, user: userName}
+			if len(o.argv) == 0 {
+				o.argv = []string{"/bin/bash", "-l"}
+			}
+			o.tty = (isTerminal(os.Stdin) && isTerminal(os.Stdout)) || tty
+			if noTTY {
+				o.tty = false
+			}
+			code, err := execIn(ctx, sb, o)
+			cleanup()
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return &exitError{code}
+			}
+			return nil
+		},
+	}
+	f.register(cmd.Flags())
+	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "allocate a terminal even when not attached to one")
+	cmd.Flags().BoolVarP(&noTTY, "no-tty", "T", false, "never allocate a terminal")
+	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the sandbox and leave it running; print its name")
+	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest (default: the user's home)")
+	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest (default: yours; root for root)")
+	return cmd
+}
+
+func createCmd() *cobra.Command {
+	var f createFlags
+	cmd := &cobra.Command{
+		Use:   "create [flags] [NAME]",
+		Short: "Create a sandbox without starting it",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if f.name != "" && f.name != args[0] {
+					return fmt.Errorf("two names given: %s and --name %s", args[0], f.name)
+				}
+				f.name = args[0]
+			}
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sb, err := createSandbox(cmd.Context(), m, &f)
+			if err != nil {
+				return err
+			}
+			fmt.Println(sb.Config.Name)
+			return nil
+		},
+	}
+	f.register(cmd.Flags())
+	return cmd
+}
+
+func startCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "start NAME...",
+		Short: "Start stopped sandboxes",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			for _, name := range args {
+				sb, err := m.Open(name)
+				if err != nil {
+					return err
+				}
+				st, err := startSandbox(cmd.Context(), sb, false)
+				if err != nil {
+					return fmt.Errorf("start %s: %w", name, err)
+				}
+				warnTCG(st)
+				fmt.Println(name)
+			}
+			return nil
+		},
+	}
+}
+
+func execCmd() *cobra.Command {
+	var interactive, tty bool
+	var env []string
+	var workdir, userName string
+	cmd := &cobra.Command{
+		Use:     "exec [flags] NAME -- COMMAND [ARG...]",
+		Short:   "Run a command in a running sandbox",
+		Example: "  kosa8 exec demo -- ls -la\n  kosa8 exec -it demo -- bash",
+		Args:    cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sb, err := runningSandbox(m, args[0])
+			if err != nil {
+				return err
+			}
+			envs, err := resolveEnv(env)
+			if err != nil {
+				return err
+			}
+			code, err := execIn(cmd.Context(), sb, execOptions{argv: args[1:], tty: tty, stdin: interactive, env: envs, dir: workdir, user: userName})
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return &exitError{code}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "pass standard input to the command")
+	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "allocate a terminal")
+	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "set KEY=VALUE, or pass the host's KEY (repeatable)")
+	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest")
+	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest")
+	return cmd
+}
+
+func shellCmd() *cobra.Command {
+	var userName string
+	cmd := &cobra.Command{
+		Use:   "shell NAME",
+		Short: "Open an interactive login shell in a running sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sb, err := runningSandbox(m, args[0])
+			if err != nil {
+				return err
+			}
+			code, err := execIn(cmd.Context(), sb, execOptions{argv: []string{"/bin/bash", "-l"}, tty: isTerminal(os.Stdin), stdin: true, user: userName})
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return &exitError{code}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest")
+	return cmd
+}
+
+func stopCmd() *cobra.Command {
+	var kill bool
+	cmd := &cobra.Command{
+		Use:   "stop NAME...",
+		Short: "Stop running sandboxes (a clean poweroff of the guest)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			for _, name := range args {
+				sb, err := m.Open(name)
+				if err != nil {
+					return err
+				}
+				if !sb.Alive() {
+					fmt.Fprintf(os.Stderr, "kosa8: %s is not running\n", name)
+					continue
+				}
+				if err := stopSandbox(cmd.Context(), sb, kill); err != nil {
+					return err
+				}
+				fmt.Println(name)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&kill, "kill", "k", false, "end the VM at once instead of powering it off")
+	return cmd
+}
+
+func rmCmd() *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "rm [-f] NAME...",
+		Short: "Remove sandboxes and everything they hold",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			for _, name := range args {
+				sb, err := m.Open(name)
+				if err != nil {
+					return err
+				}
+				if sb.Alive() {
+					if !force {
+						return fmt.Errorf("%w: %s (stop it first, or use 'kosa8 rm -f')", sandbox.ErrRunning, name)
+					}
+					if err := stopSandbox(cmd.Context(), sb, true); err != nil {
+						return err
+					}
+				}
+				if err := m.Remove(name); err != nil {
+					return err
+				}
+				fmt.Println(name)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "stop a running sandbox first")
+	return cmd
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kosa8/kosa8/internal/config"
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// hostPackages are the Debian/Ubuntu packages kosa8 needs on the host.
+func hostPackages() []string {
+	var missing []string
+	if _, err := qemu.FindBinary(vmspec.HostArch(), ""); err != nil {
+		if vmspec.HostArch() == vmspec.ARM64 {
+			missing = append(missing, "qemu-system-arm")
+		} else {
+			missing = append(missing, "qemu-system-x86")
+		}
+	}
+	if !lookTool("qemu-img") {
+		missing = append(missing, "qemu-utils")
+	}
+	missing = append(missing, image.MissingTools()...)
+	if os.Geteuid() != 0 && !lookTool("newuidmap") {
+		missing = append(missing, "uidmap") // mmdebstrap --mode=unshare
+	}
+	sort.Strings(missing)
+	return missing
+}
+
+// installPackages installs Debian packages with apt-get, through sudo when
+// not root (saying so before it asks for a password).
+func installPackages(ctx context.Context, pkgs []string) error {
+	if !lookTool("apt-get") {
+		return fmt.Errorf("missing %s and this system has no apt-get: install them with your package manager", strings.Join(pkgs, ", "))
+	}
+	install := append([]string{"apt-get", "install", "-y", "--no-install-recommends"}, pkgs...)
+	var prefix []string
+	if os.Geteuid() != 0 {
+		if !lookTool("sudo") || !isTerminal(os.Stdin) {
+			return fmt.Errorf("installing %s needs root: run 'sudo %s'", strings.Join(pkgs, ", "), strings.Join(install, " "))
+		}
+		fmt.Fprintf(os.Stderr, "kosa8: installing %s needs root; running: sudo %s\n", strings.Join(pkgs, ", "), strings.Join(install, " "))
+		prefix = []string{"sudo"}
+	} else {
+		fmt.Fprintf(os.Stderr, "kosa8: installing %s\n", strings.Join(pkgs, ", "))
+	}
+	run := func(args ...string) error {
+		args = append(prefix, args...)
+		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		return cmd.Run()
+	}
+	if err := run(install...); err != nil {
+		// A stale package index is the usual cause on a fresh machine.
+		if run("apt-get", "update") != nil || run(install...) != nil {
+			return fmt.Errorf("apt-get install %s: %w", strings.Join(pkgs, " "), err)
+		}
+	}
+	return nil
+}
+
+// buildImage builds (or finds) the default image with a progress display.
+func buildImage(ctx context.Context, m *sandbox.Manager, rebuild bool) (*image.Image, error) {
+	store := image.Store{Dir: m.Paths.Cache}
+	r := image.DefaultRecipe(vmspec.HostArch())
+	if !rebuild {
+		if img, err := store.Lookup(r); err == nil {
+			return img, nil
+		}
+	}
+	if err := os.MkdirAll(m.Paths.Cache, 0o755); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(m.Paths.Cache, "image-build.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	p := newProgress(os.Stderr)
+	p.Step("building the guest image (log: " + logPath + ")")
+	img, err := store.Build(ctx, r, image.BuildOptions{Progress: p.Step, Log: logf, Rebuild: rebuild})
+	p.Done()
+	if err != nil {
+		return nil, fmt.Errorf("%w\n(full log: %s)", err, logPath)
+	}
+	return img, nil
+}
+
+func setupCmd() *cobra.Command {
+	var rebuild, noInstall bool
+	cmd := &cobra.Command{
+		Use:   "setup",
+		Short: "Install what kosa8 needs and build the guest image",
+		Long: `Installs QEMU and the image build tools when they are missing (apt-get, through sudo
+when you are not root), then builds the guest image: a Debian cloud kernel, an
+initramfs with kosa8-agent, and a Debian root filesystem. The image is cached and
+rebuilt only when its inputs change.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if missing := hostPackages(); len(missing) > 0 {
+				if noInstall {
+					return fmt.Errorf("missing host packages: %s", strings.Join(missing, " "))
+				}
+				if err := installPackages(ctx, missing); err != nil {
+					return err
+				}
+				if still := hostPackages(); len(still) > 0 {
+					return fmt.Errorf("still missing after install: %s", strings.Join(still, " "))
+				}
+			}
+			agent, err := agentPath()
+			if err != nil {
+				return err
+			}
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			if err := sandbox.EnsureWritable(m.Paths.SandboxesDir()); err != nil {
+				return err
+			}
+			img, err := buildImage(ctx, m, rebuild)
+			if err != nil {
+				return err
+			}
+			if _, err := img.Initramfs(agent); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "kosa8: ready (image %s, kernel %s). Try: kosa8 run -- uname -a\n", filepath.Base(img.Dir), img.Manifest.KernelVersion)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&rebuild, "rebuild", false, "build the image again even if it exists")
+	cmd.Flags().BoolVar(&noInstall, "no-install", false, "do not install host packages; fail if any is missing")
+	return cmd
+}
+
+func imageCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "image", Short: "Manage guest images"}
+	var asJSON, rebuild bool
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List built images",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			imgs, err := image.Store{Dir: m.Paths.Cache}.List()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(imgs)
+			}
+			for _, img := range imgs {
+				fmt.Printf("%s\t%s\tkernel %s\t%d MiB\tbuilt %s\n", filepath.Base(img.Dir), img.Manifest.Recipe.Arch, img.Manifest.KernelVersion, img.Manifest.RootFSBytes>>20, ago(img.Manifest.Built))
+			}
+			return nil
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	build := &cobra.Command{
+		Use:   "build",
+		Short: "Build the guest image (as setup does, without installing packages)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			img, err := buildImage(cmd.Context(), m, rebuild)
+			if err != nil {
+				return err
+			}
+			fmt.Println(img.Dir)
+			return nil
+		},
+	}
+	build.Flags().BoolVar(&rebuild, "rebuild", false, "build again even if it exists")
+	prune := &cobra.Command{
+		Use:   "prune",
+		Short: "Remove image builds no sandbox uses, keeping the newest of the current recipe",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			store := image.Store{Dir: m.Paths.Cache}
+			keep := map[string]bool{}
+			if cur, err := store.Lookup(image.DefaultRecipe(vmspec.HostArch())); err == nil {
+				keep[cur.Dir] = true
+			}
+			sbs, err := m.List()
+			if err != nil {
+				return err
+			}
+			for _, sb := range sbs {
+				keep[sb.Config.ImageDir] = true
+			}
+			imgs, _ := store.List()
+			for _, img := range imgs {
+				if keep[img.Dir] {
+					continue
+				}
+				if err := os.RemoveAll(img.Dir); err != nil {
+					return err
+				}
+				fmt.Println(img.Dir)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, build, prune)
+	return cmd
+}
+
+func trustProject(args []string) error {
+	dir := "."
+	if len(args) == 1 {
+		dir = args[0]
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	m, err := manager()
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(dir, config.FileName)
+	data, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("no %s in %s", config.FileName, dir)
+	}
+	if err != nil {
+		return err
+	}
+	proj, err := config.Parse(data)
+	if err != nil {
+		return err
+	}
+	if err := config.NewTrustStore(m.Paths.Config).Trust(p, data); err != nil {
+		return err
+	}
+	fmt.Printf("trusted %s (sha256 %s)\n", p, config.Hash(data)[:16])
+	for _, s := range proj.Settings() {
+		fmt.Printf("    %s\n", s)
+	}
+	return nil
+}

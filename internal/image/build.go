@@ -1,0 +1,265 @@
+package image
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// BuildOptions control a build.
+type BuildOptions struct {
+	// Progress is told each step as it starts (one short line).
+	Progress func(step string)
+	// Log receives everything the build tools print.
+	Log io.Writer
+	// Rebuild builds even when the image exists.
+	Rebuild bool
+}
+
+// hookScript runs inside mmdebstrap's customize stage with the finished
+// chroot as $1. It unpacks the kernel package without installing it (no
+// initramfs-tools run, no bootloader), drops apt's caches and writes the
+// root filesystem image. mkfs.ext4 -d copies a plain bind mount of the
+// chroot: mmdebstrap has /proc, /sys and /dev mounted inside it, and a
+// non-recursive bind leaves them out.
+const hookScript = `#!/bin/sh
+set -eu
+root="$1"
+out="$KOSA8_IMAGE_OUT"
+kpkg="$KOSA8_KERNEL_PACKAGE"
+echo "kosa8: step kernel"
+chroot "$root" sh -eu -c '
+  pkg=$(apt-cache depends "$0" | awk "/Depends: linux-image-[0-9]/{print \$2; exit}")
+  if [ -z "$pkg" ]; then echo "kosa8: no kernel package behind $0" >&2; exit 1; fi
+  echo "kosa8: kernel package $pkg"
+  mkdir -p /var/tmp/kosa8-kernel && cd /var/tmp/kosa8-kernel
+  apt-get download -q -o APT::Sandbox::User=root "$pkg"
+  dpkg-deb -x ./*.deb x
+' "$kpkg"
+k="$root/var/tmp/kosa8-kernel/x"
+mkdir -p "$out/kernel"
+cp "$k"/boot/vmlinuz-* "$out/kernel/vmlinuz"
+ls "$k/lib/modules" > "$out/kernel/version"
+cp -a "$k"/lib/modules/* "$out/kernel/"
+rm -rf "$root/var/tmp/kosa8-kernel"
+echo "kosa8: step clean"
+rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb "$root"/var/log/*.log
+echo "kosa8: step rootfs"
+mnt=$(mktemp -d)
+mount --bind "$root" "$mnt"
+size=$(du -sxk "$mnt" | cut -f1)
+size=$(( size + size / 4 + 131072 ))
+mkfs.ext4 -q -F -L kosa8-root -b 4096 -m 0 -d "$mnt" "$out/rootfs.ext4" "${size}k"
+umount "$mnt"
+rmdir "$mnt"
+`
+
+// Tools lists the host programs a build needs, with the Debian package of each.
+var Tools = map[string]string{
+	"mmdebstrap": "mmdebstrap",
+	"mkfs.ext4":  "e2fsprogs",
+	"dpkg-deb":   "dpkg",
+}
+
+// MissingTools returns the packages to install for the build tools not found.
+func MissingTools() []string {
+	var pkgs []string
+	for tool, pkg := range Tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			if _, err := os.Stat(filepath.Join("/sbin", tool)); err == nil {
+				continue
+			}
+			pkgs = append(pkgs, pkg)
+		}
+	}
+	return pkgs
+}
+
+// Build builds r's image unless it exists, and returns it.
+func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, error) {
+	progress := opts.Progress
+	if progress == nil {
+		progress = func(string) {}
+	}
+	logw := opts.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	if !opts.Rebuild {
+		if img, err := s.Lookup(r); err == nil {
+			return img, nil
+		}
+	}
+	if missing := MissingTools(); len(missing) > 0 {
+		return nil, fmt.Errorf("building the guest image needs %s: run 'kosa8 setup' or apt-get install %s",
+			strings.Join(missing, ", "), strings.Join(missing, " "))
+	}
+	archDir := s.archDir(r.Arch)
+	if err := os.MkdirAll(archDir, 0o755); err != nil {
+		return nil, fmt.Errorf("image cache: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(archDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		progress("waiting for another image build to finish")
+		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+			return nil, err
+		}
+	}
+	if !opts.Rebuild {
+		if img, err := s.Lookup(r); err == nil {
+			return img, nil // built while we waited
+		}
+	}
+	sweepBuilds(archDir)
+
+	work, err := os.MkdirTemp(archDir, ".build-"+r.Key()+"-")
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(work)
+		}
+	}()
+	hook := filepath.Join(work, "hook.sh")
+	if err := os.WriteFile(hook, []byte(hookScript), 0o755); err != nil {
+		return nil, err
+	}
+	out := filepath.Join(work, "out")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		return nil, err
+	}
+	mode := "root"
+	if os.Geteuid() != 0 {
+		mode = "unshare"
+	}
+	args := []string{
+		"--mode=" + mode, "--variant=minbase", "--format=null",
+		"--architectures=" + debArch(r.Arch),
+		"--include=" + strings.Join(r.Packages, ","),
+		"--customize-hook=" + hook,
+		r.Suite, "/dev/null",
+	}
+	args = append(args, r.Mirrors...)
+	progress(fmt.Sprintf("bootstrapping Debian %s (%s mode; about 2 minutes)", r.Suite, mode))
+	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
+	cmd.Env = append(os.Environ(), "KOSA8_IMAGE_OUT="+out, "KOSA8_KERNEL_PACKAGE="+r.KernelPackage())
+	start := time.Now()
+	if err := runLogged(cmd, logw, func(line string) {
+		if step, ok := strings.CutPrefix(line, "kosa8: step "); ok {
+			progress(map[string]string{"kernel": "unpacking the kernel", "clean": "cleaning apt caches", "rootfs": "writing the root filesystem image"}[step])
+		} else if msg, ok := strings.CutPrefix(line, "I: "); ok && isPhase(msg) {
+			progress(strings.TrimSuffix(msg, "..."))
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("mmdebstrap failed after %s: %w", time.Since(start).Round(time.Second), err)
+	}
+	kv, err := os.ReadFile(filepath.Join(out, "kernel", "version"))
+	if err != nil {
+		return nil, fmt.Errorf("kernel version: %w", err)
+	}
+	kver := strings.TrimSpace(string(kv))
+	if kver == "" || strings.ContainsAny(kver, "/\n") {
+		return nil, fmt.Errorf("unexpected kernel module directories %q", kv)
+	}
+	rootfs := filepath.Join(out, "rootfs.ext4")
+	st, err := os.Stat(rootfs)
+	if err != nil {
+		return nil, err
+	}
+	_ = os.Chmod(rootfs, 0o444) // shared by every sandbox: nothing may write it
+	// The module tree must hold what the initramfs needs.
+	tree, err := loadModuleTree(os.DirFS(filepath.Join(out, "kernel", kver)))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tree.resolve(GuestModules); err != nil {
+		return nil, err
+	}
+	m := Manifest{Key: r.Key(), Recipe: r, KernelVersion: kver, Built: time.Now().UTC(), RootFSBytes: st.Size()}
+	mb, _ := json.MarshalIndent(m, "", "  ")
+	if err := writeFileAtomic(filepath.Join(out, "manifest.json"), 0o644, func(w io.Writer) error {
+		_, err := w.Write(mb)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	// A new directory per build: sandboxes whose disks sit on an older
+	// build of the same recipe keep it until 'kosa8 image prune'.
+	dst := filepath.Join(archDir, r.Key()+"-"+time.Now().UTC().Format("20060102T150405"))
+	if err := os.Rename(out, dst); err != nil {
+		return nil, fmt.Errorf("install image: %w", err)
+	}
+	ok = true
+	os.RemoveAll(work)
+	progress(fmt.Sprintf("image ready in %s", time.Since(start).Round(time.Second)))
+	return s.Lookup(r)
+}
+
+func debArch(a vmspec.Arch) string { return string(a) } // Go and Debian agree for amd64 and arm64
+
+func isPhase(msg string) bool {
+	for _, p := range []string{"downloading packages", "extracting archives", "installing essential", "installing remaining", "running apt-get update", "cleaning"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// runLogged runs cmd with its output copied to log, line by line to onLine.
+// On failure the error carries the last lines.
+func runLogged(cmd *exec.Cmd, log io.Writer, onLine func(string)) error {
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	var last []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(log, line)
+			onLine(line)
+			last = append(last, line)
+			if len(last) > 15 {
+				last = last[1:]
+			}
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	err := cmd.Wait()
+	pw.Close()
+	<-done
+	if err != nil {
+		return fmt.Errorf("%w\n%s", err, strings.Join(last, "\n"))
+	}
+	return nil
+}
+
+// sweepBuilds removes build directories a killed build left behind.
+func sweepBuilds(archDir string) {
+	dirs, _ := filepath.Glob(filepath.Join(archDir, ".build-*"))
+	for _, d := range dirs {
+		_ = os.RemoveAll(d) // we hold the lock: no build is running
+	}
+}

@@ -1,0 +1,114 @@
+package sandbox
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is a sandbox's settings, fixed at create (sandbox.json).
+type Config struct {
+	Version   int       `json:"version"`
+	Name      string    `json:"name"`
+	Created   time.Time `json:"created"`
+	Arch      string    `json:"arch"`
+	CPUs      int       `json:"cpus"`
+	MemoryMiB int       `json:"memory_mib"`
+	DiskGiB   int       `json:"disk_gib"`
+	// ImageDir is the image build the root disk's overlay sits on.
+	ImageDir string `json:"image_dir"`
+	// The guest's default user mirrors the host user's ids.
+	User string `json:"user"`
+	UID  int    `json:"uid"`
+	GID  int    `json:"gid"`
+	// Accel forces an acceleration; empty picks the best available.
+	Accel string `json:"accel,omitempty"`
+	// Ephemeral sandboxes are removed when they stop (--rm).
+	Ephemeral bool `json:"ephemeral,omitempty"`
+	// Env is passed to every process in the guest (only what --env named).
+	Env []string `json:"env,omitempty"`
+}
+
+const configVersion = 1
+
+// Defaults for a new sandbox.
+const (
+	DefaultCPUs      = 2
+	DefaultMemoryMiB = 1024
+	DefaultDiskGiB   = 16
+)
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// ValidateName checks a sandbox name: it names a directory and, lowered,
+// the guest's hostname.
+func ValidateName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("invalid sandbox name %q: use 1–63 letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+	}
+	return nil
+}
+
+// Hostname derives the guest's hostname from a sandbox name.
+func Hostname(name string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '-' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('-')
+		}
+	}
+	h := strings.Trim(b.String(), "-")
+	if h == "" {
+		h = "kosa8"
+	}
+	return h
+}
+
+// Validate checks the resource settings.
+func (c *Config) Validate() error {
+	if err := ValidateName(c.Name); err != nil {
+		return err
+	}
+	if c.CPUs < 1 || c.CPUs > 64 {
+		return fmt.Errorf("--cpus %d is out of range: use 1 to 64", c.CPUs)
+	}
+	if c.MemoryMiB < 256 || c.MemoryMiB > 256<<10 {
+		return fmt.Errorf("--memory %dM is out of range: use 256M to 256G", c.MemoryMiB)
+	}
+	if c.DiskGiB < 2 || c.DiskGiB > 4096 {
+		return fmt.Errorf("--disk %dG is out of range: use 2G to 4T", c.DiskGiB)
+	}
+	for _, e := range c.Env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || k == "" || strings.ContainsAny(e, "\x00") {
+			return fmt.Errorf("--env %q: use KEY=VALUE", e)
+		}
+	}
+	return nil
+}
+
+// ParseSize reads sizes like 512M, 2G, 1.5G, 2048 (MiB when bare) into MiB.
+func ParseSize(s string) (int, error) {
+	orig := s
+	s = strings.TrimSpace(strings.ToUpper(s))
+	s = strings.TrimSuffix(strings.TrimSuffix(s, "B"), "I")
+	mult := 1.0
+	switch {
+	case strings.HasSuffix(s, "T"):
+		mult, s = 1<<20, strings.TrimSuffix(s, "T")
+	case strings.HasSuffix(s, "G"):
+		mult, s = 1<<10, strings.TrimSuffix(s, "G")
+	case strings.HasSuffix(s, "M"):
+		s = strings.TrimSuffix(s, "M")
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v <= 0 || math.IsInf(v, 0) || math.IsNaN(v) || v*mult > 1<<40 {
+		return 0, fmt.Errorf("invalid size %q: use a number with M, G or T, like 2G", orig)
+	}
+	return int(v * mult), nil
+}

@@ -1,0 +1,134 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// State is where a sandbox is in its life.
+type State string
+
+const (
+	Created  State = "created"  // never started
+	Starting State = "starting" // supervisor booting the VM
+	Running  State = "running"
+	Stopping State = "stopping"
+	Stopped  State = "stopped"
+	Crashed  State = "crashed" // the supervisor or QEMU died without a clean stop
+)
+
+// Status is what the supervisor records in state.json, and what ls shows.
+type Status struct {
+	State         State     `json:"state"`
+	SupervisorPID int       `json:"supervisor_pid,omitempty"`
+	QEMUPID       int       `json:"qemu_pid,omitempty"`
+	Accel         string    `json:"accel,omitempty"`
+	Started       time.Time `json:"started,omitzero"`
+	Stopped       time.Time `json:"stopped,omitzero"`
+	// BootMillis: supervisor start to agent ready.
+	BootMillis float64 `json:"boot_ms,omitempty"`
+	Kernel     string  `json:"guest_kernel,omitempty"`
+	Error      string  `json:"error,omitempty"`
+}
+
+// Files in a sandbox's directory.
+const (
+	configFile    = "sandbox.json"
+	stateFile     = "state.json"
+	lockFile      = "supervisor.lock"
+	APISocket     = "api.sock"
+	RootDisk      = "root.qcow2"
+	ConsoleLog    = "console.log"
+	SupervisorLog = "supervisor.log"
+)
+
+// writeJSONAtomic replaces path with v, never leaving half a file.
+func writeJSONAtomic(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return err
+	}
+	f.Close()
+	if err := os.Rename(f.Name(), path); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return nil
+}
+
+// maxJSONFile bounds the state files read: they live in a directory only
+// the user writes, but a damaged file must not take the CLI down.
+const maxJSONFile = 1 << 20
+
+func readJSON(path string, v any) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxJSONFile))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s is damaged: %w", path, err)
+	}
+	return nil
+}
+
+// supervisorAlive reports whether a supervisor holds the sandbox's lock.
+// The lock is released by the kernel when the supervisor dies however it
+// dies, so a stale state.json cannot make a dead sandbox look alive.
+func supervisorAlive(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, lockFile))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		return errors.Is(err, syscall.EWOULDBLOCK)
+	}
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return false
+}
+
+// lockSupervisor takes the sandbox's supervisor lock for the life of the
+// process, or fails if another supervisor holds it.
+func lockSupervisor(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	// ls probes with a shared lock for an instant; retry briefly past it.
+	for i := 0; ; i++ {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || i >= 20 {
+			f.Close()
+			return nil, ErrRunning
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,246 @@
+// Package sandbox keeps sandboxes on the host: each has a state directory
+// ($KOSA8_HOME/sandboxes/NAME) with its settings, disks, logs and the
+// socket of its supervisor, the one process that owns its VM.
+//
+// # State directory
+//
+//	sandbox.json     Config, written at create
+//	state.json       Status, written by the supervisor on every transition
+//	supervisor.lock  flock held by the running supervisor (liveness)
+//	api.sock         the supervisor's HTTP+JSON API (directory is 0700)
+//	root.qcow2       root disk: a qcow2 overlay on the image's rootfs.ext4
+//	console.log      the guest's serial console (this boot)
+//	supervisor.log   the supervisor's log (this boot)
+//
+// A sandbox appears under its name only once complete: it is assembled in a
+// staging directory and renamed into place without replacing anything.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/image"
+)
+
+var (
+	ErrExists   = errors.New("sandbox already exists")
+	ErrNotFound = errors.New("no such sandbox")
+	ErrRunning  = errors.New("sandbox is running")
+)
+
+// Manager finds, creates and removes sandboxes.
+type Manager struct {
+	Paths Paths
+}
+
+// Sandbox is one sandbox's directory and settings.
+type Sandbox struct {
+	Dir    string
+	Config Config
+}
+
+func (m *Manager) dir(name string) string { return filepath.Join(m.Paths.SandboxesDir(), name) }
+
+// Create makes a new, stopped sandbox on img.
+func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sandbox, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	root := m.Paths.SandboxesDir()
+	if err := EnsureWritable(root); err != nil {
+		return nil, err
+	}
+	final := m.dir(cfg.Name)
+	if _, err := os.Lstat(final); err == nil {
+		return nil, fmt.Errorf("%w: %s (pick another --name, or 'kosa8 rm %s')", ErrExists, cfg.Name, cfg.Name)
+	}
+	qemuImg, err := exec.LookPath("qemu-img")
+	if err != nil {
+		return nil, fmt.Errorf("qemu-img not found: run 'kosa8 setup' or install qemu-utils")
+	}
+	sweepStaging(root)
+	stage, err := os.MkdirTemp(root, ".staging-"+cfg.Name+"-")
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(stage)
+		}
+	}()
+	if err := os.Chmod(stage, 0o700); err != nil {
+		return nil, err
+	}
+	cfg.Version = configVersion
+	cfg.Created = time.Now().UTC()
+	cfg.ImageDir = img.Dir
+	disk := filepath.Join(stage, RootDisk)
+	out, err := exec.CommandContext(ctx, qemuImg, "create", "-q", "-f", "qcow2",
+		"-o", "backing_file="+img.RootFS()+",backing_fmt=raw,lazy_refcounts=on",
+		disk, strconv.Itoa(cfg.DiskGiB)+"G").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("create root disk: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	if err := writeJSONAtomic(filepath.Join(stage, configFile), &cfg); err != nil {
+		return nil, err
+	}
+	if err := writeJSONAtomic(filepath.Join(stage, stateFile), &Status{State: Created}); err != nil {
+		return nil, err
+	}
+	if err := renameNoReplace(stage, final); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("%w: %s (pick another --name, or 'kosa8 rm %s')", ErrExists, cfg.Name, cfg.Name)
+		}
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	ok = true
+	return &Sandbox{Dir: final, Config: cfg}, nil
+}
+
+// sweepStaging removes staging and trash directories left by a kill -9,
+// once they are old enough that no create or rm can still be using them.
+func sweepStaging(root string) {
+	for _, pat := range []string{".staging-*", ".trash-*"} {
+		dirs, _ := filepath.Glob(filepath.Join(root, pat))
+		for _, d := range dirs {
+			if fi, err := os.Lstat(d); err == nil && time.Since(fi.ModTime()) > 10*time.Minute {
+				os.RemoveAll(d)
+			}
+		}
+	}
+}
+
+// Open finds a sandbox by name.
+func (m *Manager) Open(name string) (*Sandbox, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	d := m.dir(name)
+	var cfg Config
+	if err := readJSON(filepath.Join(d, configFile), &cfg); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%w named %q: 'kosa8 ls' lists them", ErrNotFound, name)
+		}
+		return nil, err
+	}
+	return &Sandbox{Dir: d, Config: cfg}, nil
+}
+
+// List returns every sandbox, by name.
+func (m *Manager) List() ([]*Sandbox, error) {
+	entries, err := os.ReadDir(m.Paths.SandboxesDir())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*Sandbox
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if sb, err := m.Open(e.Name()); err == nil {
+			out = append(out, sb)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Config.Name < out[j].Config.Name })
+	return out, nil
+}
+
+// Status reads the sandbox's recorded state and checks it against its
+// supervisor's lock: a sandbox recorded as up whose supervisor is gone has
+// crashed, whatever the file says.
+func (s *Sandbox) Status() Status {
+	var st Status
+	if err := readJSON(filepath.Join(s.Dir, stateFile), &st); err != nil {
+		return Status{State: Crashed, Error: err.Error()}
+	}
+	alive := supervisorAlive(s.Dir)
+	switch st.State {
+	case Starting, Running, Stopping:
+		if !alive {
+			if st.Error == "" {
+				st.Error = fmt.Sprintf("the supervisor (pid %d) exited without stopping the sandbox", st.SupervisorPID)
+			}
+			st.State = Crashed
+		}
+	default:
+		if alive && st.State != Crashed {
+			st.State = Running
+		}
+	}
+	return st
+}
+
+// Alive reports whether a supervisor runs for the sandbox.
+func (s *Sandbox) Alive() bool { return supervisorAlive(s.Dir) }
+
+// Path names a file in the sandbox's directory.
+func (s *Sandbox) Path(name string) string { return filepath.Join(s.Dir, name) }
+
+// WriteStatus records st.
+func (s *Sandbox) WriteStatus(st Status) error {
+	return writeJSONAtomic(filepath.Join(s.Dir, stateFile), &st)
+}
+
+// Remove deletes a stopped sandbox. The directory leaves its name at once
+// (renamed aside), then is deleted.
+func (m *Manager) Remove(name string) error {
+	sb, err := m.Open(name)
+	if err != nil {
+		return err
+	}
+	if sb.Alive() {
+		return fmt.Errorf("%w: %s (stop it first, or use 'kosa8 rm -f')", ErrRunning, name)
+	}
+	trash := filepath.Join(m.Paths.SandboxesDir(), ".trash-"+name+"-"+randomHex(4))
+	if err := os.Rename(sb.Dir, trash); err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	return os.RemoveAll(trash)
+}
+
+// WaitStopped waits for the supervisor to let go of the sandbox.
+func (s *Sandbox) WaitStopped(ctx context.Context) error {
+	for s.Alive() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s did not stop: %w", s.Config.Name, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Kill ends the sandbox's supervisor (and with it QEMU) without a clean
+// shutdown of the guest.
+func (s *Sandbox) Kill() error {
+	st := s.Status()
+	if !s.Alive() || st.SupervisorPID <= 0 {
+		return nil
+	}
+	if err := syscall.Kill(st.SupervisorPID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,326 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// SuperviseOptions configure the supervisor process.
+type SuperviseOptions struct {
+	AgentPath   string   // kosa8-agent binary for the initramfs
+	Ready       *os.File // told once: {"ok":true} or {"error":…}; may be nil
+	Log         *slog.Logger
+	BootTimeout time.Duration
+}
+
+// ReadyMessage is what the supervisor writes to its ready pipe.
+type ReadyMessage struct {
+	OK     bool    `json:"ok"`
+	Error  string  `json:"error,omitempty"`
+	Status *Status `json:"status,omitempty"`
+}
+
+// supervisor owns one running sandbox.
+type supervisor struct {
+	sb      *Sandbox
+	log     *slog.Logger
+	machine *qemu.Machine
+	client  *guest.Client
+	accel   vmm.Accel
+
+	mu     sync.Mutex
+	status Status
+
+	stop     chan stopRequest
+	stopOnce sync.Once
+}
+
+type stopRequest struct{ kill bool }
+
+// Supervise boots the sandbox and serves it until it stops. It is the body
+// of the detached 'kosa8 supervise' process.
+func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions) (err error) {
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	ready := func(msg ReadyMessage) {
+		if o.Ready == nil {
+			return
+		}
+		b, _ := json.Marshal(msg)
+		_, _ = o.Ready.Write(append(b, '\n'))
+		o.Ready.Close()
+		o.Ready = nil
+	}
+	defer func() {
+		if err != nil {
+			ready(ReadyMessage{Error: err.Error()})
+		}
+	}()
+	sb, err := m.Open(name)
+	if err != nil {
+		return err
+	}
+	lock, err := lockSupervisor(sb.Dir)
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, name)
+	}
+	defer lock.Close()
+
+	s := &supervisor{sb: sb, log: log, stop: make(chan stopRequest, 1)}
+	start := time.Now()
+	s.setStatus(func(st *Status) {
+		*st = Status{State: Starting, SupervisorPID: os.Getpid(), Started: start.UTC()}
+	})
+	if err := s.boot(ctx, m, o); err != nil {
+		s.setStatus(func(st *Status) { st.State, st.Error, st.Stopped = Crashed, err.Error(), time.Now().UTC() })
+		if s.machine != nil {
+			_ = s.machine.Kill()
+		}
+		return err
+	}
+	s.setStatus(func(st *Status) {
+		st.State = Running
+		st.QEMUPID = s.machine.Pid()
+		st.Accel = string(s.accel)
+		st.BootMillis = float64(time.Since(start).Microseconds()) / 1000
+	})
+	srv, err := s.serveAPI()
+	if err != nil {
+		_ = s.machine.Kill()
+		s.setStatus(func(st *Status) { st.State, st.Error = Crashed, err.Error() })
+		return err
+	}
+	st := s.getStatus()
+	ready(ReadyMessage{OK: true, Status: &st})
+	log.Info("running", "accel", s.accel, "boot_ms", st.BootMillis, "qemu_pid", st.QEMUPID)
+
+	var req stopRequest
+	var exitErr error
+	exited := false
+	select {
+	case req = <-s.stop:
+	case <-ctx.Done():
+		log.Info("signalled: stopping")
+	case <-s.machine.Done():
+		exited = true
+		exitErr = s.machine.Wait(context.Background())
+	}
+	s.setStatus(func(st *Status) { st.State = Stopping })
+	if !exited {
+		exitErr = s.shutdown(req.kill)
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = srv.Shutdown(shutCtx)
+	cancel()
+	os.Remove(sb.Path(APISocket))
+	s.setStatus(func(st *Status) {
+		st.Stopped = time.Now().UTC()
+		st.State = Stopped
+		st.QEMUPID = 0
+		if exitErr != nil && !req.kill {
+			st.State, st.Error = Crashed, exitErr.Error()
+		}
+	})
+	log.Info("stopped", "err", exitErr)
+	if sb.Config.Ephemeral {
+		lock.Close()
+		return m.Remove(name)
+	}
+	return nil
+}
+
+func (s *supervisor) setStatus(f func(*Status)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(&s.status)
+	if err := s.sb.WriteStatus(s.status); err != nil {
+		s.log.Error("write state", "err", err)
+	}
+}
+
+func (s *supervisor) getStatus() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status
+}
+
+// Cmdline is the guest kernel's command line for a sandbox.
+func Cmdline(c *Config) string {
+	parts := []string{
+		// A panic ends QEMU (-no-reboot) instead of hanging; warnings and
+		// worse reach the console log.
+		"panic=-1", "loglevel=4",
+		"kosa8.user=" + c.User,
+		"kosa8.uid=" + strconv.Itoa(c.UID),
+		"kosa8.gid=" + strconv.Itoa(c.GID),
+		"kosa8.hostname=" + Hostname(c.Name),
+	}
+	return strings.Join(parts, " ")
+}
+
+func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) error {
+	cfg := &s.sb.Config
+	img, err := image.Store{Dir: m.Paths.Cache}.Open(cfg.ImageDir)
+	if err != nil {
+		return fmt.Errorf("the sandbox's image is gone (%v): recreate the sandbox", err)
+	}
+	if o.AgentPath == "" {
+		return errors.New("kosa8-agent not found")
+	}
+	initrd, err := img.Initramfs(o.AgentPath)
+	if err != nil {
+		return err
+	}
+	drv, err := qemu.New(qemu.Config{Arch: vmspec.Arch(cfg.Arch), Accel: vmm.Accel(cfg.Accel)})
+	if err != nil {
+		return err
+	}
+	s.accel = drv.Accel()
+	if s.accel == vmm.TCG {
+		s.log.Warn(vmm.IsolationWarning)
+	}
+	spec := &vmspec.Spec{
+		Name:       cfg.Name,
+		Arch:       vmspec.Arch(cfg.Arch),
+		CPUs:       cfg.CPUs,
+		MemoryMiB:  cfg.MemoryMiB,
+		Kernel:     img.Kernel().Image,
+		Initrd:     initrd,
+		Cmdline:    Cmdline(cfg),
+		Disks:      []vmspec.Disk{{ID: "root", Path: s.sb.Path(RootDisk), Format: "qcow2"}},
+		ConsoleLog: s.sb.Path(ConsoleLog),
+		AgentPort:  guestPortName,
+	}
+	bootCtx, cancel := context.WithTimeout(ctx, o.BootTimeout)
+	defer cancel()
+	mach, err := drv.Start(bootCtx, spec, vmm.StartOptions{Stderr: logWriter{s.log}})
+	if err != nil {
+		return err
+	}
+	s.machine = mach.(*qemu.Machine)
+	go func() {
+		select {
+		case <-s.machine.Done():
+			cancel() // QEMU died while booting: stop waiting for the agent
+		case <-bootCtx.Done():
+		}
+	}()
+	s.client, err = guest.Connect(bootCtx, s.machine.Agent())
+	if err != nil {
+		select {
+		case <-s.machine.Done():
+			return fmt.Errorf("the VM stopped while booting: %v%s", s.machine.Wait(context.Background()), consoleTail(s.sb.Path(ConsoleLog)))
+		default:
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("the guest agent did not answer within %s%s", o.BootTimeout, consoleTail(s.sb.Path(ConsoleLog)))
+		}
+		return err
+	}
+	if err := s.client.SetTime(bootCtx, time.Now()); err != nil {
+		s.log.Warn("set guest clock", "err", err)
+	}
+	info, err := s.client.Info(bootCtx)
+	if err != nil {
+		return err
+	}
+	s.setStatus(func(st *Status) { st.Kernel = info.Kernel })
+	return nil
+}
+
+// guestPortName must match the agent's agent.DefaultPortName.
+const guestPortName = "org.kosa8.agent"
+
+// consoleTail returns the last lines of the console log for an error.
+func consoleTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 12 {
+		lines = lines[len(lines)-12:]
+	}
+	return "\nlast console lines:\n  " + strings.Join(lines, "\n  ")
+}
+
+// shutdown stops the guest: a clean poweroff through the agent unless
+// kill, then QEMU is killed if it is still there after a grace period.
+func (s *supervisor) shutdown(kill bool) error {
+	if !kill && s.client != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := s.client.Poweroff(ctx)
+		cancel()
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			err = s.machine.Wait(ctx)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			s.log.Warn("guest did not power off in time: killing QEMU")
+		} else {
+			s.log.Warn("poweroff request failed: killing QEMU", "err", err)
+		}
+	}
+	_ = s.machine.Kill()
+	return nil
+}
+
+func (s *supervisor) requestStop(kill bool) {
+	s.stopOnce.Do(func() { s.stop <- stopRequest{kill: kill} })
+}
+
+// logWriter turns QEMU's output into log lines.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if line != "" {
+			w.log.Warn("qemu", "msg", line)
+		}
+	}
+	return len(p), nil
+}
+
+// listenAPI opens the supervisor's socket in the state directory.
+func listenAPI(path string) (net.Listener, error) {
+	_ = os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		if len(path) > 100 {
+			return nil, fmt.Errorf("API socket path %s is too long for a unix socket: set KOSA8_HOME to a shorter directory", path)
+		}
+		return nil, err
+	}
+	_ = os.Chmod(path, 0o600)
+	return l, nil
+}
+
+func (s *supervisor) serveAPI() (*http.Server, error) {
+	l, err := listenAPI(s.sb.Path(APISocket))
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	return srv, nil
+}

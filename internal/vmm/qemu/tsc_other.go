@@ -1,0 +1,6 @@
+//go:build !amd64
+
+package qemu
+
+// HostTSCkHz is only meaningful on x86-64.
+func HostTSCkHz() int { return 0 }
