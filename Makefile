@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFLAGS_  := -trimpath
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 
-.PHONY: build setup test test-vm bench clean
+.PHONY: build setup test unit test-vm bench clean
 
 build:
 	$(GO) build $(GOFLAGS_) -ldflags '$(LDFLAGS)' -o $(BIN)/kosa8 ./cmd/kosa8
@@ -16,11 +16,14 @@ build:
 setup: build
 	$(BIN)/kosa8 setup
 
+# The whole suite: unit tests, then the VM tests (needs 'make setup' first).
+test: unit test-vm
+
 # Unit tests: fast, no VM.
-test:
+unit:
 	$(GO) test ./...
 
-# VM tests (boot real sandboxes under the best available acceleration).
+# VM tests: boot real sandboxes with the built image.
 test-vm: build
 	KOSA8_E2E=1 KOSA8_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 40m ./test/e2e/...
 

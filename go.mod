@@ -3,6 +3,7 @@ module github.com/kosa8/kosa8
 go 1.26.8
 
 require (
+	github.com/creack/pty v1.1.24
 	github.com/hashicorp/yamux v0.1.2
 	github.com/pelletier/go-toml/v2 v2.4.3
 	github.com/spf13/cobra v1.10.2

@@ -17,6 +17,8 @@ import (
 func main() {
 	start := time.Now()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("who", "kosa8-agent")
+	// The first line userspace prints: benchmarks time the boot up to it.
+	log.Info("kosa8-agent starting")
 	if os.Getpid() != 1 {
 		log.Error("kosa8-agent runs as the guest's PID 1 only")
 		os.Exit(2)

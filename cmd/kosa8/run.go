@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -284,6 +285,10 @@ func rmCmd() *cobra.Command {
 					}
 				}
 				if err := m.Remove(name); err != nil {
+					if errors.Is(err, sandbox.ErrNotFound) && sb.Config.Ephemeral {
+						fmt.Println(name) // an ephemeral sandbox removes itself when stopped
+						continue
+					}
 					return err
 				}
 				fmt.Println(name)

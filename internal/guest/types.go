@@ -45,7 +45,7 @@ type ExecRequest struct {
 	// ID names the process so that a new stream can attach to it after the
 	// channel broke (a rewind, a restarted supervisor). The agent picks one
 	// when it is empty.
-	ID string `json:"id,omitempty"`
+	ID   string   `json:"id,omitempty"`
 	Argv []string `json:"argv"`
 	// Env entries (KEY=VALUE) are added to the agent's base environment
 	// (PATH, HOME, USER, LOGNAME, SHELL, LANG, TERM) and override it.
@@ -88,8 +88,8 @@ func validEnv(e string) bool {
 type Response struct {
 	Error string `json:"error,omitempty"`
 
-	Info *Info     `json:"info,omitempty"`
-	Stat *FileInfo `json:"stat,omitempty"`
+	Info *Info      `json:"info,omitempty"`
+	Stat *FileInfo  `json:"stat,omitempty"`
 	List []FileInfo `json:"list,omitempty"`
 	Pid  int        `json:"pid,omitempty"`
 	ID   string     `json:"id,omitempty"`
@@ -97,12 +97,12 @@ type Response struct {
 
 // Info describes the guest.
 type Info struct {
-	Kernel   string `json:"kernel"` // uname -r
-	Machine  string `json:"machine"`
-	Hostname string `json:"hostname"`
-	User     string `json:"user"`
-	UID      int    `json:"uid"`
-	GID      int    `json:"gid"`
+	Kernel   string  `json:"kernel"` // uname -r
+	Machine  string  `json:"machine"`
+	Hostname string  `json:"hostname"`
+	User     string  `json:"user"`
+	UID      int     `json:"uid"`
+	GID      int     `json:"gid"`
 	Uptime   float64 `json:"uptime_seconds"`
 	// Boot records how long the agent's own start-up took inside the guest.
 	AgentStartMillis float64 `json:"agent_start_ms"`

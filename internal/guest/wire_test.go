@@ -15,13 +15,13 @@ func ctl(k ControlKind, gen uint64) []byte {
 
 func TestReadControlSkipsGarbage(t *testing.T) {
 	cases := map[string][]byte{
-		"clean":            ctl(Hello, 7),
-		"leading garbage":  append([]byte("\x00\x00\x00\x0cKSAxKSA8"), ctl(Hello, 7)...),
-		"bad crc first":    append(func() []byte { b := ctl(Hello, 7); b[19] ^= 1; return b }(), ctl(Hello, 7)...),
-		"bad kind first":   append(func() []byte { b := ctl(Hello, 7); b[4] = 9; return b }(), ctl(Hello, 7)...),
-		"partial magic":    append([]byte("KSKSAKS"), ctl(Hello, 7)...),
-		"yamux frame":      append([]byte{0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0}, ctl(Hello, 7)...),
-		"ack then hello":   append(ctl(Ack, 3), ctl(Hello, 7)...),
+		"clean":           ctl(Hello, 7),
+		"leading garbage": append([]byte("\x00\x00\x00\x0cKSAxKSA8"), ctl(Hello, 7)...),
+		"bad crc first":   append(func() []byte { b := ctl(Hello, 7); b[19] ^= 1; return b }(), ctl(Hello, 7)...),
+		"bad kind first":  append(func() []byte { b := ctl(Hello, 7); b[4] = 9; return b }(), ctl(Hello, 7)...),
+		"partial magic":   append([]byte("KSKSAKS"), ctl(Hello, 7)...),
+		"yamux frame":     append([]byte{0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0}, ctl(Hello, 7)...),
+		"ack then hello":  append(ctl(Ack, 3), ctl(Hello, 7)...),
 	}
 	for name, in := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -69,6 +69,7 @@ var Tools = map[string]string{
 	"mmdebstrap": "mmdebstrap",
 	"mkfs.ext4":  "e2fsprogs",
 	"dpkg-deb":   "dpkg",
+	"gpg":        "gpg", // mmdebstrap reads the archive keyring with it
 }
 
 // MissingTools returns the packages to install for the build tools not found.

@@ -209,6 +209,9 @@ func (m *Manager) Remove(name string) error {
 	}
 	trash := filepath.Join(m.Paths.SandboxesDir(), ".trash-"+name+"-"+randomHex(4))
 	if err := os.Rename(sb.Dir, trash); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w named %q: removed meanwhile", ErrNotFound, name)
+		}
 		return fmt.Errorf("remove %s: %w", name, err)
 	}
 	return os.RemoveAll(trash)

@@ -37,9 +37,9 @@ const (
 // proc is a process started by exec. Its output goes to the attached
 // stream, or is held (bounded) until a stream attaches again.
 type proc struct {
-	id    string
-	pid   int
-	tty   *os.File // PTY master, nil without a terminal
+	id     string
+	pid    int
+	tty    *os.File      // PTY master, nil without a terminal
 	stdin  chan []byte   // nil chunk: EOF
 	exited chan struct{} // closed once the process has exited
 

@@ -85,17 +85,17 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 	case vmspec.AMD64:
 		// microvm: no PCI, no firmware; devices are virtio-mmio, found
 		// through ACPI (the Debian kernel has no virtio_mmio.device= support).
-		machine = []string{"microvm", "accel=" + string(o.Accel), "acpi=on", "rtc=on"}
+		machine = []string{"microvm", "acpi=on", "rtc=on"}
 		if o.Accel == vmm.TCG {
 			// Without a PIT the kernel hung at TSC calibration in a third of
 			// TCG boots.
 			machine = append(machine, "pit=on")
 		}
 	case vmspec.ARM64:
-		machine = []string{"virt", "accel=" + string(o.Accel), "gic-version=max"}
+		machine = []string{"virt", "gic-version=max"}
 		if o.Accel == vmm.HVF {
-			// Apple silicon's HVF supports GICv2/v3 only via QEMU's emulation.
-			machine[2] = "gic-version=3"
+			// HVF offers no in-kernel GIC: QEMU emulates a GICv3.
+			machine[1] = "gic-version=3"
 		}
 	}
 	machine = append(machine, "memory-backend=ram")
@@ -103,7 +103,15 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 	if o.Accel == vmm.KVM || o.Accel == vmm.HVF {
 		cpu = "host"
 	}
+	accel := string(o.Accel)
+	if o.Accel == vmm.TCG {
+		// The translation cache defaults to 1 GiB and fills up as the guest
+		// runs new code: an idle sandbox's QEMU grew past 700 MiB after a few
+		// hundred execs. 256 MiB bounds it.
+		accel += ",tb-size=256"
+	}
 	a = append(a,
+		"-accel", accel,
 		"-machine", strings.Join(machine, ","),
 		"-cpu", cpu,
 		"-smp", strconv.Itoa(s.CPUs),

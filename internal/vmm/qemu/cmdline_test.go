@@ -53,21 +53,25 @@ func TestArgsPerPlatform(t *testing.T) {
 		name    string
 		arch    vmspec.Arch
 		accel   vmm.Accel
+		accelOp string
 		machine string
 		cpu     string
 		console string
 	}{
-		{"linux amd64 kvm", vmspec.AMD64, vmm.KVM, "microvm,accel=kvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
-		{"linux amd64 tcg", vmspec.AMD64, vmm.TCG, "microvm,accel=tcg,acpi=on,rtc=on,pit=on,memory-backend=ram", "max", "console=ttyS0"},
-		{"darwin arm64 hvf", vmspec.ARM64, vmm.HVF, "virt,accel=hvf,gic-version=3,memory-backend=ram", "host", "console=ttyAMA0"},
-		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "virt,accel=tcg,gic-version=max,memory-backend=ram", "max", "console=ttyAMA0"},
-		{"linux arm64 kvm", vmspec.ARM64, vmm.KVM, "virt,accel=kvm,gic-version=max,memory-backend=ram", "host", "console=ttyAMA0"},
+		{"linux amd64 kvm", vmspec.AMD64, vmm.KVM, "kvm", "microvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
+		{"linux amd64 tcg", vmspec.AMD64, vmm.TCG, "tcg,tb-size=256", "microvm,acpi=on,rtc=on,pit=on,memory-backend=ram", "max", "console=ttyS0"},
+		{"darwin arm64 hvf", vmspec.ARM64, vmm.HVF, "hvf", "virt,gic-version=3,memory-backend=ram", "host", "console=ttyAMA0"},
+		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "tcg,tb-size=256", "virt,gic-version=max,memory-backend=ram", "max", "console=ttyAMA0"},
+		{"linux arm64 kvm", vmspec.ARM64, vmm.KVM, "kvm", "virt,gic-version=max,memory-backend=ram", "host", "console=ttyAMA0"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			args, err := Args(spec(tc.arch), opts(tc.accel))
 			if err != nil {
 				t.Fatal(err)
+			}
+			if got := value(t, args, "-accel", 0); got != tc.accelOp {
+				t.Errorf("-accel = %q, want %q", got, tc.accelOp)
 			}
 			if got := value(t, args, "-machine", 0); got != tc.machine {
 				t.Errorf("-machine = %q, want %q", got, tc.machine)

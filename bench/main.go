@@ -1,0 +1,284 @@
+// Command bench measures a sandbox's life: create-to-first-exec, cold boot,
+// exec round trip and host memory, beside bare QEMU booting the same kernel
+// and initramfs, and prints a table. Every figure names the acceleration it
+// ran under. Run it with 'make bench'.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+var (
+	binDir = flag.String("bin", "bin", "directory with kosa8 and kosa8-agent")
+	runs   = flag.Int("n", 5, "boots per measurement")
+	execs  = flag.Int("execs", 300, "exec round trips")
+)
+
+type row struct {
+	what, value, accel, note string
+}
+
+func main() {
+	flag.Parse()
+	abs, err := filepath.Abs(*binDir)
+	must(err)
+	*binDir = abs
+	home, err := os.MkdirTemp("", "kosa8-bench-")
+	must(err)
+	defer os.RemoveAll(home)
+	os.Setenv("KOSA8_HOME", home)
+	os.Setenv("KOSA8_CONFIG", filepath.Join(home, "config"))
+
+	accel, err := qemu.ChooseAccel(qemu.DetectHost(), vmspec.HostArch(), vmm.Accel(os.Getenv("KOSA8_ACCEL")))
+	must(err)
+	a := string(accel)
+	paths, err := sandbox.DefaultPaths()
+	must(err)
+	img, err := image.Store{Dir: paths.Cache}.Lookup(image.DefaultRecipe(vmspec.HostArch()))
+	must(err)
+	initrd, err := img.Initramfs(filepath.Join(*binDir, "kosa8-agent"))
+	must(err)
+
+	var rows []row
+	fmt.Fprintf(os.Stderr, "bare QEMU boots (%d)...\n", *runs)
+	bare := measure(*runs, func() time.Duration { return bareBoot(img, initrd, accel) })
+	rows = append(rows, row{"bare QEMU: start to first userspace line", ms(median(bare)), a, "same kernel+initramfs, no disk, no agent channel; baseline"})
+
+	fmt.Fprintf(os.Stderr, "kosa8 cold boots (%d)...\n", *runs)
+	var ready, startWall []time.Duration
+	for i := 0; i < *runs; i++ {
+		name := fmt.Sprintf("bench-boot-%d", i)
+		kosa8("create", name)
+		t0 := time.Now()
+		kosa8("start", name)
+		startWall = append(startWall, time.Since(t0))
+		sb := open(paths, name)
+		st := sb.Status()
+		ready = append(ready, time.Duration(st.BootMillis*float64(time.Millisecond)))
+		kosa8("rm", "-f", name)
+	}
+	rows = append(rows,
+		row{"kosa8: supervisor start to agent ready", ms(median(ready)), a, ratio(median(ready), median(bare))},
+		row{"kosa8 start (CLI wall time)", ms(median(startWall)), a, ratio(median(startWall), median(bare))},
+	)
+
+	fmt.Fprintf(os.Stderr, "create-to-first-exec (%d)...\n", *runs)
+	first := measure(*runs, firstOutput)
+	rows = append(rows, row{"kosa8 run --rm -- echo: to first output", ms(median(first)), a, ratio(median(first), median(bare))})
+
+	fmt.Fprintf(os.Stderr, "exec round trips (%d)...\n", *execs)
+	kosa8("create", "bench-exec")
+	kosa8("start", "bench-exec")
+	sb := open(paths, "bench-exec")
+	rt := execRoundTrips(sb, *execs)
+	rows = append(rows,
+		row{"exec round trip of `true`, API p50", ms(pct(rt, 50)), a, fmt.Sprintf("p99 %s, n=%d", ms(pct(rt, 99)), len(rt))},
+	)
+	var cli []time.Duration
+	for i := 0; i < 20; i++ {
+		t0 := time.Now()
+		kosa8("exec", "bench-exec", "--", "true")
+		cli = append(cli, time.Since(t0))
+	}
+	rows = append(rows, row{"kosa8 exec -- true (CLI wall) p50", ms(pct(cli, 50)), a, fmt.Sprintf("p99 %s, n=%d", ms(pct(cli, 99)), len(cli))})
+
+	time.Sleep(3 * time.Second)
+	st := sb.Status()
+	sup, qemuRSS := rssKiB(st.SupervisorPID), rssKiB(st.QEMUPID)
+	rows = append(rows, row{"host RSS, idle sandbox (supervisor + QEMU)", fmt.Sprintf("%d MiB", (sup.total+qemuRSS.total)>>10), a,
+		fmt.Sprintf("supervisor %d MiB, QEMU %d MiB of which guest RAM (shmem) %d MiB; guest has %d MiB", sup.total>>10, qemuRSS.total>>10, qemuRSS.shmem>>10, sb.Config.MemoryMiB)})
+	kosa8("rm", "-f", "bench-exec")
+
+	fmt.Printf("\nkosa8 benchmark — %s, %d CPUs, accel %s, QEMU %s\n\n", time.Now().UTC().Format(time.RFC3339), nproc(), a, qemuVersion())
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEASURE\tVALUE\tACCEL\tNOTE")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.what, r.value, r.accel, r.note)
+	}
+	tw.Flush()
+	if accel == vmm.TCG {
+		fmt.Println("\nTCG emulates the CPU: absolute figures are far above what KVM or HVF give; the ratios to bare QEMU are the comparable part.")
+	}
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func kosa8(args ...string) string {
+	out, err := exec.Command(filepath.Join(*binDir, "kosa8"), args...).CombinedOutput()
+	if err != nil {
+		must(fmt.Errorf("kosa8 %v: %v\n%s", args, err, out))
+	}
+	return string(out)
+}
+
+func open(p sandbox.Paths, name string) *sandbox.Sandbox {
+	sb, err := (&sandbox.Manager{Paths: p}).Open(name)
+	must(err)
+	return sb
+}
+
+func measure(n int, f func() time.Duration) []time.Duration {
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		out = append(out, f())
+	}
+	return out
+}
+
+// bareBoot starts QEMU with the image's kernel and initramfs and returns the
+// time to the agent's first line on the serial console.
+func bareBoot(img *image.Image, initrd string, accel vmm.Accel) time.Duration {
+	machine := "microvm,acpi=on,rtc=on"
+	accelArg := string(accel)
+	appendLine := "console=ttyS0 panic=-1 loglevel=4"
+	if accel == vmm.TCG {
+		machine += ",pit=on"
+		accelArg += ",tb-size=256"
+		appendLine += " tsc_early_khz=" + strconv.Itoa(qemu.HostTSCkHz())
+	}
+	cpu := "max"
+	if accel != vmm.TCG {
+		cpu = "host"
+	}
+	cmd := exec.Command(qemu.Binary(vmspec.HostArch()), "-nodefaults", "-no-user-config", "-display", "none",
+		"-no-reboot", "-accel", accelArg, "-machine", machine, "-cpu", cpu, "-smp", "2", "-m", "1024M",
+		"-kernel", img.Kernel().Image, "-initrd", initrd, "-append", appendLine, "-serial", "stdio")
+	out, err := cmd.StdoutPipe()
+	must(err)
+	t0 := time.Now()
+	must(cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	found := make(chan time.Duration, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "kosa8-agent starting") {
+				found <- time.Since(t0)
+				break
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case d := <-found:
+		return d
+	case <-time.After(60 * time.Second):
+		must(fmt.Errorf("bare QEMU never reached userspace"))
+	}
+	return 0
+}
+
+// firstOutput times `kosa8 run --rm -- echo ready` up to its output.
+func firstOutput() time.Duration {
+	cmd := exec.Command(filepath.Join(*binDir, "kosa8"), "run", "--rm", "--", "echo", "ready")
+	out, err := cmd.StdoutPipe()
+	must(err)
+	t0 := time.Now()
+	must(cmd.Start())
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	d := time.Since(t0)
+	must(cmd.Wait())
+	if strings.TrimSpace(line) != "ready" {
+		must(fmt.Errorf("unexpected output %q", line))
+	}
+	return d
+}
+
+func execRoundTrips(sb *sandbox.Sandbox, n int) []time.Duration {
+	c := sandbox.NewClient(sb)
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		conn, err := c.Exec(context.Background(), &guest.ExecRequest{Argv: []string{"true"}})
+		must(err)
+		st, err := guest.Pump(conn, guest.StdIO{})
+		must(err)
+		conn.Close()
+		if st.Code != 0 {
+			must(fmt.Errorf("true exited %d", st.Code))
+		}
+		out = append(out, time.Since(t0))
+	}
+	return out
+}
+
+type rss struct{ total, shmem int }
+
+func rssKiB(pid int) rss {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return rss{}
+	}
+	var r rss
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.Atoi(f[1])
+		switch f[0] {
+		case "VmRSS:":
+			r.total = v
+		case "RssShmem:":
+			r.shmem = v
+		}
+	}
+	return r
+}
+
+func median(d []time.Duration) time.Duration { return pct(d, 50) }
+
+func pct(d []time.Duration, p int) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := (len(s)*p + 99) / 100
+	if i > 0 {
+		i--
+	}
+	return s[i]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+func ratio(a, b time.Duration) string {
+	return fmt.Sprintf("%.2fx bare QEMU", float64(a)/float64(b))
+}
+
+func nproc() int {
+	out, _ := exec.Command("nproc").Output()
+	n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	return n
+}
+
+func qemuVersion() string {
+	out, _ := exec.Command(qemu.Binary(vmspec.HostArch()), "--version").Output()
+	v, err := qemu.ParseVersion(string(out))
+	if err != nil {
+		return "?"
+	}
+	return v.String()
+}

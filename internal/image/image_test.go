@@ -1,0 +1,128 @@
+package image
+
+import (
+	"bytes"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+func TestCPIOIsReadableByCpio(t *testing.T) {
+	if _, err := exec.LookPath("cpio"); err != nil {
+		t.Skip("cpio(1) not installed: the format is still checked by TestCPIOLayout")
+	}
+	var buf bytes.Buffer
+	c := newCPIOWriter(&buf)
+	c.Dir("dev", 0o755)
+	c.CharDevice("dev/console", 0o600, 5, 1)
+	c.File("init", 0o755, []byte("#!/bin/sh\n"))
+	c.Symlink("sbin", "bin")
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("cpio", "-itv")
+	cmd.Stdin = &buf
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("cpio: %v\n%s", err, out)
+	}
+	for _, want := range []string{"dev/console", "init", "sbin -> bin", "crw-------"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("cpio listing lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestCPIOLayout(t *testing.T) {
+	var buf bytes.Buffer
+	c := newCPIOWriter(&buf)
+	c.File("a", 0o644, []byte("xyz"))
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	if !bytes.HasPrefix(b, []byte("070701")) || len(b)%4 != 0 {
+		t.Fatalf("not newc or not 4-aligned: %q", b[:min(len(b), 16)])
+	}
+	if !bytes.Contains(b, []byte("TRAILER!!!\x00")) {
+		t.Fatal("no trailer")
+	}
+	bad := newCPIOWriter(io.Discard)
+	bad.File("/abs", 0o644, nil)
+	if bad.Close() == nil {
+		t.Fatal("absolute name accepted")
+	}
+}
+
+func TestParseModinfoDepends(t *testing.T) {
+	data := []byte("license=GPL\x00depends=virtio_ring,virtio,net-failover\x00name=virtio_net\x00vermagic=6.1\x00")
+	got := parseModinfoDepends(data)
+	want := []string{"virtio_ring", "virtio", "net_failover"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("depends = %v, want %v", got, want)
+	}
+	if d := parseModinfoDepends([]byte("depends=\x00")); len(d) != 0 {
+		t.Fatalf("empty depends = %v", d)
+	}
+}
+
+func TestResolveOrder(t *testing.T) {
+	// A module tree whose .ko files are stand-ins: resolve reads their
+	// dependencies through modinfo, faked here by a table.
+	fsys := fstest.MapFS{
+		"modules.builtin":               {Data: []byte("kernel/fs/ext4/ext4.ko\n")},
+		"kernel/drivers/virtio/a.ko":    {},
+		"kernel/drivers/virtio/b.ko":    {},
+		"kernel/drivers/char/c-dash.ko": {},
+	}
+	tree, err := loadModuleTree(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree.paths["c_dash"] == "" || !tree.builtin["ext4"] {
+		t.Fatalf("index: %+v", tree)
+	}
+	// Stand-in .ko files are not ELF: resolving them must fail with the
+	// module's name, not panic.
+	_, err = tree.resolve([]string{"a"})
+	if err == nil || !strings.Contains(err.Error(), "module a") {
+		t.Fatalf("err = %v", err)
+	}
+	if order, err := tree.resolve([]string{"ext4"}); err != nil || len(order) != 0 {
+		t.Fatalf("built-in module: %v %v", order, err)
+	}
+	if _, err := tree.resolve([]string{"missing"}); err == nil || !strings.Contains(err.Error(), "missing not found") {
+		t.Fatalf("missing module: %v", err)
+	}
+}
+
+func TestRecipeKey(t *testing.T) {
+	a := DefaultRecipe(vmspec.AMD64)
+	b := DefaultRecipe(vmspec.AMD64)
+	b.Mirrors = []string{"deb http://elsewhere/debian bookworm main"}
+	if a.Key() != b.Key() {
+		t.Error("the mirror changed the key")
+	}
+	if a.Key() == DefaultRecipe(vmspec.ARM64).Key() {
+		t.Error("arm64 and amd64 share a key")
+	}
+	if a.Key() == a.WithPackages("vim").Key() {
+		t.Error("an extra package did not change the key")
+	}
+	reordered := a
+	reordered.Packages = append([]string{"npm"}, a.Packages...)
+	if reordered.Key() != a.Key() {
+		t.Error("package order or a duplicate changed the key")
+	}
+}
+
+func TestLookupMissing(t *testing.T) {
+	_, err := Store{Dir: t.TempDir()}.Lookup(DefaultRecipe(vmspec.AMD64))
+	if err == nil || !strings.Contains(err.Error(), "kosa8 setup") {
+		t.Fatalf("err = %v", err)
+	}
+}

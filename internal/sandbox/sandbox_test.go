@@ -1,0 +1,194 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kosa8/kosa8/internal/image"
+)
+
+func TestValidateName(t *testing.T) {
+	for _, ok := range []string{"a", "dev", "my-proj_2.x", strings.Repeat("a", 63)} {
+		if err := ValidateName(ok); err != nil {
+			t.Errorf("%q rejected: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", ".hidden", "-x", "a/b", "..", "a b", "ä", strings.Repeat("a", 64), "x\x00"} {
+		if ValidateName(bad) == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestHostname(t *testing.T) {
+	cases := map[string]string{"Dev_Box.1": "dev-box-1", "---": "kosa8", "ok": "ok"}
+	for in, want := range cases {
+		if got := Hostname(in); got != want {
+			t.Errorf("Hostname(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	good := map[string]int{"512M": 512, "2G": 2048, "1.5G": 1536, "2048": 2048, "1T": 1 << 20, "4GiB": 4096, "256mb": 256}
+	for in, want := range good {
+		got, err := ParseSize(in)
+		if err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "lots", "2x", "-1G", "0", "G", "NaN", "Inf", "1e30G", "2 G"} {
+		if _, err := ParseSize(bad); err == nil {
+			t.Errorf("ParseSize(%q) accepted", bad)
+		}
+	}
+}
+
+func validConfig(name string) Config {
+	return Config{Name: name, Arch: "amd64", CPUs: 1, MemoryMiB: 512, DiskGiB: 4, User: "u", UID: 1000, GID: 1000}
+}
+
+func TestConfigValidate(t *testing.T) {
+	c := validConfig("x")
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*Config){
+		"cpus":   func(c *Config) { c.CPUs = 0 },
+		"memory": func(c *Config) { c.MemoryMiB = 100 },
+		"disk":   func(c *Config) { c.DiskGiB = 1 },
+		"env":    func(c *Config) { c.Env = []string{"NOEQ"} },
+		"name":   func(c *Config) { c.Name = "a/b" },
+	} {
+		c := validConfig("x")
+		mut(&c)
+		if c.Validate() == nil {
+			t.Errorf("%s: invalid config accepted", name)
+		}
+	}
+}
+
+// fakeImage is an image directory with a small raw root filesystem.
+func fakeImage(t *testing.T) *image.Image {
+	t.Helper()
+	dir := t.TempDir()
+	rootfs := filepath.Join(dir, "rootfs.ext4")
+	if err := os.WriteFile(rootfs, make([]byte, 1<<20), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	return &image.Image{Dir: dir}
+}
+
+func newManager(t *testing.T) *Manager {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed (qemu-utils): creating a sandbox needs it")
+	}
+	return &Manager{Paths: Paths{Home: t.TempDir(), Cache: t.TempDir(), Config: t.TempDir()}}
+}
+
+func TestCreateOpenListRemove(t *testing.T) {
+	m := newManager(t)
+	img := fakeImage(t)
+	sb, err := m.Create(context.Background(), validConfig("one"), img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(sb.Dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("state dir: %v %v", fi, err)
+	}
+	out, err := exec.Command("qemu-img", "info", "--output=json", sb.Path(RootDisk)).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		VirtualSize int64  `json:"virtual-size"`
+		Backing     string `json:"backing-filename"`
+		Format      string `json:"format"`
+	}
+	_ = json.Unmarshal(out, &info)
+	if info.Format != "qcow2" || info.Backing != img.RootFS() || info.VirtualSize != 4<<30 {
+		t.Fatalf("root disk: %+v", info)
+	}
+	if st := sb.Status(); st.State != Created {
+		t.Fatalf("new sandbox state %q", st.State)
+	}
+	if _, err := m.Create(context.Background(), validConfig("one"), img); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate name: %v", err)
+	}
+	if _, err := m.Create(context.Background(), validConfig("two"), img); err != nil {
+		t.Fatal(err)
+	}
+	list, err := m.List()
+	if err != nil || len(list) != 2 || list[0].Config.Name != "one" || list[1].Config.Name != "two" {
+		t.Fatalf("list: %v %v", list, err)
+	}
+	if err := m.Remove("one"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Open("one"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("open after remove: %v", err)
+	}
+	entries, _ := os.ReadDir(m.Paths.SandboxesDir())
+	if len(entries) != 1 {
+		t.Fatalf("sandboxes dir after remove: %v", entries)
+	}
+}
+
+func TestCreateFailureLeavesNothing(t *testing.T) {
+	m := newManager(t)
+	img := &image.Image{Dir: t.TempDir()} // no rootfs: qemu-img fails
+	if _, err := m.Create(context.Background(), validConfig("broken"), img); err == nil {
+		t.Fatal("create on a missing root filesystem succeeded")
+	}
+	entries, _ := os.ReadDir(m.Paths.SandboxesDir())
+	if len(entries) != 0 {
+		t.Fatalf("a failed create left %v", entries)
+	}
+}
+
+func TestStatusFollowsSupervisorLock(t *testing.T) {
+	m := newManager(t)
+	sb, err := m.Create(context.Background(), validConfig("live"), fakeImage(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.WriteStatus(Status{State: Running, SupervisorPID: 424242}); err != nil {
+		t.Fatal(err)
+	}
+	if st := sb.Status(); st.State != Crashed || !strings.Contains(st.Error, "424242") {
+		t.Fatalf("running without a supervisor: %+v", st)
+	}
+	lock, err := lockSupervisor(sb.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := sb.Status(); st.State != Running || !sb.Alive() {
+		t.Fatalf("with the lock held: %+v alive=%v", st, sb.Alive())
+	}
+	if _, err := lockSupervisor(sb.Dir); !errors.Is(err, ErrRunning) {
+		t.Fatalf("second supervisor: %v", err)
+	}
+	if err := m.Remove("live"); !errors.Is(err, ErrRunning) {
+		t.Fatalf("remove while running: %v", err)
+	}
+	lock.Close()
+	if sb.Alive() {
+		t.Fatal("alive after the lock was released")
+	}
+}
+
+func TestCmdline(t *testing.T) {
+	c := validConfig("Box_1")
+	got := Cmdline(&c)
+	for _, want := range []string{"kosa8.user=u", "kosa8.uid=1000", "kosa8.gid=1000", "kosa8.hostname=box-1", "panic=-1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("cmdline %q lacks %q", got, want)
+		}
+	}
+}

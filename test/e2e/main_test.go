@@ -1,0 +1,169 @@
+// Package e2e boots real sandboxes and checks what a user sees. It needs
+// QEMU and a built guest image; it runs only when KOSA8_E2E=1 (make test-vm,
+// .ci/run), and then a missing piece is a failure, not a skip.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var (
+	binDir string // holds kosa8 and kosa8-agent
+	home   string // KOSA8_HOME for this run: sandboxes never mix with the user's
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("KOSA8_E2E") != "1" {
+		fmt.Println("skipping VM tests: set KOSA8_E2E=1 (needs QEMU and 'kosa8 setup'; see README)")
+		os.Exit(0)
+	}
+	var err error
+	binDir = os.Getenv("KOSA8_BIN")
+	if binDir == "" {
+		if binDir, err = buildBinaries(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	home, err = os.MkdirTemp("", "kosa8-e2e-home-")
+	if err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	// Leave nothing running: stop whatever a failed test left behind.
+	out, _ := exec.Command(filepath.Join(binDir, "kosa8"), "ls", "--json").Output()
+	var list []struct{ Name string }
+	_ = json.Unmarshal(out, &list)
+	for _, l := range list {
+		_ = kosa8Cmd(context.Background(), "rm", "-f", l.Name).Run()
+	}
+	os.RemoveAll(home)
+	os.Exit(code)
+}
+
+func buildBinaries() (string, error) {
+	dir, err := os.MkdirTemp("", "kosa8-e2e-bin-")
+	if err != nil {
+		return "", err
+	}
+	for _, b := range []struct{ out, pkg string }{{"kosa8", "./cmd/kosa8"}, {"kosa8-agent", "./cmd/kosa8-agent"}} {
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(dir, b.out), b.pkg)
+		cmd.Dir = "../.."
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	return dir, nil
+}
+
+// kosa8Cmd prepares a kosa8 command with this run's state directory.
+func kosa8Cmd(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "kosa8"), args...)
+	cmd.Env = append(os.Environ(), "KOSA8_HOME="+home, "KOSA8_CONFIG="+filepath.Join(home, "config"))
+	return cmd
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout: %q\nstderr: %q", r.code, r.stdout, r.stderr)
+}
+
+// run runs kosa8 with args and stdin, within two minutes.
+func run(t *testing.T, stdin string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := kosa8Cmd(ctx, args...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("kosa8 %v: %v", args, err)
+	}
+	return result{out.String(), errb.String(), code}
+}
+
+// must runs kosa8 and fails the test unless it exits 0.
+func must(t *testing.T, args ...string) result {
+	t.Helper()
+	r := run(t, "", args...)
+	if r.code != 0 {
+		t.Fatalf("kosa8 %v failed:\n%s", args, r)
+	}
+	return r
+}
+
+// sandbox creates and starts a sandbox for the test, removed at its end.
+func sandbox(t *testing.T, name string, extra ...string) string {
+	t.Helper()
+	must(t, append([]string{"create", name}, extra...)...)
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
+	must(t, "start", name)
+	return name
+}
+
+type lsEntry struct {
+	Name   string `json:"name"`
+	State  string `json:"state"`
+	Dir    string `json:"dir"`
+	Status struct {
+		SupervisorPID int    `json:"supervisor_pid"`
+		QEMUPID       int    `json:"qemu_pid"`
+		Accel         string `json:"accel"`
+	} `json:"status"`
+}
+
+func ls(t *testing.T) map[string]lsEntry {
+	t.Helper()
+	var list []lsEntry
+	if err := json.Unmarshal([]byte(must(t, "ls", "--json").stdout), &list); err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]lsEntry{}
+	for _, e := range list {
+		m[e.Name] = e
+	}
+	return m
+}
+
+// guestUser is the default user's name in the guest: the host user's, or
+// kosa8 for root.
+func guestUser() string {
+	u, err := user.Current()
+	if err != nil || u.Uid == "0" {
+		return "kosa8"
+	}
+	return u.Username
+}
+
+// processRunning reports whether pid is a live (not zombie) process.
+func processRunning(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+}
