@@ -5,11 +5,19 @@ go 1.26.8
 require (
 	github.com/creack/pty v1.1.24
 	github.com/hashicorp/yamux v0.1.2
+	github.com/miekg/dns v1.1.73
 	github.com/pelletier/go-toml/v2 v2.4.3
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.1.0
+	golang.org/x/net v0.62.0
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.48.0
+	gvisor.dev/gvisor v0.0.0-20240916094835-a174eb65023f
 )
 
-require github.com/inconshreveable/mousetrap v1.1.0 // indirect
+require (
+	github.com/google/btree v1.1.2 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/time v0.5.0 // indirect
+)

@@ -1,0 +1,170 @@
+package egress
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/netpolicy"
+)
+
+// dnsTTL is the lifetime of a synthetic answer. Bindings never change, and
+// the policy is checked again at connect time, so caching is harmless.
+const dnsTTL = 300
+
+// AnswerDNS builds the reply to one DNS query. It never asks a real
+// resolver: a name the policy allows gets its synthetic address, its other
+// record types an empty answer; any other name gets NXDOMAIN, so a query
+// cannot carry data out. A query that does not parse gets no reply (nil).
+func (g *Gateway) AnswerDNS(query []byte) []byte {
+	var q dns.Msg
+	if err := q.Unpack(query); err != nil {
+		g.audit(audit.Event{Kind: "dns", Decision: "deny", Reason: "malformed query"})
+		return nil
+	}
+	r := new(dns.Msg)
+	r.SetReply(&q)
+	r.RecursionAvailable = true
+	r.Compress = true
+	if q.Response || q.Opcode != dns.OpcodeQuery {
+		r.Rcode = dns.RcodeNotImplemented
+		return pack(r)
+	}
+	if len(q.Question) != 1 {
+		r.Rcode = dns.RcodeFormatError
+		return pack(r)
+	}
+	qu := q.Question[0]
+	qtype := dns.TypeToString[qu.Qtype]
+	if qtype == "" {
+		qtype = "TYPE" + itoa(int(qu.Qtype))
+	}
+	name := strings.ToLower(strings.TrimSuffix(qu.Name, "."))
+	ev := audit.Event{Kind: "dns", Name: name, QType: qtype}
+	if qu.Qclass != dns.ClassINET {
+		r.Rcode = dns.RcodeRefused
+		ev.Decision, ev.Reason = "deny", "class "+dns.ClassToString[qu.Qclass]
+		g.audit(ev)
+		return pack(r)
+	}
+	norm, err := netpolicy.NormalizeHost(name)
+	var d netpolicy.Decision
+	if err != nil {
+		d.Reason = err.Error()
+	} else {
+		d = g.policy().AllowsName(norm)
+	}
+	if !d.Allow {
+		r.Rcode = dns.RcodeNameError
+		ev.Decision, ev.Reason = "deny", d.Reason
+		g.audit(ev)
+		return pack(r)
+	}
+	ev.Decision, ev.Rule, ev.Name = "allow", d.Rule, norm
+	if qu.Qtype == dns.TypeA || qu.Qtype == dns.TypeANY {
+		addr, err := g.names.Assign(norm)
+		if err != nil {
+			r.Rcode = dns.RcodeServerFailure
+			ev.Decision, ev.Reason = "deny", err.Error()
+			g.audit(ev)
+			return pack(r)
+		}
+		r.Answer = append(r.Answer, &dns.A{
+			Hdr: dns.RR_Header{Name: qu.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: dnsTTL},
+			A:   addr.AsSlice(),
+		})
+		ev.Answer = addr.String()
+	}
+	// Other types (AAAA, HTTPS, TXT, …) of an allowed name: an empty
+	// answer (NODATA). The guest has IPv4 only, and HTTPS records would
+	// offer ECH and alternative endpoints the broker cannot check.
+	g.audit(ev)
+	return pack(r)
+}
+
+func pack(m *dns.Msg) []byte {
+	b, err := m.Pack()
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+func itoa(n int) string {
+	var b [12]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+// ServeDNSPacket answers queries on a packet conn until it closes.
+func (g *Gateway) ServeDNSPacket(ctx context.Context, pc net.PacketConn) {
+	buf := make([]byte, 4096)
+	for ctx.Err() == nil {
+		n, addr, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		if reply := g.AnswerDNS(buf[:n]); reply != nil {
+			if len(reply) > 512 && !hasEDNS(buf[:n]) {
+				reply = truncate(reply)
+			}
+			_, _ = pc.WriteTo(reply, addr)
+		}
+	}
+}
+
+func hasEDNS(q []byte) bool {
+	var m dns.Msg
+	return m.Unpack(q) == nil && m.IsEdns0() != nil
+}
+
+// truncate marks an oversized UDP reply truncated so the client retries over TCP.
+func truncate(reply []byte) []byte {
+	var m dns.Msg
+	if m.Unpack(reply) != nil {
+		return nil
+	}
+	m.Answer = nil
+	m.Truncated = true
+	return pack(&m)
+}
+
+// ServeDNSStream answers length-prefixed queries on a TCP connection.
+func (g *Gateway) ServeDNSStream(c net.Conn) {
+	defer c.Close()
+	var hdr [2]byte
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint16(hdr[:])
+		q := make([]byte, n)
+		if _, err := io.ReadFull(c, q); err != nil {
+			return
+		}
+		reply := g.AnswerDNS(q)
+		if reply == nil {
+			return
+		}
+		out := make([]byte, 2+len(reply))
+		binary.BigEndian.PutUint16(out, uint16(len(reply)))
+		copy(out[2:], reply)
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,383 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/netstack"
+)
+
+type fakeResolver map[string][]netip.Addr
+
+func (f fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if a, ok := f[host]; ok {
+		return a, nil
+	}
+	return nil, errors.New("no such host")
+}
+
+func newGateway(t *testing.T, rules []string, res fakeResolver, overrides map[string]netip.Addr) (*Gateway, string) {
+	t.Helper()
+	pol, err := netpolicy.Parse(rules, netpolicy.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	names, err := OpenNameMap(filepath.Join(dir, "names"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "audit.log")
+	al, err := audit.Open(logPath, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { al.Close(); names.Close() })
+	return New(Config{Policy: pol, Names: names, Audit: al, Resolver: res, Overrides: overrides, DialTimeout: 2 * time.Second}), logPath
+}
+
+func query(t *testing.T, g *Gateway, name string, qtype uint16) *dns.Msg {
+	t.Helper()
+	q := new(dns.Msg)
+	q.SetQuestion(name, qtype)
+	b, _ := q.Pack()
+	reply := g.AnswerDNS(b)
+	if reply == nil {
+		t.Fatalf("no reply for %s", name)
+	}
+	var r dns.Msg
+	if err := r.Unpack(reply); err != nil {
+		t.Fatal(err)
+	}
+	return &r
+}
+
+func TestDNS(t *testing.T) {
+	g, logPath := newGateway(t, []string{"allowed.test", "*.wild.test"}, nil, nil)
+	r := query(t, g, "allowed.test.", dns.TypeA)
+	if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Fatalf("A for an allowed name: %v", r)
+	}
+	a := r.Answer[0].(*dns.A).A
+	ip, _ := netip.AddrFromSlice(a.To4())
+	if !SyntheticNet.Contains(ip) {
+		t.Fatalf("answer %s is not synthetic", ip)
+	}
+	if r2 := query(t, g, "ALLOWED.test.", dns.TypeA); r2.Answer[0].(*dns.A).A.String() != a.String() {
+		t.Fatal("the same name (other case) got another address")
+	}
+	if n, _ := g.names.Lookup(ip); n != "allowed.test" {
+		t.Fatalf("address bound to %q", n)
+	}
+	for _, qt := range []uint16{dns.TypeAAAA, dns.TypeTXT, dns.TypeHTTPS, dns.TypeMX} {
+		if r := query(t, g, "allowed.test.", qt); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 0 {
+			t.Errorf("%s for an allowed name: rcode %d, %d answers", dns.TypeToString[qt], r.Rcode, len(r.Answer))
+		}
+	}
+	for _, name := range []string{"denied.test.", "wild.test.", "evil-wild.test.", "x.wild.test.evil.", "exfil-c2VjcmV0.attacker.example."} {
+		if r := query(t, g, name, dns.TypeA); r.Rcode != dns.RcodeNameError || len(r.Answer) != 0 {
+			t.Errorf("%s: rcode %d", name, r.Rcode)
+		}
+	}
+	if r := query(t, g, "a.wild.test.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Errorf("wildcard subdomain: %v", r)
+	}
+	if g.AnswerDNS([]byte("garbage")) != nil {
+		t.Error("reply to garbage")
+	}
+	evs, _ := audit.Read(logPath)
+	denied := 0
+	for _, e := range evs {
+		if e.Kind == "dns" && e.Decision == "deny" {
+			denied++
+		}
+	}
+	if denied < 5 {
+		t.Errorf("audit log has %d DNS denials, want at least 5", denied)
+	}
+}
+
+func TestNameMapPersistsAndNeverReuses(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "names")
+	m, err := OpenNameMap(p, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, _ := m.Assign("one.test")
+	a2, _ := m.Assign("two.test")
+	m.Close()
+	m2, err := OpenNameMap(p, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if n, ok := m2.Lookup(a1); !ok || n != "one.test" {
+		t.Fatalf("after reopen: %q %v", n, ok)
+	}
+	a3, _ := m2.Assign("three.test")
+	if a3 == a1 || a3 == a2 || !a2.Less(a3) {
+		t.Fatalf("address reused or not increasing: %s %s %s", a1, a2, a3)
+	}
+	if _, err := m2.Assign("four.test"); !errors.Is(err, ErrMapFull) {
+		t.Fatalf("cap not enforced: %v", err)
+	}
+}
+
+// tcpPair returns two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		ch <- c
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, <-ch
+}
+
+// guestDial runs the gateway for a guest connection to dst and returns the
+// guest's end, or the refusal.
+func guestDial(t *testing.T, g *Gateway, dst netip.AddrPort) (net.Conn, error) {
+	guestEnd, gwEnd := tcpPair(t)
+	accepted := make(chan bool, 1)
+	go g.HandleTCP(flowTo(dst), func() (net.Conn, error) {
+		accepted <- true
+		return gwEnd, nil
+	})
+	select {
+	case <-accepted:
+		return guestEnd, nil
+	case <-time.After(5 * time.Second):
+		guestEnd.Close()
+		gwEnd.Close()
+		return nil, errors.New("refused")
+	}
+}
+
+func syntheticFor(t *testing.T, g *Gateway, name string) netip.Addr {
+	r := query(t, g, name+".", dns.TypeA)
+	if len(r.Answer) != 1 {
+		t.Fatalf("%s does not resolve", name)
+	}
+	ip, _ := netip.AddrFromSlice(r.Answer[0].(*dns.A).A.To4())
+	return ip
+}
+
+func TestConnectDecisions(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "hello from ", r.Host) }))
+	defer srv.Close()
+	port := netip.MustParseAddrPort(srv.Listener.Addr().String()).Port()
+	lo := netip.MustParseAddr("127.0.0.1")
+	res := fakeResolver{
+		"rebind.test":  {netip.MustParseAddr("127.0.0.1")},
+		"private.test": {netip.MustParseAddr("10.9.9.9")},
+		"meta.test":    {netip.MustParseAddr("169.254.169.254")},
+	}
+	rules := []string{fmt.Sprintf("allowed.test:%d", port), fmt.Sprintf("rebind.test:%d", port), "private.test", "meta.test:80"}
+	g, logPath := newGateway(t, rules, res, map[string]netip.Addr{"allowed.test": lo})
+
+	// Allowed: the request reaches the local server.
+	c, err := guestDial(t, g, netip.AddrPortFrom(syntheticFor(t, g, "allowed.test"), port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: allowed.test:%d\r\nConnection: close\r\n\r\n", port)
+	body, _ := io.ReadAll(c)
+	c.Close()
+	if !strings.Contains(string(body), "200 OK") || !strings.Contains(string(body), "hello from allowed.test") {
+		t.Fatalf("allowed request: %q", body)
+	}
+
+	cases := []struct {
+		name string
+		dst  netip.AddrPort
+		why  string
+	}{
+		{"port not allowed", netip.AddrPortFrom(syntheticFor(t, g, "allowed.test"), 443), "port 443"},
+		{"raw address", netip.AddrPortFrom(lo, port), "no rule allows the address"},
+		{"unbound synthetic", netip.MustParseAddrPort("198.19.255.1:80"), "no name is bound"},
+		{"rebinding to loopback", netip.AddrPortFrom(syntheticFor(t, g, "rebind.test"), port), "special address 127.0.0.1"},
+		{"private address", netip.AddrPortFrom(syntheticFor(t, g, "private.test"), 443), "special address 10.9.9.9"},
+		{"metadata service", netip.AddrPortFrom(syntheticFor(t, g, "meta.test"), 80), "169.254.169.254"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			up, ev := g.connect(context.Background(), tc.dst)
+			if up != nil {
+				up.conn.Close()
+				t.Fatalf("allowed: %+v", ev)
+			}
+			if ev.Decision != "deny" || !strings.Contains(ev.Reason, tc.why) {
+				t.Fatalf("event %+v, want a denial mentioning %q", ev, tc.why)
+			}
+		})
+	}
+
+	// A CIDR rule that names the private address lets it through.
+	pol := g.Policy().Clone()
+	r, _ := netpolicy.ParseRule("10.9.9.0/24", netpolicy.ParseOptions{})
+	pol.Add(r)
+	g.SetPolicy(pol)
+	_, ev := g.connect(context.Background(), netip.AddrPortFrom(syntheticFor(t, g, "private.test"), 443))
+	if strings.Contains(ev.Reason, "special address") {
+		t.Fatalf("CIDR rule did not name the private address: %+v", ev)
+	}
+
+	evs, _ := audit.Read(logPath)
+	var tcp int
+	for _, e := range evs {
+		if e.Kind == "tcp" {
+			tcp++
+		}
+	}
+	if tcp < 1 {
+		t.Fatalf("no tcp events in the audit log: %+v", evs)
+	}
+}
+
+func TestHTTPHostMustMatch(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "served ", r.Host) }))
+	defer srv.Close()
+	port := netip.MustParseAddrPort(srv.Listener.Addr().String()).Port()
+	g, _ := newGateway(t, []string{fmt.Sprintf("good.test:%d", port)}, nil, map[string]netip.Addr{"good.test": netip.MustParseAddr("127.0.0.1")})
+	c, err := guestDial(t, g, netip.AddrPortFrom(syntheticFor(t, g, "good.test"), port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	// First request fine, second (same connection) fronts another host.
+	fmt.Fprintf(c, "GET /1 HTTP/1.1\r\nHost: good.test\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first request: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	fmt.Fprintf(c, "GET /2 HTTP/1.1\r\nHost: other.test\r\n\r\n")
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("fronted request: %v %v", resp, err)
+	}
+}
+
+func TestTLSServerNameMustMatch(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "tls ok") }))
+	defer srv.Close()
+	port := netip.MustParseAddrPort(srv.Listener.Addr().String()).Port()
+	lo := netip.MustParseAddr("127.0.0.1")
+	g, _ := newGateway(t, []string{fmt.Sprintf("tls.test:%d", port)}, nil, map[string]netip.Addr{"tls.test": lo})
+	dst := netip.AddrPortFrom(syntheticFor(t, g, "tls.test"), port)
+	for _, tc := range []struct {
+		sni string
+		ok  bool
+	}{{"tls.test", true}, {"TLS.Test.", true}, {"other.test", false}, {"", false}} {
+		c, err := guestDial(t, g, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc2 := tls.Client(c, &tls.Config{ServerName: tc.sni, InsecureSkipVerify: true})
+		tc2.SetDeadline(time.Now().Add(5 * time.Second))
+		err = tc2.Handshake()
+		c.Close()
+		if (err == nil) != tc.ok {
+			t.Errorf("SNI %q: handshake err %v, want ok=%v", tc.sni, err, tc.ok)
+		}
+	}
+}
+
+func TestRawProtocolPassesThrough(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		c.Write([]byte("SSH-2.0-test\r\n")) // the server speaks first
+		io.Copy(c, c)
+		c.Close()
+	}()
+	port := netip.MustParseAddrPort(l.Addr().String()).Port()
+	g, _ := newGateway(t, []string{fmt.Sprintf("git.test:%d", port)}, nil, map[string]netip.Addr{"git.test": netip.MustParseAddr("127.0.0.1")})
+	c, err := guestDial(t, g, netip.AddrPortFrom(syntheticFor(t, g, "git.test"), port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	line, _ := br.ReadString('\n')
+	if line != "SSH-2.0-test\r\n" {
+		t.Fatalf("server banner: %q", line)
+	}
+	c.Write([]byte("SSH-2.0-client\r\n"))
+	line, _ = br.ReadString('\n')
+	if line != "SSH-2.0-client\r\n" {
+		t.Fatalf("echo: %q", line)
+	}
+}
+
+func flowTo(dst netip.AddrPort) netstack.Flow {
+	return netstack.Flow{Src: netip.MustParseAddrPort("192.168.127.2:40000"), Dst: dst}
+}
+
+func FuzzAnswerDNS(f *testing.F) {
+	for _, name := range []string{"allowed.test.", "x.wild.test.", "denied.test.", "allowed.test\\000.evil."} {
+		q := new(dns.Msg)
+		q.SetQuestion(name, dns.TypeA)
+		b, _ := q.Pack()
+		f.Add(b)
+	}
+	pol, _ := netpolicy.Parse([]string{"allowed.test", "*.wild.test"}, netpolicy.ParseOptions{})
+	names, _ := OpenNameMap("", 0)
+	g := New(Config{Policy: pol, Names: names})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		reply := g.AnswerDNS(in)
+		if reply == nil {
+			return
+		}
+		var r dns.Msg
+		if err := r.Unpack(reply); err != nil {
+			t.Fatalf("reply does not parse: %v", err)
+		}
+		for _, rr := range r.Answer {
+			a, ok := rr.(*dns.A)
+			if !ok {
+				t.Fatalf("non-A answer %v", rr)
+			}
+			name := strings.ToLower(strings.TrimSuffix(a.Hdr.Name, "."))
+			if !pol.AllowsName(name).Allow {
+				t.Fatalf("answered a name the policy does not allow: %q", a.Hdr.Name)
+			}
+			ip, _ := netip.AddrFromSlice(a.A.To4())
+			if !SyntheticNet.Contains(ip) {
+				t.Fatalf("answered a real address %s", ip)
+			}
+		}
+	})
+}

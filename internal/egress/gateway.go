@@ -1,0 +1,395 @@
+// Package egress decides and carries a sandbox's traffic to the world. It
+// answers the guest's DNS itself (dns.go), turns a connection to a
+// synthetic address back into the name it stands for, asks the policy,
+// resolves the name on the host, refuses special destinations, dials
+// exactly the address it checked, and checks what the guest says on the
+// connection (TLS SNI, HTTP Host) against that name. Every decision is one
+// line in the audit log.
+package egress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/netstack"
+)
+
+// Resolver resolves names on the host.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Config wires a Gateway.
+type Config struct {
+	Policy   *netpolicy.Policy
+	Names    *NameMap
+	Audit    *audit.Log // nil: decisions are not recorded
+	Log      *slog.Logger
+	Resolver Resolver                                                         // default: the host's
+	Dial     func(ctx context.Context, network, addr string) (net.Conn, error) // default: net.Dialer
+	// Overrides map names to addresses on the host side only, for tests
+	// against local servers: an overridden name resolves to its address,
+	// which may be a loopback one. Nothing in the guest can set this.
+	Overrides map[string]netip.Addr
+	// DialTimeout bounds connecting upstream.
+	DialTimeout time.Duration
+}
+
+// Gateway is the egress side of one sandbox's network.
+type Gateway struct {
+	cfg   Config
+	pol   atomic.Pointer[netpolicy.Policy]
+	names *NameMap
+	log   *slog.Logger
+	own   atomic.Pointer[[]netip.Prefix] // the host's own addresses
+}
+
+// New returns a gateway.
+func New(cfg Config) *Gateway {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
+	}
+	if cfg.Dial == nil {
+		d := &net.Dialer{}
+		cfg.Dial = d.DialContext
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = &netpolicy.Policy{}
+	}
+	g := &Gateway{cfg: cfg, names: cfg.Names, log: cfg.Log}
+	g.pol.Store(cfg.Policy)
+	g.refreshOwnAddrs()
+	return g
+}
+
+// SetPolicy replaces the policy; it applies to new DNS answers and new
+// connections at once.
+func (g *Gateway) SetPolicy(p *netpolicy.Policy) { g.pol.Store(p) }
+
+func (g *Gateway) policy() *netpolicy.Policy { return g.pol.Load() }
+
+// Policy returns the current policy.
+func (g *Gateway) Policy() *netpolicy.Policy { return g.pol.Load() }
+
+func (g *Gateway) audit(e audit.Event) {
+	if g.cfg.Audit != nil {
+		g.cfg.Audit.Add(e)
+	}
+}
+
+// specialNets are destinations a name may not resolve to unless a CIDR
+// rule names them: they reach the host, its network, or nothing real.
+var specialNets = func() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range []string{
+		"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+		"172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
+		"198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+		"255.255.255.255/32",
+	} {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}()
+
+// refreshOwnAddrs records the host's own addresses: a name resolving to
+// one of them (DNS rebinding) would reach services on this machine.
+func (g *Gateway) refreshOwnAddrs() {
+	var own []netip.Prefix
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap().Is4() {
+			own = append(own, netip.PrefixFrom(p.Addr().Unmap(), 32))
+		}
+	}
+	g.own.Store(&own)
+}
+
+// special reports why ip may not be dialled for a name, or "".
+func (g *Gateway) special(ip netip.Addr) string {
+	if !ip.Is4() && !ip.Is4In6() {
+		return "not an IPv4 address"
+	}
+	ip = ip.Unmap()
+	for _, p := range specialNets {
+		if p.Contains(ip) {
+			return "special address " + ip.String() + " (in " + p.String() + ")"
+		}
+	}
+	for _, p := range *g.own.Load() {
+		if p.Contains(ip) {
+			return "an address of this host (" + ip.String() + ")"
+		}
+	}
+	return ""
+}
+
+// upstream is an allowed connection's other end.
+type upstream struct {
+	conn net.Conn
+	name string // "" for a raw address allowed by a CIDR rule
+	ev   audit.Event
+}
+
+// connect decides a guest connection to dst and dials it. A nil upstream
+// with the event says why it was refused.
+func (g *Gateway) connect(ctx context.Context, dst netip.AddrPort) (*upstream, audit.Event) {
+	ev := audit.Event{Kind: "tcp", Dest: dst.String()}
+	port := dst.Port()
+	deny := func(reason string) (*upstream, audit.Event) {
+		ev.Decision, ev.Reason = "deny", reason
+		return nil, ev
+	}
+	ip := dst.Addr().Unmap()
+	if !SyntheticNet.Contains(ip) {
+		d := g.policy().DecideIP(ip, port)
+		if !d.Allow {
+			return deny(d.Reason)
+		}
+		ev.Rule = d.Rule
+		return g.dial(ctx, ev, "", []netip.Addr{ip}, port, true)
+	}
+	name, ok := g.names.Lookup(ip)
+	if !ok {
+		return deny("no name is bound to " + ip.String())
+	}
+	ev.Name = name
+	d := g.policy().Decide(name, port)
+	if !d.Allow {
+		return deny(d.Reason)
+	}
+	ev.Rule = d.Rule
+	var addrs []netip.Addr
+	trusted := false
+	if a, ok := g.cfg.Overrides[name]; ok {
+		addrs, trusted = []netip.Addr{a}, true
+	} else {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var err error
+		addrs, err = g.cfg.Resolver.LookupNetIP(rctx, "ip4", name)
+		cancel()
+		if err != nil {
+			return deny("resolve " + name + ": " + err.Error())
+		}
+	}
+	return g.dial(ctx, ev, name, addrs, port, trusted)
+}
+
+// dial connects to the first acceptable address. Addresses are checked
+// here, and the connection goes to exactly the address checked, never to a
+// name that could resolve again to something else.
+func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs []netip.Addr, port uint16, trusted bool) (*upstream, audit.Event) {
+	var reasons []string
+	tried := 0
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !trusted {
+			if why := g.special(a); why != "" && !g.policy().NamesIP(a) {
+				reasons = append(reasons, why)
+				continue
+			}
+		}
+		if tried == 3 {
+			break
+		}
+		tried++
+		target := netip.AddrPortFrom(a, port).String()
+		dctx, cancel := context.WithTimeout(ctx, g.cfg.DialTimeout)
+		c, err := g.cfg.Dial(dctx, "tcp4", target)
+		cancel()
+		if err != nil {
+			reasons = append(reasons, err.Error())
+			continue
+		}
+		ev.Decision, ev.Upstream = "allow", target
+		return &upstream{conn: c, name: name, ev: ev}, ev
+	}
+	ev.Decision = "deny"
+	if len(reasons) == 0 {
+		ev.Reason = "no address for " + name
+	} else {
+		ev.Reason = fmt.Sprint(reasons)
+	}
+	return nil, ev
+}
+
+// HandleTCP implements netstack.Handler.
+func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error)) {
+	up, ev := g.connect(context.Background(), flow.Dst)
+	if up == nil {
+		g.audit(ev) // refused: the stack answers the guest with a RST
+		return
+	}
+	guest, err := accept()
+	if err != nil {
+		up.conn.Close()
+		ev.Decision, ev.Reason = "deny", err.Error()
+		g.audit(ev)
+		return
+	}
+	g.serve(guest, up)
+}
+
+// HandleUDP implements netstack.Handler: UDP other than DNS is dropped.
+func (g *Gateway) HandleUDP(flow netstack.Flow) {
+	g.audit(audit.Event{Kind: "udp", Dest: flow.Dst.String(), Decision: "deny", Reason: "UDP other than DNS to the gateway is dropped"})
+}
+
+// serve carries an allowed connection. The upstream's bytes flow to the
+// guest at once (some protocols speak first); the guest's first bytes
+// decide how its side is checked: a TLS ClientHello must name the host, an
+// HTTP request must carry it in Host (and is then proxied request by
+// request), anything else passes as is.
+func (g *Gateway) serve(guest net.Conn, up *upstream) {
+	ev := up.ev
+	defer func() {
+		guest.Close()
+		up.conn.Close()
+		g.audit(ev)
+	}()
+	var in atomic.Int64
+	var takenBack atomic.Bool
+	downDone := make(chan struct{})
+	go func() {
+		defer close(downDone)
+		n, _ := io.Copy(guest, up.conn)
+		in.Add(n)
+		if !takenBack.Load() {
+			closeWrite(guest) // the server finished: tell the guest
+		}
+	}()
+	gr := bufio.NewReaderSize(guest, 32<<10)
+	_, err := gr.Peek(1)
+	var out int64
+	switch {
+	case err != nil:
+		// The guest sent nothing before closing.
+	case up.name == "":
+		out, _ = io.Copy(up.conn, gr)
+	case peekByte(gr) == 22:
+		out, err = g.checkTLS(gr, up)
+	case looksLikeHTTP(gr, guest):
+		// Take the upstream back from the raw copy: the proxy parses
+		// responses too. If the server already spoke, this is no HTTP.
+		takenBack.Store(true)
+		_ = up.conn.SetReadDeadline(time.Now())
+		<-downDone
+		_ = up.conn.SetReadDeadline(time.Time{})
+		if in.Load() > 0 {
+			err = errors.New("HTTP request after the server spoke first")
+			break
+		}
+		var n int64
+		n, err = g.proxyHTTP(guest, gr, up, "http", nil)
+		out = n
+	default:
+		out, _ = io.Copy(up.conn, gr)
+	}
+	if err != nil {
+		ev.Decision, ev.Reason = "deny", err.Error()
+		guest.Close()
+		up.conn.Close()
+	}
+	closeWrite(up.conn)
+	select {
+	case <-downDone:
+	case <-time.After(5 * time.Minute):
+	}
+	ev.BytesOut, ev.BytesIn = out, in.Load()
+}
+
+func peekByte(r *bufio.Reader) byte {
+	b, _ := r.Peek(1)
+	if len(b) == 0 {
+		return 0
+	}
+	return b[0]
+}
+
+// checkTLS requires the ClientHello's SNI to be the name behind the
+// address, then passes the connection through untouched.
+func (g *Gateway) checkTLS(gr *bufio.Reader, up *upstream) (int64, error) {
+	type result struct {
+		h   *ClientHello
+		n   int
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		h, n, err := peekClientHello(gr)
+		res <- result{h, n, err}
+	}()
+	var r result
+	select {
+	case r = <-res:
+	case <-time.After(10 * time.Second):
+		return 0, errors.New("no complete ClientHello within 10 s")
+	}
+	if r.err != nil {
+		return 0, fmt.Errorf("refused TLS: %v", r.err)
+	}
+	sni, err := netpolicy.NormalizeHost(r.h.ServerName)
+	if r.h.ServerName == "" || err != nil || sni != up.name {
+		return 0, fmt.Errorf("TLS server name %q does not match %s", r.h.ServerName, up.name)
+	}
+	if r.h.HasECH {
+		// With ECH the real server name is hidden: fail closed.
+		return 0, errors.New("refused TLS: encrypted ClientHello (ECH) hides the server name")
+	}
+	return io.Copy(up.conn, gr)
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	} else {
+		_ = c.Close()
+	}
+}
+
+// ServeDNS serves DNS on the stack's gateway address, UDP and TCP, until
+// ctx ends.
+func (g *Gateway) ServeDNS(ctx context.Context, st *netstack.Stack) error {
+	pc, err := st.ListenUDP(53)
+	if err != nil {
+		return fmt.Errorf("DNS over UDP: %w", err)
+	}
+	l, err := st.ListenTCP(53)
+	if err != nil {
+		pc.Close()
+		return fmt.Errorf("DNS over TCP: %w", err)
+	}
+	go func() {
+		<-ctx.Done()
+		pc.Close()
+		l.Close()
+	}()
+	go g.ServeDNSPacket(ctx, pc)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go g.ServeDNSStream(c)
+		}
+	}()
+	return nil
+}
+

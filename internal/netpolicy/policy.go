@@ -1,0 +1,390 @@
+// Package netpolicy decides what a sandbox may reach. It is pure: rules in,
+// decisions out, no I/O, so that every decision can be tested and fuzzed.
+//
+// A rule is one of
+//
+//	example.com            that host, ports 80 and 443
+//	example.com:22         that host, port 22 (ports: 22,2222 or a list)
+//	*.example.com          any subdomain of example.com (not example.com itself)
+//	10.1.2.0/24[:5432]     raw IPv4 addresses in that range (ports as above)
+//
+// Hosts match case-insensitively, without a trailing dot, in their IDNA
+// (punycode) form; a wildcard matches at a dot boundary only, so
+// *.example.com does not match evil-example.com. An empty policy allows
+// nothing.
+package netpolicy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"golang.org/x/net/idna"
+	"golang.org/x/net/publicsuffix"
+)
+
+// DefaultPorts are the ports a rule without any allows.
+var DefaultPorts = []uint16{80, 443}
+
+// Rule is one allow rule.
+type Rule struct {
+	// Host is a normalised host name; with Wildcard, the suffix after "*.".
+	Host     string `json:"host,omitempty"`
+	Wildcard bool   `json:"wildcard,omitempty"`
+	// Prefix is set for CIDR rules.
+	Prefix netip.Prefix `json:"prefix,omitzero"`
+	Ports  []uint16     `json:"ports"`
+	// Text is the rule as the user wrote it, normalised; it names the rule
+	// in decisions and logs.
+	Text string `json:"text"`
+}
+
+// ParseOptions tune ParseRule.
+type ParseOptions struct {
+	// AllowBroad accepts rules that match a whole public suffix (*.com,
+	// *.co.uk) or everything (*, 0.0.0.0/0).
+	AllowBroad bool
+}
+
+// ErrBroad is returned for a rule that matches far more than any one
+// service: it needs ParseOptions.AllowBroad.
+var ErrBroad = errors.New("rule matches a whole public suffix or everything")
+
+const maxRuleLen = 300
+
+// ParseRule reads one rule.
+func ParseRule(s string, o ParseOptions) (Rule, error) {
+	orig := s
+	fail := func(msg string, args ...any) (Rule, error) {
+		return Rule{}, fmt.Errorf("invalid network rule %q: %s", orig, fmt.Sprintf(msg, args...))
+	}
+	if len(s) > maxRuleLen {
+		return fail("longer than %d characters", maxRuleLen)
+	}
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return fail("empty")
+	}
+	if strings.ContainsAny(s, "\x00 \t\r\n\\?#@[]") {
+		return fail("contains a character hosts cannot have")
+	}
+	if strings.Contains(s, "://") {
+		return fail("give a host, not a URL (for example github.com)")
+	}
+	hostPart, portPart := s, ""
+	// CIDR with a port: 10.0.0.0/8:5432. Host with a port: example.com:22.
+	if i := strings.LastIndexByte(s, ':'); i >= 0 {
+		hostPart, portPart = s[:i], s[i+1:]
+		if strings.Contains(hostPart, ":") {
+			return fail("IPv6 is not supported: sandboxes have IPv4 only")
+		}
+	}
+	ports := DefaultPorts
+	if portPart != "" || strings.HasSuffix(s, ":") {
+		var err error
+		if ports, err = parsePorts(portPart); err != nil {
+			return fail("%v", err)
+		}
+	}
+	r := Rule{Ports: slices.Clone(ports)}
+	if strings.Contains(hostPart, "/") {
+		p, err := netip.ParsePrefix(hostPart)
+		if err != nil {
+			return fail("not a CIDR range (like 10.0.0.0/8)")
+		}
+		if !p.Addr().Is4() {
+			return fail("IPv6 is not supported: sandboxes have IPv4 only")
+		}
+		p = p.Masked()
+		if p.Bits() < 8 && !o.AllowBroad {
+			return Rule{}, fmt.Errorf("network rule %q: %w (a /%d); it needs --allow-broad", orig, ErrBroad, p.Bits())
+		}
+		r.Prefix = p
+		r.Text = p.String() + portSuffix(r.Ports)
+		return r, nil
+	}
+	if ip, err := netip.ParseAddr(hostPart); err == nil {
+		if !ip.Is4() {
+			return fail("IPv6 is not supported: sandboxes have IPv4 only")
+		}
+		r.Prefix = netip.PrefixFrom(ip, 32)
+		r.Text = r.Prefix.String() + portSuffix(r.Ports)
+		return r, nil
+	}
+	if hostPart == "*" {
+		if !o.AllowBroad {
+			return Rule{}, fmt.Errorf("network rule %q: %w; it needs --allow-broad", orig, ErrBroad)
+		}
+		r.Wildcard, r.Host = true, ""
+		r.Text = "*" + portSuffix(r.Ports)
+		return r, nil
+	}
+	wild := false
+	if rest, ok := strings.CutPrefix(hostPart, "*."); ok {
+		wild, hostPart = true, rest
+	}
+	if strings.Contains(hostPart, "*") {
+		return fail("a wildcard may only be a leading '*.'")
+	}
+	h, err := NormalizeHost(hostPart)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if wild && !o.AllowBroad {
+		// *.com, *.co.uk, *.github.io: everything under a public suffix
+		// belongs to unrelated owners.
+		if suffix, _ := publicsuffix.PublicSuffix(h); suffix == h {
+			return Rule{}, fmt.Errorf("network rule %q: %w; it needs --allow-broad", orig, ErrBroad)
+		}
+	}
+	r.Host, r.Wildcard = h, wild
+	if wild {
+		r.Text = "*." + h + portSuffix(r.Ports)
+	} else {
+		r.Text = h + portSuffix(r.Ports)
+	}
+	return r, nil
+}
+
+func portSuffix(p []uint16) string {
+	if slices.Equal(p, DefaultPorts) {
+		return ""
+	}
+	s := make([]string, len(p))
+	for i, v := range p {
+		s[i] = strconv.Itoa(int(v))
+	}
+	return ":" + strings.Join(s, ",")
+}
+
+func parsePorts(s string) ([]uint16, error) {
+	if s == "" {
+		return nil, errors.New("empty port")
+	}
+	var out []uint16
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.ParseUint(f, 10, 16)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("bad port %q (1–65535)", f)
+		}
+		out = append(out, uint16(n))
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+var idnaProfile = idna.New(idna.MapForLookup(), idna.BidiRule(), idna.StrictDomainName(false), idna.Transitional(false))
+
+// NormalizeHost returns the canonical form of a host name: IDNA (punycode)
+// ASCII, lower case, no trailing dot. It refuses names no DNS lookup could
+// carry (NUL and control bytes, empty or over-long labels).
+func NormalizeHost(h string) (string, error) {
+	if h == "" {
+		return "", errors.New("empty host")
+	}
+	if len(h) > 255 {
+		return "", errors.New("host longer than 253 characters")
+	}
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; c < 0x21 || c == 0x7f {
+			return "", errors.New("host contains a control character or space")
+		}
+	}
+	if !utf8.ValidString(h) || strings.ContainsRune(h, utf8.RuneError) {
+		return "", errors.New("host name is not valid UTF-8")
+	}
+	h = strings.TrimSuffix(h, ".")
+	a, err := idnaProfile.ToASCII(h)
+	if err != nil {
+		return "", fmt.Errorf("not a valid host name: %v", err)
+	}
+	// The canonical form must be a fixed point, or two spellings of one
+	// name could decide differently.
+	if again, err := idnaProfile.ToASCII(a); err != nil || !strings.EqualFold(again, a) {
+		return "", errors.New("not a valid host name: its IDNA form does not round-trip")
+	}
+	a = strings.ToLower(a)
+	if len(a) > 253 || a == "" {
+		return "", errors.New("host name length out of range")
+	}
+	labels := strings.Split(a, ".")
+	if last := labels[len(labels)-1]; strings.Trim(last, "0123456789") == "" || strings.HasPrefix(last, "0x") {
+		// No top-level domain is numeric: this is an address in disguise
+		// (0.0.0.0., 127.1, 0x7f.1), which resolvers never send to DNS.
+		return "", errors.New("looks like an IP address, not a host name (use a CIDR rule such as 10.0.0.5/32)")
+	}
+	for _, label := range labels {
+		if label == "" || len(label) > 63 {
+			return "", errors.New("host name has an empty or over-long label")
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return "", fmt.Errorf("host name has character %q", c)
+			}
+		}
+	}
+	return a, nil
+}
+
+// matchesHost reports whether r covers host (normalised).
+func (r *Rule) matchesHost(host string) bool {
+	if r.Prefix.IsValid() {
+		return false
+	}
+	if !r.Wildcard {
+		return host == r.Host
+	}
+	if r.Host == "" { // "*"
+		return true
+	}
+	return strings.HasSuffix(host, "."+r.Host)
+}
+
+func (r *Rule) allowsPort(port uint16) bool { return slices.Contains(r.Ports, port) }
+
+// Policy is a sandbox's allow-list.
+type Policy struct {
+	Rules []Rule `json:"rules"`
+}
+
+// Decision is the answer to one question.
+type Decision struct {
+	Allow  bool   `json:"allow"`
+	Rule   string `json:"rule,omitempty"`   // the rule that allowed it
+	Reason string `json:"reason,omitempty"` // why it was denied
+}
+
+// Parse builds a policy from rule texts.
+func Parse(rules []string, o ParseOptions) (*Policy, error) {
+	p := &Policy{}
+	for _, s := range rules {
+		r, err := ParseRule(s, o)
+		if err != nil {
+			return nil, err
+		}
+		p.Add(r)
+	}
+	return p, nil
+}
+
+// Add adds r, merging the ports of a rule for the same target.
+func (p *Policy) Add(r Rule) {
+	for i := range p.Rules {
+		e := &p.Rules[i]
+		if e.Host == r.Host && e.Wildcard == r.Wildcard && e.Prefix == r.Prefix {
+			e.Ports = append(e.Ports, r.Ports...)
+			slices.Sort(e.Ports)
+			e.Ports = slices.Compact(e.Ports)
+			e.Text = e.target() + portSuffix(e.Ports)
+			return
+		}
+	}
+	p.Rules = append(p.Rules, r)
+}
+
+func (r *Rule) target() string {
+	switch {
+	case r.Prefix.IsValid():
+		return r.Prefix.String()
+	case r.Wildcard && r.Host == "":
+		return "*"
+	case r.Wildcard:
+		return "*." + r.Host
+	}
+	return r.Host
+}
+
+// Remove drops every rule whose target is host (as written: "github.com",
+// "*.npmjs.org", "10.0.0.0/8"). It reports how many it removed.
+func (p *Policy) Remove(target string) (int, error) {
+	r, err := ParseRule(target, ParseOptions{AllowBroad: true})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	p.Rules = slices.DeleteFunc(p.Rules, func(e Rule) bool {
+		if e.target() == r.target() {
+			n++
+			return true
+		}
+		return false
+	})
+	return n, nil
+}
+
+// Clone returns a deep copy.
+func (p *Policy) Clone() *Policy {
+	c := &Policy{Rules: make([]Rule, len(p.Rules))}
+	for i, r := range p.Rules {
+		r.Ports = slices.Clone(r.Ports)
+		c.Rules[i] = r
+	}
+	return c
+}
+
+// AllowsName reports whether any rule covers host on any port: DNS answers
+// a name the policy could let through.
+func (p *Policy) AllowsName(host string) Decision {
+	h, err := NormalizeHost(host)
+	if err != nil {
+		return Decision{Reason: err.Error()}
+	}
+	for i := range p.Rules {
+		if p.Rules[i].matchesHost(h) {
+			return Decision{Allow: true, Rule: p.Rules[i].Text}
+		}
+	}
+	return Decision{Reason: "no rule allows " + h}
+}
+
+// Decide answers whether host:port may be reached.
+func (p *Policy) Decide(host string, port uint16) Decision {
+	h, err := NormalizeHost(host)
+	if err != nil {
+		return Decision{Reason: err.Error()}
+	}
+	named := false
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if r.matchesHost(h) {
+			named = true
+			if r.allowsPort(port) {
+				return Decision{Allow: true, Rule: r.Text}
+			}
+		}
+	}
+	if named {
+		return Decision{Reason: fmt.Sprintf("port %d of %s is not allowed", port, h)}
+	}
+	return Decision{Reason: "no rule allows " + h}
+}
+
+// DecideIP answers whether a raw address may be reached: only a CIDR rule
+// can allow one.
+func (p *Policy) DecideIP(ip netip.Addr, port uint16) Decision {
+	ip = ip.Unmap()
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if r.Prefix.IsValid() && r.Prefix.Contains(ip) && r.allowsPort(port) {
+			return Decision{Allow: true, Rule: r.Text}
+		}
+	}
+	return Decision{Reason: fmt.Sprintf("no rule allows the address %s:%d", ip, port)}
+}
+
+// NamesIP reports whether a CIDR rule covers ip: a special destination (a
+// private or loopback address a name resolved to) is reachable only then.
+func (p *Policy) NamesIP(ip netip.Addr) bool {
+	ip = ip.Unmap()
+	for i := range p.Rules {
+		if p.Rules[i].Prefix.IsValid() && p.Rules[i].Prefix.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,237 @@
+// Package netstack is the guest's only network: a user-space TCP/IP stack
+// (gVisor's netstack) on the host end of the VM's NIC. QEMU sends the
+// guest's Ethernet frames over a stream socket (-netdev stream), each behind
+// a 4-byte big-endian length, and this stack answers them. Nothing routes
+// the frames anywhere: every TCP connection the guest opens is handed to a
+// Handler, which decides it; UDP other than what the stack serves itself,
+// ICMP and IPv6 are dropped (no protocol is registered for them).
+package netstack
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
+	"gvisor.dev/gvisor/pkg/tcpip/link/ethernet"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+// Addresses of the virtual network: the guest, and the gateway that is
+// also its resolver.
+var (
+	GatewayIP  = netip.MustParseAddr("192.168.127.1")
+	GuestIP    = netip.MustParseAddr("192.168.127.2")
+	PrefixLen  = 24
+	GatewayMAC = net.HardwareAddr{0x5a, 0x94, 0xef, 0xe4, 0x0c, 0xdd}
+	GuestMAC   = net.HardwareAddr{0x5a, 0x94, 0xef, 0xe4, 0x0c, 0xee}
+)
+
+const (
+	nicID = 1
+	// mtu is the guest's MTU; frames carry 14 more bytes of Ethernet header.
+	mtu = 1500
+	// maxFrame bounds a frame read from QEMU. Larger ones are skipped: the
+	// guest's NIC cannot legitimately produce them.
+	maxFrame = 9216
+	// queueLen is the outbound queue towards the guest.
+	queueLen = 1024
+)
+
+// Flow is a connection attempt from the guest.
+type Flow struct {
+	Src, Dst netip.AddrPort
+}
+
+// Handler decides the guest's connections.
+type Handler interface {
+	// HandleTCP is called, in a goroutine of its own, for every new TCP
+	// connection the guest opens (the SYN has arrived). Calling accept
+	// completes the handshake and returns the connection; returning
+	// without calling it refuses the connection with a RST.
+	HandleTCP(flow Flow, accept func() (net.Conn, error))
+	// HandleUDP is told of UDP the stack drops (everything but DNS to the
+	// gateway).
+	HandleUDP(flow Flow)
+}
+
+// Stack is a running network for one guest.
+type Stack struct {
+	s    *stack.Stack
+	ep   *channel.Endpoint
+	link io.ReadWriteCloser
+	log  *slog.Logger
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+func addr(a netip.Addr) tcpip.Address { return tcpip.AddrFrom4(a.As4()) }
+
+func toAddrPort(a tcpip.Address, port uint16) netip.AddrPort {
+	ip, _ := netip.AddrFromSlice(a.AsSlice())
+	return netip.AddrPortFrom(ip, port)
+}
+
+// New assembles the stack on link (the host end of QEMU's -netdev stream).
+func New(link io.ReadWriteCloser, h Handler, log *slog.Logger) (*Stack, error) {
+	s := stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
+		// No ICMP: the guest cannot ping its way out, or signal with it.
+	})
+	ep := channel.New(queueLen, mtu+header.EthernetMinimumSize, tcpip.LinkAddress(GatewayMAC))
+	if err := s.CreateNIC(nicID, ethernet.New(ep)); err != nil {
+		return nil, fmt.Errorf("create NIC: %s", err)
+	}
+	if err := s.AddProtocolAddress(nicID, tcpip.ProtocolAddress{
+		Protocol:          ipv4.ProtocolNumber,
+		AddressWithPrefix: tcpip.AddressWithPrefix{Address: addr(GatewayIP), PrefixLen: PrefixLen},
+	}, stack.AddressProperties{}); err != nil {
+		return nil, fmt.Errorf("gateway address: %s", err)
+	}
+	// Promiscuous: accept packets for any destination (the guest connects
+	// to the world through the gateway). Spoofing: answer from those
+	// destinations' addresses.
+	if err := s.SetPromiscuousMode(nicID, true); err != nil {
+		return nil, fmt.Errorf("promiscuous mode: %s", err)
+	}
+	if err := s.SetSpoofing(nicID, true); err != nil {
+		return nil, fmt.Errorf("spoofing: %s", err)
+	}
+	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
+	// SACK and a receive buffer large enough for a fast upstream.
+	sack := tcpip.TCPSACKEnabled(true)
+	_ = s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+
+	fwd := tcp.NewForwarder(s, 0, 1024, func(r *tcp.ForwarderRequest) {
+		id := r.ID()
+		flow := Flow{Src: toAddrPort(id.RemoteAddress, id.RemotePort), Dst: toAddrPort(id.LocalAddress, id.LocalPort)}
+		completed := false
+		accept := func() (net.Conn, error) {
+			var wq waiter.Queue
+			tep, terr := r.CreateEndpoint(&wq)
+			completed = true
+			if terr != nil {
+				r.Complete(true)
+				return nil, fmt.Errorf("accept %s: %s", flow.Dst, terr)
+			}
+			r.Complete(false)
+			tep.SocketOptions().SetKeepAlive(true)
+			return gonet.NewTCPConn(&wq, tep), nil
+		}
+		h.HandleTCP(flow, accept)
+		if !completed {
+			r.Complete(true) // RST
+		}
+	})
+	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
+	ufwd := udp.NewForwarder(s, func(r *udp.ForwarderRequest) {
+		id := r.ID()
+		h.HandleUDP(Flow{Src: toAddrPort(id.RemoteAddress, id.RemotePort), Dst: toAddrPort(id.LocalAddress, id.LocalPort)})
+	})
+	s.SetTransportProtocolHandler(udp.ProtocolNumber, ufwd.HandlePacket)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	st := &Stack{s: s, ep: ep, link: link, log: log, cancel: cancel}
+	st.wg.Add(2)
+	go st.readLoop()
+	go st.writeLoop(ctx)
+	return st, nil
+}
+
+// readLoop takes frames from QEMU into the stack.
+func (st *Stack) readLoop() {
+	defer st.wg.Done()
+	defer st.Close()
+	var hdr [4]byte
+	buf := make([]byte, maxFrame)
+	for {
+		if _, err := io.ReadFull(st.link, hdr[:]); err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				st.log.Debug("netstack link read", "err", err)
+			}
+			return
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if n > maxFrame || n < header.EthernetMinimumSize {
+			if _, err := io.CopyN(io.Discard, st.link, int64(n)); err != nil {
+				return
+			}
+			continue
+		}
+		if _, err := io.ReadFull(st.link, buf[:n]); err != nil {
+			return
+		}
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(append([]byte(nil), buf[:n]...))})
+		st.ep.InjectInbound(0, pkt) // the Ethernet endpoint reads the type from the frame
+		pkt.DecRef()
+	}
+}
+
+// writeLoop sends the stack's frames to QEMU.
+func (st *Stack) writeLoop(ctx context.Context) {
+	defer st.wg.Done()
+	for {
+		pkt := st.ep.ReadContext(ctx)
+		if pkt == nil {
+			return
+		}
+		v := pkt.ToView()
+		frame := make([]byte, 4+v.Size())
+		binary.BigEndian.PutUint32(frame, uint32(v.Size()))
+		copy(frame[4:], v.AsSlice())
+		v.Release()
+		pkt.DecRef()
+		if _, err := st.link.Write(frame); err != nil {
+			st.Close()
+			return
+		}
+	}
+}
+
+// ListenTCP listens on the gateway's port (DNS over TCP).
+func (st *Stack) ListenTCP(port uint16) (net.Listener, error) {
+	return gonet.ListenTCP(st.s, tcpip.FullAddress{NIC: nicID, Addr: addr(GatewayIP), Port: port}, ipv4.ProtocolNumber)
+}
+
+// ListenUDP binds the gateway's port (DNS).
+func (st *Stack) ListenUDP(port uint16) (net.PacketConn, error) {
+	return gonet.DialUDP(st.s, &tcpip.FullAddress{NIC: nicID, Addr: addr(GatewayIP), Port: port}, nil, ipv4.ProtocolNumber)
+}
+
+// DialGuest connects to a port of the guest, from the gateway (inbound
+// port forwarding).
+func (st *Stack) DialGuest(ctx context.Context, port uint16) (net.Conn, error) {
+	return gonet.DialContextTCP(ctx, st.s, tcpip.FullAddress{NIC: nicID, Addr: addr(GuestIP), Port: port}, ipv4.ProtocolNumber)
+}
+
+// Close stops the stack and closes the link.
+func (st *Stack) Close() error {
+	st.once.Do(func() {
+		st.cancel()
+		st.link.Close()
+		st.ep.Close()
+		go func() {
+			st.wg.Wait()
+			st.s.Close()
+		}()
+	})
+	return nil
+}
