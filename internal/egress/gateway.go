@@ -35,7 +35,7 @@ type Config struct {
 	Names    *NameMap
 	Audit    *audit.Log // nil: decisions are not recorded
 	Log      *slog.Logger
-	Resolver Resolver                                                         // default: the host's
+	Resolver Resolver                                                          // default: the host's
 	Dial     func(ctx context.Context, network, addr string) (net.Conn, error) // default: net.Dialer
 	// Overrides map names to addresses on the host side only, for tests
 	// against local servers: an overridden name resolves to its address,
@@ -392,4 +392,3 @@ func (g *Gateway) ServeDNS(ctx context.Context, st *netstack.Stack) error {
 	}()
 	return nil
 }
-
