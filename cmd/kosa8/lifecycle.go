@@ -24,6 +24,7 @@ import (
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
@@ -35,13 +36,18 @@ const errorCode = 125
 
 // createFlags are shared by create and run.
 type createFlags struct {
-	name   string
-	cpus   int
-	memory string
-	disk   string
-	rm     bool
-	env    []string
-	accel  string
+	name       string
+	cpus       int
+	memory     string
+	disk       string
+	rm         bool
+	env        []string
+	accel      string
+	allow      []string
+	preset     string
+	allowBroad bool
+	publish    []string
+	publishAll bool
 }
 
 func (f *createFlags) register(fs *pflag.FlagSet) {
@@ -52,6 +58,11 @@ func (f *createFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.rm, "rm", false, "remove the sandbox when it stops")
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "set KEY=VALUE in the guest, or pass the host's KEY (repeatable)")
 	fs.StringVar(&f.accel, "accel", os.Getenv("KOSA8_ACCEL"), "force the acceleration: kvm, hvf or tcg")
+	fs.StringArrayVar(&f.allow, "allow", nil, "allow a host, *.domain, host:port or CIDR (repeatable); nothing is allowed by default")
+	fs.StringVar(&f.preset, "net", "", "network preset: "+strings.Join(netpolicy.PresetNames(), ", ")+" (dev: package registries and code hosts)")
+	fs.BoolVar(&f.allowBroad, "allow-broad", false, "accept rules that match a whole public suffix or everything (*.com, *)")
+	fs.StringArrayVarP(&f.publish, "publish", "p", nil, "forward host 127.0.0.1:HOSTPORT to the guest's port: HOSTPORT[:GUESTPORT] (repeatable)")
+	fs.BoolVar(&f.publishAll, "publish-all-interfaces", false, "listen for --publish on all host interfaces, not only loopback")
 }
 
 var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
@@ -153,6 +164,11 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 			c.DiskGiB = (mib + 1023) >> 10
 		}
 		env = append(env, s.Env...)
+		if proj.Network.Preset != "" && f.preset == "" {
+			f.preset = proj.Network.Preset
+		}
+		f.allow = append(append([]string(nil), proj.Network.Allow...), f.allow...)
+		f.publish = append(append([]string(nil), proj.Network.Ports...), f.publish...)
 	}
 	if f.cpus != 0 {
 		c.CPUs = f.cpus
@@ -173,6 +189,30 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 	case "", vmm.KVM, vmm.HVF, vmm.TCG:
 	default:
 		return c, fmt.Errorf("--accel %q: use kvm, hvf or tcg", c.Accel)
+	}
+	if f.preset != "" {
+		p, err := netpolicy.Preset(f.preset)
+		if err != nil {
+			return c, err
+		}
+		for _, r := range p.Rules {
+			c.Network.Rules = append(c.Network.Rules, r.Text)
+		}
+	}
+	for _, a := range f.allow {
+		r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: f.allowBroad})
+		if err != nil {
+			return c, err
+		}
+		c.Network.Rules = append(c.Network.Rules, r.Text)
+	}
+	c.Network.AllowBroad = f.allowBroad
+	for _, p := range f.publish {
+		pf, err := sandbox.ParsePortForward(p, f.publishAll)
+		if err != nil {
+			return c, err
+		}
+		c.Network.Ports = append(c.Network.Ports, pf)
 	}
 	flagEnv, err := resolveEnv(f.env)
 	if err != nil {

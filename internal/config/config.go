@@ -29,6 +29,14 @@ const maxFile = 256 << 10
 // Project is kosa8.toml.
 type Project struct {
 	Sandbox Sandbox `toml:"sandbox"`
+	Network Network `toml:"network"`
+}
+
+// Network is the [network] table: what the sandbox may reach.
+type Network struct {
+	Preset string   `toml:"preset"`
+	Allow  []string `toml:"allow"`
+	Ports  []string `toml:"ports"`
 }
 
 // Sandbox is the [sandbox] table: defaults for create and run.
@@ -84,6 +92,15 @@ func (p *Project) Settings() []string {
 	for _, e := range s.Env {
 		k, _, _ := strings.Cut(e, "=")
 		out = append(out, "sandbox.env: "+k)
+	}
+	if p.Network.Preset != "" {
+		out = append(out, "network.preset = "+p.Network.Preset)
+	}
+	for _, a := range p.Network.Allow {
+		out = append(out, "network.allow: "+a)
+	}
+	for _, a := range p.Network.Ports {
+		out = append(out, "network.ports: "+a)
 	}
 	return out
 }

@@ -381,3 +381,36 @@ func FuzzAnswerDNS(f *testing.F) {
 		}
 	})
 }
+
+func TestDNSOverTCP(t *testing.T) {
+	g, _ := newGateway(t, []string{"tcp.test"}, nil, nil)
+	a, b := net.Pipe()
+	go g.ServeDNSStream(b)
+	defer a.Close()
+	for _, name := range []string{"tcp.test.", "nope.test."} {
+		q := new(dns.Msg)
+		q.SetQuestion(name, dns.TypeA)
+		p, _ := q.Pack()
+		a.SetDeadline(time.Now().Add(5 * time.Second))
+		a.Write(append([]byte{byte(len(p) >> 8), byte(len(p))}, p...))
+		hdr := make([]byte, 2)
+		if _, err := io.ReadFull(a, hdr); err != nil {
+			t.Fatal(err)
+		}
+		body := make([]byte, int(hdr[0])<<8|int(hdr[1]))
+		if _, err := io.ReadFull(a, body); err != nil {
+			t.Fatal(err)
+		}
+		var r dns.Msg
+		if err := r.Unpack(body); err != nil {
+			t.Fatal(err)
+		}
+		want := dns.RcodeSuccess
+		if name == "nope.test." {
+			want = dns.RcodeNameError
+		}
+		if r.Rcode != want {
+			t.Fatalf("%s over TCP: rcode %d, want %d", name, r.Rcode, want)
+		}
+	}
+}

@@ -256,34 +256,34 @@ func (g *Gateway) HandleUDP(flow netstack.Flow) {
 // decide how its side is checked: a TLS ClientHello must name the host, an
 // HTTP request must carry it in Host (and is then proxied request by
 // request), anything else passes as is.
-func (g *Gateway) serve(guest net.Conn, up *upstream) {
+func (g *Gateway) serve(conn net.Conn, up *upstream) {
 	ev := up.ev
+	guest := &countingConn{Conn: conn}
 	defer func() {
 		guest.Close()
 		up.conn.Close()
+		ev.BytesOut, ev.BytesIn = guest.read.Load(), guest.written.Load()
 		g.audit(ev)
 	}()
-	var in atomic.Int64
 	var takenBack atomic.Bool
 	downDone := make(chan struct{})
 	go func() {
 		defer close(downDone)
-		n, _ := io.Copy(guest, up.conn)
-		in.Add(n)
+		_, _ = io.Copy(guest, up.conn)
 		if !takenBack.Load() {
 			closeWrite(guest) // the server finished: tell the guest
 		}
 	}()
 	gr := bufio.NewReaderSize(guest, 32<<10)
 	_, err := gr.Peek(1)
-	var out int64
 	switch {
 	case err != nil:
 		// The guest sent nothing before closing.
+		err = nil
 	case up.name == "":
-		out, _ = io.Copy(up.conn, gr)
+		_, _ = io.Copy(up.conn, gr)
 	case peekByte(gr) == 22:
-		out, err = g.checkTLS(gr, up)
+		err = g.checkTLS(gr, up)
 	case looksLikeHTTP(gr, guest):
 		// Take the upstream back from the raw copy: the proxy parses
 		// responses too. If the server already spoke, this is no HTTP.
@@ -291,15 +291,13 @@ func (g *Gateway) serve(guest net.Conn, up *upstream) {
 		_ = up.conn.SetReadDeadline(time.Now())
 		<-downDone
 		_ = up.conn.SetReadDeadline(time.Time{})
-		if in.Load() > 0 {
+		if guest.written.Load() > 0 {
 			err = errors.New("HTTP request after the server spoke first")
 			break
 		}
-		var n int64
-		n, err = g.proxyHTTP(guest, gr, up, "http", nil)
-		out = n
+		err = g.proxyHTTP(guest, gr, up, nil)
 	default:
-		out, _ = io.Copy(up.conn, gr)
+		_, _ = io.Copy(up.conn, gr)
 	}
 	if err != nil {
 		ev.Decision, ev.Reason = "deny", err.Error()
@@ -311,7 +309,29 @@ func (g *Gateway) serve(guest net.Conn, up *upstream) {
 	case <-downDone:
 	case <-time.After(5 * time.Minute):
 	}
-	ev.BytesOut, ev.BytesIn = out, in.Load()
+}
+
+// countingConn counts the bytes the guest sent and received.
+type countingConn struct {
+	net.Conn
+	read, written atomic.Int64
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.written.Add(int64(n))
+	return n, err
+}
+
+func (c *countingConn) CloseWrite() error {
+	closeWrite(c.Conn)
+	return nil
 }
 
 func peekByte(r *bufio.Reader) byte {
@@ -324,7 +344,7 @@ func peekByte(r *bufio.Reader) byte {
 
 // checkTLS requires the ClientHello's SNI to be the name behind the
 // address, then passes the connection through untouched.
-func (g *Gateway) checkTLS(gr *bufio.Reader, up *upstream) (int64, error) {
+func (g *Gateway) checkTLS(gr *bufio.Reader, up *upstream) error {
 	type result struct {
 		h   *ClientHello
 		n   int
@@ -339,20 +359,21 @@ func (g *Gateway) checkTLS(gr *bufio.Reader, up *upstream) (int64, error) {
 	select {
 	case r = <-res:
 	case <-time.After(10 * time.Second):
-		return 0, errors.New("no complete ClientHello within 10 s")
+		return errors.New("no complete ClientHello within 10 s")
 	}
 	if r.err != nil {
-		return 0, fmt.Errorf("refused TLS: %v", r.err)
+		return fmt.Errorf("refused TLS: %v", r.err)
 	}
 	sni, err := netpolicy.NormalizeHost(r.h.ServerName)
 	if r.h.ServerName == "" || err != nil || sni != up.name {
-		return 0, fmt.Errorf("TLS server name %q does not match %s", r.h.ServerName, up.name)
+		return fmt.Errorf("TLS server name %q does not match %s", r.h.ServerName, up.name)
 	}
 	if r.h.HasECH {
 		// With ECH the real server name is hidden: fail closed.
-		return 0, errors.New("refused TLS: encrypted ClientHello (ECH) hides the server name")
+		return errors.New("refused TLS: encrypted ClientHello (ECH) hides the server name")
 	}
-	return io.Copy(up.conn, gr)
+	_, _ = io.Copy(up.conn, gr)
+	return nil
 }
 
 func closeWrite(c net.Conn) {

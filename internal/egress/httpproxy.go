@@ -92,10 +92,9 @@ type requestHook func(r *http.Request) error
 // up.name. Every request's Host must be that name. Parsing with net/http
 // on both sides means the upstream sees only requests this side parsed
 // and checked (no smuggling past it with ambiguous framing).
-func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, scheme string, hook requestHook) (int64, error) {
+func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, hook requestHook) error {
 	var (
 		refused atomic.Pointer[string]
-		out     atomic.Int64
 		first   = up.conn
 		fmu     sync.Mutex
 	)
@@ -155,9 +154,6 @@ func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, sche
 				return
 			}
 		}
-		if r.ContentLength > 0 {
-			out.Add(r.ContentLength)
-		}
 		rp.ServeHTTP(w, r)
 	})
 	l := &oneConnListener{conn: &bufferedConn{Conn: guest, r: gr}, closed: make(chan struct{})}
@@ -174,7 +170,7 @@ func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, sche
 	}
 	_ = srv.Serve(l)
 	if r := refused.Load(); r != nil {
-		return out.Load(), errors.New(*r)
+		return errors.New(*r)
 	}
-	return out.Load(), nil
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -64,11 +65,89 @@ func (s *supervisor) routes() http.Handler {
 		}
 	})
 	mux.HandleFunc("POST /v1/exec", s.handleExec)
+	mux.HandleFunc("GET /v1/net", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(s.net.gw.Policy())})
+	})
+	mux.HandleFunc("POST /v1/net/allow", func(w http.ResponseWriter, r *http.Request) {
+		var req NetRequest
+		if !decodeBody(w, r, &req) {
+			return
+		}
+		p, err := s.net.allow(req.Rules, req.AllowBroad)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p)})
+	})
+	mux.HandleFunc("POST /v1/net/deny", func(w http.ResponseWriter, r *http.Request) {
+		var req NetRequest
+		if !decodeBody(w, r, &req) {
+			return
+		}
+		p, n, err := s.net.deny(req.Rules)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p), Removed: n})
+	})
+	mux.HandleFunc("GET /v1/ports", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.net.ports())
+	})
+	mux.HandleFunc("POST /v1/ports", func(w http.ResponseWriter, r *http.Request) {
+		var pf PortForward
+		if !decodeBody(w, r, &pf) {
+			return
+		}
+		if err := s.net.addForward(pf, true); err != nil {
+			code := http.StatusBadRequest
+			if errors.Is(err, ErrPortInUse) {
+				code = http.StatusConflict
+			}
+			writeJSON(w, code, apiError{err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, s.net.ports())
+	})
+	mux.HandleFunc("DELETE /v1/ports/{port}", func(w http.ResponseWriter, r *http.Request) {
+		p, err := strconv.ParseUint(r.PathValue("port"), 10, 16)
+		if err == nil {
+			err = s.net.removeForward(uint16(p))
+		}
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, s.net.ports())
+	})
 	return mux
 }
 
 // maxRequestBody bounds JSON request bodies.
 const maxRequestBody = 1 << 20
+
+// NetRequest changes the allow-list.
+type NetRequest struct {
+	Rules      []string `json:"rules"`
+	AllowBroad bool     `json:"allow_broad,omitempty"`
+}
+
+// NetResponse is the allow-list in force.
+type NetResponse struct {
+	Rules   []string `json:"rules"`
+	Removed int      `json:"removed,omitempty"`
+}
+
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	d := json.NewDecoder(io.LimitReader(r.Body, maxRequestBody))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		writeJSON(w, http.StatusBadRequest, apiError{"bad request: " + err.Error()})
+		return false
+	}
+	return true
+}
 
 func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 	var req guest.ExecRequest
@@ -223,6 +302,41 @@ func (c *Client) Stop(ctx context.Context, kill bool) error {
 		p += "?kill=1"
 	}
 	return c.do(ctx, "POST", p, nil, nil)
+}
+
+// Allow adds rules to a running sandbox's allow-list.
+func (c *Client) Allow(ctx context.Context, rules []string, broad bool) ([]string, error) {
+	var out NetResponse
+	err := c.do(ctx, "POST", "/v1/net/allow", NetRequest{Rules: rules, AllowBroad: broad}, &out)
+	return out.Rules, err
+}
+
+// Deny removes rules from a running sandbox's allow-list.
+func (c *Client) Deny(ctx context.Context, targets []string) (*NetResponse, error) {
+	var out NetResponse
+	err := c.do(ctx, "POST", "/v1/net/deny", NetRequest{Rules: targets}, &out)
+	return &out, err
+}
+
+// Ports lists a running sandbox's port forwards.
+func (c *Client) Ports(ctx context.Context) ([]PortForward, error) {
+	var out []PortForward
+	err := c.do(ctx, "GET", "/v1/ports", nil, &out)
+	return out, err
+}
+
+// AddPort forwards a host port into a running sandbox.
+func (c *Client) AddPort(ctx context.Context, pf PortForward) ([]PortForward, error) {
+	var out []PortForward
+	err := c.do(ctx, "POST", "/v1/ports", pf, &out)
+	return out, err
+}
+
+// RemovePort stops forwarding a host port.
+func (c *Client) RemovePort(ctx context.Context, hostPort uint16) ([]PortForward, error) {
+	var out []PortForward
+	err := c.do(ctx, "DELETE", "/v1/ports/"+strconv.Itoa(int(hostPort)), nil, &out)
+	return out, err
 }
 
 // ExecConn is an upgraded exec connection: frames both ways.

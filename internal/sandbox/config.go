@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kosa8/kosa8/internal/netpolicy"
 )
 
 // Config is a sandbox's settings, fixed at create (sandbox.json).
@@ -30,6 +32,9 @@ type Config struct {
 	Ephemeral bool `json:"ephemeral,omitempty"`
 	// Env is passed to every process in the guest (only what --env named).
 	Env []string `json:"env,omitempty"`
+	// Network is the allow-list and port forwards it was created with;
+	// later changes live in network.json and ports.json.
+	Network NetworkConfig `json:"network"`
 }
 
 const configVersion = 1
@@ -82,6 +87,16 @@ func (c *Config) Validate() error {
 	}
 	if c.DiskGiB < 2 || c.DiskGiB > 4096 {
 		return fmt.Errorf("--disk %dG is out of range: use 2G to 4T", c.DiskGiB)
+	}
+	if _, err := netpolicy.Parse(c.Network.Rules, netpolicy.ParseOptions{AllowBroad: c.Network.AllowBroad}); err != nil {
+		return err
+	}
+	seen := map[uint16]bool{}
+	for _, p := range c.Network.Ports {
+		if p.HostPort == 0 || p.GuestPort == 0 || seen[p.HostPort] {
+			return fmt.Errorf("port forward %s: host ports must be set and distinct", p)
+		}
+		seen[p.HostPort] = true
 	}
 	for _, e := range c.Env {
 		k, _, ok := strings.Cut(e, "=")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/netstack"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
@@ -43,6 +44,7 @@ type supervisor struct {
 	machine *qemu.Machine
 	client  *guest.Client
 	accel   vmm.Accel
+	net     *network
 
 	mu     sync.Mutex
 	status Status
@@ -94,8 +96,12 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 		if s.machine != nil {
 			_ = s.machine.Kill()
 		}
+		if s.net != nil {
+			s.net.close()
+		}
 		return err
 	}
+	defer s.net.close()
 	s.setStatus(func(st *Status) {
 		st.State = Running
 		st.QEMUPID = s.machine.Pid()
@@ -197,6 +203,9 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if s.accel == vmm.TCG {
 		s.log.Warn(vmm.IsolationWarning)
 	}
+	if s.net, err = startNetwork(s.sb, s.log); err != nil {
+		return err
+	}
 	spec := &vmspec.Spec{
 		Name:       cfg.Name,
 		Arch:       vmspec.Arch(cfg.Arch),
@@ -204,14 +213,16 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		MemoryMiB:  cfg.MemoryMiB,
 		Kernel:     img.Kernel().Image,
 		Initrd:     initrd,
-		Cmdline:    Cmdline(cfg),
+		Cmdline:    Cmdline(cfg) + " " + NetCmdline(),
 		Disks:      []vmspec.Disk{{ID: "root", Path: s.sb.Path(RootDisk), Format: "qcow2"}},
 		ConsoleLog: s.sb.Path(ConsoleLog),
 		AgentPort:  guestPortName,
+		Net:        &vmspec.Net{MAC: netstack.GuestMAC.String()},
 	}
 	bootCtx, cancel := context.WithTimeout(ctx, o.BootTimeout)
 	defer cancel()
-	mach, err := drv.Start(bootCtx, spec, vmm.StartOptions{Stderr: logWriter{s.log}})
+	mach, err := drv.Start(bootCtx, spec, vmm.StartOptions{Stderr: logWriter{s.log}, Net: s.net.qemu})
+	s.net.qemu.Close() // QEMU has its own copy; ours would hide QEMU's exit from the stack
 	if err != nil {
 		return err
 	}
@@ -243,6 +254,15 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		return err
 	}
 	s.setStatus(func(st *Status) { st.Kernel = info.Kernel })
+	ports, err := s.sb.LoadPorts()
+	if err != nil {
+		return err
+	}
+	for _, pf := range ports {
+		if err := s.net.addForward(pf, false); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

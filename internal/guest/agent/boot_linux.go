@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,6 +27,8 @@ type Params struct {
 	Port     string // virtio-serial port name of the channel
 	// Env entries are exported to every process (placeholders, CA paths…).
 	Env []string
+	// Net, when set, configures eth0.
+	Net *NetConfig
 }
 
 // DefaultPortName is the virtio-serial port the host serves the channel on.
@@ -56,6 +59,20 @@ func ParseCmdline(cmdline string) Params {
 			p.Root = v
 		case "port":
 			p.Port = v
+		case "ip":
+			if a, err := netip.ParsePrefix(v); err == nil && a.Addr().Is4() {
+				if p.Net == nil {
+					p.Net = &NetConfig{}
+				}
+				p.Net.Addr = a
+			}
+		case "gw":
+			if a, err := netip.ParseAddr(v); err == nil && a.Is4() {
+				if p.Net == nil {
+					p.Net = &NetConfig{}
+				}
+				p.Net.Gateway = a
+			}
 		}
 	}
 	return p
@@ -104,6 +121,11 @@ func Boot(log *slog.Logger) (Params, error) {
 	}
 	if err := loopbackUp(); err != nil {
 		log.Warn("loopback", "err", err)
+	}
+	if p.Net != nil && p.Net.Addr.IsValid() && p.Net.Gateway.IsValid() {
+		if err := configureNet(*p.Net); err != nil {
+			log.Error("network", "err", err)
+		}
 	}
 	name, err := userDB{etc: "/etc"}.ensureUser(p.User, p.UID, p.GID)
 	if err != nil {

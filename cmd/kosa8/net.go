@@ -1,0 +1,381 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/sandbox"
+)
+
+func netCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "net",
+		Short: "Show and change what a sandbox may reach",
+		Long: `A sandbox reaches nothing unless its allow-list names it. Rules are hosts
+(example.com), subdomains (*.example.com), either with ports (github.com:22; 80 and
+443 when none is given), or IPv4 ranges (10.0.0.0/8:5432). Changes apply to new
+connections at once, running or not.`,
+	}
+	var broad, asJSON, follow bool
+	allow := &cobra.Command{
+		Use:     "allow NAME RULE...",
+		Short:   "Allow hosts, ports or ranges",
+		Example: "  kosa8 net allow dev github.com:22 '*.npmjs.org'",
+		Args:    cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			var rules []string
+			if sb.Alive() {
+				rules, err = sandbox.NewClient(sb).Allow(cmd.Context(), args[1:], broad)
+			} else {
+				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error {
+					for _, a := range args[1:] {
+						r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: broad})
+						if err != nil {
+							return err
+						}
+						p.Add(r)
+					}
+					return nil
+				})
+			}
+			if err != nil {
+				return err
+			}
+			return printRules(rules, false)
+		},
+	}
+	allow.Flags().BoolVar(&broad, "allow-broad", false, "accept rules that match a whole public suffix or everything")
+	deny := &cobra.Command{
+		Use:   "deny NAME TARGET...",
+		Short: "Remove the rules for hosts, wildcards or ranges",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			var rules []string
+			removed := 0
+			if sb.Alive() {
+				var resp *sandbox.NetResponse
+				resp, err = sandbox.NewClient(sb).Deny(cmd.Context(), args[1:])
+				if resp != nil {
+					rules, removed = resp.Rules, resp.Removed
+				}
+			} else {
+				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error {
+					for _, t := range args[1:] {
+						n, err := p.Remove(t)
+						if err != nil {
+							return err
+						}
+						removed += n
+					}
+					return nil
+				})
+			}
+			if err != nil {
+				return err
+			}
+			if removed == 0 {
+				fmt.Fprintln(os.Stderr, "kosa8: no rule matched; the allow-list is unchanged")
+			}
+			return printRules(rules, false)
+		},
+	}
+	ls := &cobra.Command{
+		Use:   "ls NAME",
+		Short: "List the allow-list",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			p, err := sb.LoadPolicy()
+			if err != nil {
+				return err
+			}
+			var rules []string
+			for _, r := range p.Rules {
+				rules = append(rules, r.Text)
+			}
+			return printRules(rules, asJSON)
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	logc := &cobra.Command{
+		Use:   "log NAME",
+		Short: "Show every DNS answer and connection decision",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			return showAudit(cmd, sb, asJSON, follow)
+		},
+	}
+	logc.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	logc.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new events")
+	cmd.AddCommand(allow, deny, ls, logc)
+	return cmd
+}
+
+func openSandbox(name string) (*sandbox.Sandbox, error) {
+	m, err := manager()
+	if err != nil {
+		return nil, err
+	}
+	return m.Open(name)
+}
+
+func editPolicy(sb *sandbox.Sandbox, f func(*netpolicy.Policy) error) ([]string, error) {
+	p, err := sb.LoadPolicy()
+	if err != nil {
+		return nil, err
+	}
+	if err := f(p); err != nil {
+		return nil, err
+	}
+	if err := sb.SavePolicy(p); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range p.Rules {
+		out = append(out, r.Text)
+	}
+	return out, nil
+}
+
+func printRules(rules []string, asJSON bool) error {
+	if rules == nil {
+		rules = []string{}
+	}
+	if asJSON {
+		return printJSON(map[string]any{"rules": rules})
+	}
+	if len(rules) == 0 {
+		fmt.Println("(nothing is allowed)")
+	}
+	for _, r := range rules {
+		fmt.Println(r)
+	}
+	return nil
+}
+
+func showAudit(cmd *cobra.Command, sb *sandbox.Sandbox, asJSON, follow bool) error {
+	path := sb.Path(sandbox.AuditLog)
+	f, err := os.Open(path)
+	if os.IsNotExist(err) && !follow {
+		return nil
+	}
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	print := func(e audit.Event) {
+		if asJSON {
+			b, _ := json.Marshal(e)
+			fmt.Println(string(b))
+			return
+		}
+		what := e.Name
+		if e.QType != "" {
+			what += " " + e.QType
+		}
+		detail := e.Rule
+		if e.Decision == "deny" || detail == "" {
+			detail = e.Reason
+		}
+		if e.Answer != "" {
+			detail = "→ " + e.Answer + "  " + detail
+		}
+		bytes := ""
+		if e.BytesOut+e.BytesIn > 0 {
+			bytes = fmt.Sprintf("↑%d ↓%d", e.BytesOut, e.BytesIn)
+		}
+		fmt.Printf("%s  %-7s %-6s %-32s %-21s %-14s %s\n", e.Time.Local().Format("15:04:05"), e.Kind, e.Decision,
+			sanitize(what, false), e.Dest, bytes, sanitize(detail, false))
+	}
+	if f != nil {
+		events, err := readEvents(f)
+		if err != nil {
+			return err
+		}
+		for _, e := range events {
+			print(e)
+		}
+	}
+	for follow {
+		select {
+		case <-cmd.Context().Done():
+			return nil
+		case <-time.After(250 * time.Millisecond):
+		}
+		if f == nil {
+			if f, err = os.Open(path); err != nil {
+				continue
+			}
+		}
+		events, err := readEvents(f)
+		if err != nil {
+			return err
+		}
+		for _, e := range events {
+			print(e)
+		}
+	}
+	return nil
+}
+
+// readEvents reads whole lines from f's current position on.
+func readEvents(f *os.File) ([]audit.Event, error) {
+	pos, _ := f.Seek(0, io.SeekCurrent)
+	b, err := io.ReadAll(io.LimitReader(f, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	// Leave a partial last line for the next read.
+	end := len(b)
+	for end > 0 && b[end-1] != '\n' {
+		end--
+	}
+	_, _ = f.Seek(pos+int64(end), io.SeekStart)
+	var out []audit.Event
+	for _, line := range splitLines(b[:end]) {
+		var e audit.Event
+		if json.Unmarshal(line, &e) == nil {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+func splitLines(b []byte) [][]byte {
+	var out [][]byte
+	for len(b) > 0 {
+		i := 0
+		for i < len(b) && b[i] != '\n' {
+			i++
+		}
+		out = append(out, b[:i])
+		if i < len(b) {
+			i++
+		}
+		b = b[i:]
+	}
+	return out
+}
+
+func portCmd() *cobra.Command {
+	var all, asJSON bool
+	cmd := &cobra.Command{
+		Use:     "port NAME HOSTPORT[:GUESTPORT]",
+		Short:   "Forward a host port (127.0.0.1) to a port of a running sandbox",
+		Example: "  kosa8 port dev 3000\n  kosa8 port dev 8080:80\n  kosa8 port ls dev",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			pf, err := sandbox.ParsePortForward(args[1], all)
+			if err != nil {
+				return err
+			}
+			if !sb.Alive() {
+				ports, err := sb.LoadPorts()
+				if err != nil {
+					return err
+				}
+				ports = append(ports, pf)
+				if err := sb.SavePorts(ports); err != nil {
+					return err
+				}
+				fmt.Printf("%s (from the next start)\n", pf)
+				return nil
+			}
+			if _, err := sandbox.NewClient(sb).AddPort(cmd.Context(), pf); err != nil {
+				return err
+			}
+			fmt.Println(pf)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all-interfaces", false, "listen on all host interfaces, not only loopback")
+	ls := &cobra.Command{
+		Use:   "ls NAME",
+		Short: "List port forwards",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			var ports []sandbox.PortForward
+			if sb.Alive() {
+				ports, err = sandbox.NewClient(sb).Ports(cmd.Context())
+			} else {
+				ports, err = sb.LoadPorts()
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if ports == nil {
+					ports = []sandbox.PortForward{}
+				}
+				return printJSON(ports)
+			}
+			for _, p := range ports {
+				fmt.Println(p)
+			}
+			return nil
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	rm := &cobra.Command{
+		Use:   "rm NAME HOSTPORT",
+		Short: "Stop forwarding a host port",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			p, err := strconv.ParseUint(args[1], 10, 16)
+			if err != nil {
+				return fmt.Errorf("invalid port %q", args[1])
+			}
+			if sb.Alive() {
+				_, err = sandbox.NewClient(sb).RemovePort(cmd.Context(), uint16(p))
+				return err
+			}
+			ports, err := sb.LoadPorts()
+			if err != nil {
+				return err
+			}
+			var keep []sandbox.PortForward
+			for _, pf := range ports {
+				if pf.HostPort != uint16(p) {
+					keep = append(keep, pf)
+				}
+			}
+			return sb.SavePorts(keep)
+		},
+	}
+	cmd.AddCommand(ls, rm)
+	return cmd
+}

@@ -1,0 +1,408 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/egress"
+	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/netstack"
+)
+
+// Files of the network, in the sandbox's directory.
+const (
+	policyFile = "network.json" // the allow-list in force (survives restarts)
+	portsFile  = "ports.json"
+	namesFile  = "dns-names"   // name ↔ synthetic address bindings
+	AuditLog   = "audit.log"
+)
+
+// NetworkConfig is the network a sandbox is created with.
+type NetworkConfig struct {
+	Rules      []string      `json:"rules,omitempty"`
+	AllowBroad bool          `json:"allow_broad,omitempty"`
+	Ports      []PortForward `json:"ports,omitempty"`
+}
+
+// PortForward forwards a host port to a guest port.
+type PortForward struct {
+	HostPort      uint16 `json:"host_port"`
+	GuestPort     uint16 `json:"guest_port"`
+	AllInterfaces bool   `json:"all_interfaces,omitempty"`
+}
+
+func (p PortForward) String() string {
+	host := "127.0.0.1"
+	if p.AllInterfaces {
+		host = "0.0.0.0"
+	}
+	return fmt.Sprintf("%s:%d -> %d", host, p.HostPort, p.GuestPort)
+}
+
+// ParsePortForward reads HOST[:GUEST] ("3000", "8080:80").
+func ParsePortForward(s string, all bool) (PortForward, error) {
+	hs, gs, two := strings.Cut(s, ":")
+	if !two {
+		gs = hs
+	}
+	h, err1 := strconv.ParseUint(hs, 10, 16)
+	g, err2 := strconv.ParseUint(gs, 10, 16)
+	if err1 != nil || err2 != nil || h == 0 || g == 0 {
+		return PortForward{}, fmt.Errorf("invalid port forward %q: use HOSTPORT or HOSTPORT:GUESTPORT, like 3000 or 8080:80", s)
+	}
+	return PortForward{HostPort: uint16(h), GuestPort: uint16(g), AllInterfaces: all}, nil
+}
+
+// LoadPolicy returns the sandbox's current allow-list.
+func (s *Sandbox) LoadPolicy() (*netpolicy.Policy, error) {
+	var p netpolicy.Policy
+	err := readJSON(s.Path(policyFile), &p)
+	if errors.Is(err, os.ErrNotExist) {
+		return netpolicy.Parse(s.Config.Network.Rules, netpolicy.ParseOptions{AllowBroad: s.Config.Network.AllowBroad})
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Re-parse what was stored: the file is trusted no more than a flag.
+	var texts []string
+	for _, r := range p.Rules {
+		texts = append(texts, r.Text)
+	}
+	return netpolicy.Parse(texts, netpolicy.ParseOptions{AllowBroad: true})
+}
+
+// SavePolicy records the allow-list.
+func (s *Sandbox) SavePolicy(p *netpolicy.Policy) error {
+	return writeJSONAtomic(s.Path(policyFile), p)
+}
+
+// LoadPorts returns the port forwards.
+func (s *Sandbox) LoadPorts() ([]PortForward, error) {
+	var p []PortForward
+	err := readJSON(s.Path(portsFile), &p)
+	if errors.Is(err, os.ErrNotExist) {
+		return s.Config.Network.Ports, nil
+	}
+	return p, err
+}
+
+// SavePorts records the port forwards.
+func (s *Sandbox) SavePorts(p []PortForward) error {
+	if p == nil {
+		p = []PortForward{}
+	}
+	return writeJSONAtomic(s.Path(portsFile), p)
+}
+
+// Host-side test settings, read by the supervisor from its environment
+// (which the CLI that starts it passes on). Nothing in the guest can reach
+// them.
+const (
+	// EnvNetOverrides maps names to host addresses: "a.test=127.0.0.1,b.test=127.0.0.1".
+	EnvNetOverrides = "KOSA8_NET_OVERRIDES"
+	// EnvNetResolver sends the host-side lookups to one DNS server: "127.0.0.1:5353".
+	EnvNetResolver = "KOSA8_NET_RESOLVER"
+)
+
+func parseOverrides(s string) (map[string]netip.Addr, error) {
+	if s == "" {
+		return nil, nil
+	}
+	m := map[string]netip.Addr{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		name, err := netpolicy.NormalizeHost(k)
+		a, aerr := netip.ParseAddr(v)
+		if !ok || err != nil || aerr != nil {
+			return nil, fmt.Errorf("%s: bad entry %q (want name=address)", EnvNetOverrides, kv)
+		}
+		m[name] = a
+	}
+	return m, nil
+}
+
+func resolverFor(addr string) (egress.Resolver, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	if _, err := netip.ParseAddrPort(addr); err != nil {
+		return nil, fmt.Errorf("%s=%q: want ip:port", EnvNetResolver, addr)
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}}, nil
+}
+
+// network is the supervisor's side of a sandbox's network.
+type network struct {
+	sb    *Sandbox
+	log   *slog.Logger
+	audit *audit.Log
+	names *egress.NameMap
+	gw    *egress.Gateway
+	stack *netstack.Stack
+	qemu  *os.File // QEMU's end of the NIC's stream socket
+	stop  context.CancelFunc
+
+	mu       sync.Mutex
+	forwards map[uint16]*forward
+}
+
+type forward struct {
+	pf PortForward
+	l  net.Listener
+}
+
+// startNetwork assembles the gateway and the stack and returns the socket
+// end QEMU's NIC uses.
+func startNetwork(sb *Sandbox, log *slog.Logger) (*network, error) {
+	pol, err := sb.LoadPolicy()
+	if err != nil {
+		return nil, fmt.Errorf("network policy: %w", err)
+	}
+	overrides, err := parseOverrides(os.Getenv(EnvNetOverrides))
+	if err != nil {
+		return nil, err
+	}
+	res, err := resolverFor(os.Getenv(EnvNetResolver))
+	if err != nil {
+		return nil, err
+	}
+	al, err := audit.Open(sb.Path(AuditLog), 0)
+	if err != nil {
+		return nil, fmt.Errorf("audit log: %w", err)
+	}
+	names, err := egress.OpenNameMap(sb.Path(namesFile), 0)
+	if err != nil {
+		al.Close()
+		return nil, fmt.Errorf("DNS name map: %w", err)
+	}
+	cfg := egress.Config{Policy: pol, Names: names, Audit: al, Log: log, Overrides: overrides}
+	if res != nil {
+		cfg.Resolver = res
+	}
+	gw := egress.New(cfg)
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		al.Close()
+		names.Close()
+		return nil, err
+	}
+	hostEnd := os.NewFile(uintptr(fds[0]), "net-host")
+	qemuEnd := os.NewFile(uintptr(fds[1]), "net-qemu")
+	conn, err := net.FileConn(hostEnd)
+	hostEnd.Close()
+	if err != nil {
+		qemuEnd.Close()
+		al.Close()
+		names.Close()
+		return nil, err
+	}
+	st, err := netstack.New(conn, gw, log)
+	if err != nil {
+		conn.Close()
+		qemuEnd.Close()
+		al.Close()
+		names.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := gw.ServeDNS(ctx, st); err != nil {
+		cancel()
+		st.Close()
+		qemuEnd.Close()
+		al.Close()
+		names.Close()
+		return nil, err
+	}
+	n := &network{sb: sb, log: log, audit: al, names: names, gw: gw, stack: st, qemu: qemuEnd, stop: cancel, forwards: map[uint16]*forward{}}
+	al.Add(audit.Event{Kind: "policy", Decision: "start", Reason: "rules: " + strings.Join(ruleTexts(pol), " ")})
+	return n, nil
+}
+
+func ruleTexts(p *netpolicy.Policy) []string {
+	out := []string{}
+	for _, r := range p.Rules {
+		out = append(out, r.Text)
+	}
+	return out
+}
+
+// close tears the network down.
+func (n *network) close() {
+	n.mu.Lock()
+	for _, f := range n.forwards {
+		f.l.Close()
+	}
+	n.mu.Unlock()
+	n.stop()
+	n.stack.Close()
+	n.qemu.Close()
+	n.names.Close()
+	n.audit.Close()
+}
+
+// allow adds rules and applies them to new connections at once.
+func (n *network) allow(rules []string, broad bool) (*netpolicy.Policy, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.gw.Policy().Clone()
+	for _, s := range rules {
+		r, err := netpolicy.ParseRule(s, netpolicy.ParseOptions{AllowBroad: broad})
+		if err != nil {
+			return nil, err
+		}
+		p.Add(r)
+	}
+	if err := n.sb.SavePolicy(p); err != nil {
+		return nil, err
+	}
+	n.gw.SetPolicy(p)
+	n.audit.Add(audit.Event{Kind: "policy", Decision: "allow", Rule: strings.Join(rules, " ")})
+	return p, nil
+}
+
+// deny removes the rules for targets.
+func (n *network) deny(targets []string) (*netpolicy.Policy, int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.gw.Policy().Clone()
+	total := 0
+	for _, t := range targets {
+		c, err := p.Remove(t)
+		if err != nil {
+			return nil, 0, err
+		}
+		total += c
+	}
+	if err := n.sb.SavePolicy(p); err != nil {
+		return nil, 0, err
+	}
+	n.gw.SetPolicy(p)
+	n.audit.Add(audit.Event{Kind: "policy", Decision: "deny", Rule: strings.Join(targets, " ")})
+	return p, total, nil
+}
+
+// ErrPortInUse: the host port is taken.
+var ErrPortInUse = errors.New("host port in use")
+
+// addForward starts forwarding pf. Only to the guest, from the host: the
+// listener is on the host's loopback (all interfaces only when asked),
+// and what connects to it reaches the guest's port through the stack.
+// Nothing here opens a path from the guest to the host.
+func (n *network) addForward(pf PortForward, persist bool) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, dup := n.forwards[pf.HostPort]; dup {
+		return fmt.Errorf("%w: %d is already forwarded", ErrPortInUse, pf.HostPort)
+	}
+	host := "127.0.0.1"
+	if pf.AllInterfaces {
+		host = "0.0.0.0"
+	}
+	l, err := net.Listen("tcp4", net.JoinHostPort(host, strconv.Itoa(int(pf.HostPort))))
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("%w: %d (pick another, e.g. -p %d:%d)", ErrPortInUse, pf.HostPort, pf.HostPort+1, pf.GuestPort)
+		}
+		return fmt.Errorf("forward port %d: %w", pf.HostPort, err)
+	}
+	n.forwards[pf.HostPort] = &forward{pf: pf, l: l}
+	if persist {
+		if err := n.sb.SavePorts(n.portsLocked()); err != nil {
+			l.Close()
+			delete(n.forwards, pf.HostPort)
+			return err
+		}
+	}
+	go n.serveForward(pf, l)
+	return nil
+}
+
+func (n *network) serveForward(pf PortForward, l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			g, err := n.stack.DialGuest(ctx, pf.GuestPort)
+			cancel()
+			ev := audit.Event{Kind: "forward", Dest: fmt.Sprintf("guest:%d", pf.GuestPort), Upstream: c.RemoteAddr().String(), Decision: "allow"}
+			if err != nil {
+				ev.Decision, ev.Reason = "deny", "guest port: "+err.Error()
+				n.audit.Add(ev)
+				return
+			}
+			defer g.Close()
+			done := make(chan int64, 1)
+			go func() {
+				m, _ := io.Copy(g, c)
+				closeWrite(g)
+				done <- m
+			}()
+			in, _ := io.Copy(c, g)
+			closeWrite(c)
+			ev.BytesOut, ev.BytesIn = in, <-done
+			n.audit.Add(ev)
+		}()
+	}
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+}
+
+func (n *network) removeForward(hostPort uint16) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	f, ok := n.forwards[hostPort]
+	if !ok {
+		return fmt.Errorf("port %d is not forwarded", hostPort)
+	}
+	f.l.Close()
+	delete(n.forwards, hostPort)
+	return n.sb.SavePorts(n.portsLocked())
+}
+
+func (n *network) ports() []PortForward {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.portsLocked()
+}
+
+func (n *network) portsLocked() []PortForward {
+	out := []PortForward{}
+	for _, f := range n.forwards {
+		out = append(out, f.pf)
+	}
+	return out
+}
+
+// NetCmdline is the kernel command line part that configures the guest NIC.
+func NetCmdline() string {
+	return fmt.Sprintf("kosa8.ip=%s/%d kosa8.gw=%s", netstack.GuestIP, netstack.PrefixLen, netstack.GatewayIP)
+}
+
+// ReadAudit reads the sandbox's audit log.
+func (s *Sandbox) ReadAudit() ([]audit.Event, error) {
+	return audit.Read(filepath.Join(s.Dir, AuditLog))
+}
