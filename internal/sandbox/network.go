@@ -26,7 +26,7 @@ import (
 const (
 	policyFile = "network.json" // the allow-list in force (survives restarts)
 	portsFile  = "ports.json"
-	namesFile  = "dns-names"   // name ↔ synthetic address bindings
+	namesFile  = "dns-names" // name ↔ synthetic address bindings
 	AuditLog   = "audit.log"
 )
 
