@@ -39,17 +39,51 @@ type row struct {
 
 func main() {
 	flag.Parse()
+	switch flag.Arg(0) {
+	case "", "boot":
+		benchBoot()
+	case "net":
+		benchNet()
+	default:
+		must(fmt.Errorf("unknown benchmark %q: use boot or net", flag.Arg(0)))
+	}
+}
+
+// setupHome points kosa8 at a throw-away state directory.
+func setupHome() (string, func()) {
 	abs, err := filepath.Abs(*binDir)
 	must(err)
 	*binDir = abs
 	home, err := os.MkdirTemp("", "kosa8-bench-")
 	must(err)
-	defer os.RemoveAll(home)
 	os.Setenv("KOSA8_HOME", home)
 	os.Setenv("KOSA8_CONFIG", filepath.Join(home, "config"))
+	return home, func() { os.RemoveAll(home) }
+}
 
+func hostAccel() vmm.Accel {
 	accel, err := qemu.ChooseAccel(qemu.DetectHost(), vmspec.HostArch(), vmm.Accel(os.Getenv("KOSA8_ACCEL")))
 	must(err)
+	return accel
+}
+
+func printTable(title string, rows []row, accel vmm.Accel) {
+	fmt.Printf("\n%s — %s, %d CPUs, accel %s, QEMU %s\n\n", title, time.Now().UTC().Format(time.RFC3339), nproc(), accel, qemuVersion())
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEASURE\tVALUE\tACCEL\tNOTE")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.what, r.value, r.accel, r.note)
+	}
+	tw.Flush()
+	if accel == vmm.TCG {
+		fmt.Println("\nTCG emulates the CPU: absolute figures are far above what KVM or HVF give; the ratios to the baselines are the comparable part.")
+	}
+}
+
+func benchBoot() {
+	_, cleanup := setupHome()
+	defer cleanup()
+	accel := hostAccel()
 	a := string(accel)
 	paths, err := sandbox.DefaultPaths()
 	must(err)
@@ -108,16 +142,7 @@ func main() {
 		fmt.Sprintf("supervisor %d MiB, QEMU %d MiB of which guest RAM (shmem) %d MiB; guest has %d MiB", sup.total>>10, qemuRSS.total>>10, qemuRSS.shmem>>10, sb.Config.MemoryMiB)})
 	kosa8("rm", "-f", "bench-exec")
 
-	fmt.Printf("\nkosa8 benchmark — %s, %d CPUs, accel %s, QEMU %s\n\n", time.Now().UTC().Format(time.RFC3339), nproc(), a, qemuVersion())
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MEASURE\tVALUE\tACCEL\tNOTE")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.what, r.value, r.accel, r.note)
-	}
-	tw.Flush()
-	if accel == vmm.TCG {
-		fmt.Println("\nTCG emulates the CPU: absolute figures are far above what KVM or HVF give; the ratios to bare QEMU are the comparable part.")
-	}
+	printTable("kosa8 boot and exec", rows, accel)
 }
 
 func must(err error) {

@@ -2,7 +2,6 @@ package netstack
 
 import (
 	"context"
-	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
@@ -11,71 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"gvisor.dev/gvisor/pkg/buffer"
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
-	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
-	"gvisor.dev/gvisor/pkg/tcpip/link/ethernet"
-	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
-	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 )
-
-// guestStack is a second netstack playing the guest's kernel, joined to
-// the stack under test by the same framing QEMU uses.
-func guestStack(t *testing.T, link net.Conn) *stack.Stack {
-	s := stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
-	})
-	ep := channel.New(256, mtu+header.EthernetMinimumSize, tcpip.LinkAddress(GuestMAC))
-	if err := s.CreateNIC(1, ethernet.New(ep)); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddProtocolAddress(1, tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber,
-		AddressWithPrefix: tcpip.AddressWithPrefix{Address: addr(GuestIP), PrefixLen: PrefixLen}}, stack.AddressProperties{}); err != nil {
-		t.Fatal(err)
-	}
-	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, Gateway: addr(GatewayIP), NIC: 1}})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); link.Close() })
-	go func() {
-		for {
-			pkt := ep.ReadContext(ctx)
-			if pkt == nil {
-				return
-			}
-			v := pkt.ToView()
-			b := make([]byte, 4+v.Size())
-			binary.BigEndian.PutUint32(b, uint32(v.Size()))
-			copy(b[4:], v.AsSlice())
-			v.Release()
-			pkt.DecRef()
-			if _, err := link.Write(b); err != nil {
-				return
-			}
-		}
-	}()
-	go func() {
-		var hdr [4]byte
-		for {
-			if _, err := io.ReadFull(link, hdr[:]); err != nil {
-				return
-			}
-			b := make([]byte, binary.BigEndian.Uint32(hdr[:]))
-			if _, err := io.ReadFull(link, b); err != nil {
-				return
-			}
-			pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
-			ep.InjectInbound(0, pkt)
-			pkt.DecRef()
-		}
-	}()
-	return s
-}
 
 type recorder struct {
 	mu   sync.Mutex
@@ -106,7 +41,7 @@ func (r *recorder) HandleUDP(f Flow) {
 	r.mu.Unlock()
 }
 
-func pair(t *testing.T, h Handler) (*Stack, *stack.Stack) {
+func pair(t *testing.T, h Handler) (*Stack, *Peer) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +53,12 @@ func pair(t *testing.T, h Handler) (*Stack, *stack.Stack) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return st, guestStack(t, guestEnd)
+	peer, err := NewPeer(guestEnd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(peer.Close)
+	return st, peer
 }
 
 func TestTCPReachesHandler(t *testing.T) {
@@ -126,8 +66,7 @@ func TestTCPReachesHandler(t *testing.T) {
 	_, g := pair(t, rec)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	dst := tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4([4]byte{198, 18, 0, 7}), Port: 443}
-	c, err := gonet.DialContextTCP(ctx, g, dst, ipv4.ProtocolNumber)
+	c, err := g.DialTCP(ctx, net.IPv4(198, 18, 0, 7), 443)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +91,7 @@ func TestRefusedTCPIsReset(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err := gonet.DialContextTCP(ctx, g, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4([4]byte{1, 1, 1, 1}), Port: 80}, ipv4.ProtocolNumber)
+	_, err := g.DialTCP(ctx, net.IPv4(1, 1, 1, 1), 80)
 	if err == nil {
 		t.Fatal("refused connection succeeded")
 	}
@@ -178,8 +117,7 @@ func TestUDPServedAndDropped(t *testing.T) {
 			pc.WriteTo(append([]byte("re:"), buf[:n]...), a)
 		}
 	}()
-	gw := tcpip.FullAddress{NIC: 1, Addr: addr(GatewayIP), Port: 53}
-	c, err := gonet.DialUDP(g, nil, &gw, ipv4.ProtocolNumber)
+	c, err := g.DialUDP(GatewayIP.AsSlice(), 53)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,8 +129,7 @@ func TestUDPServedAndDropped(t *testing.T) {
 	if err != nil || string(buf[:n]) != "re:q" {
 		t.Fatalf("DNS port: %q %v", buf[:n], err)
 	}
-	other := tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4([4]byte{8, 8, 8, 8}), Port: 53}
-	c2, err := gonet.DialUDP(g, nil, &other, ipv4.ProtocolNumber)
+	c2, err := g.DialUDP(net.IPv4(8, 8, 8, 8), 53)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +147,7 @@ func TestUDPServedAndDropped(t *testing.T) {
 
 func TestDialGuest(t *testing.T) {
 	st, g := pair(t, &recorder{})
-	l, err := gonet.ListenTCP(g, tcpip.FullAddress{NIC: 1, Addr: addr(GuestIP), Port: 3000}, ipv4.ProtocolNumber)
+	l, err := g.ListenTCP(3000)
 	if err != nil {
 		t.Fatal(err)
 	}

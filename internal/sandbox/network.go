@@ -399,7 +399,7 @@ func (n *network) portsLocked() []PortForward {
 
 // NetCmdline is the kernel command line part that configures the guest NIC.
 func NetCmdline() string {
-	return fmt.Sprintf("kosa8.ip=%s/%d kosa8.gw=%s", netstack.GuestIP, netstack.PrefixLen, netstack.GatewayIP)
+	return fmt.Sprintf("kosa8.ip=%s/%d kosa8.gw=%s kosa8.mtu=%d", netstack.GuestIP, netstack.PrefixLen, netstack.GatewayIP, netstack.MTU)
 }
 
 // ReadAudit reads the sandbox's audit log.

@@ -66,6 +66,13 @@ func ParseCmdline(cmdline string) Params {
 				}
 				p.Net.Addr = a
 			}
+		case "mtu":
+			if n, err := strconv.Atoi(v); err == nil && n >= 576 && n <= 65535 {
+				if p.Net == nil {
+					p.Net = &NetConfig{}
+				}
+				p.Net.MTU = n
+			}
 		case "gw":
 			if a, err := netip.ParseAddr(v); err == nil && a.Is4() {
 				if p.Net == nil {

@@ -16,6 +16,7 @@ import (
 type NetConfig struct {
 	Addr    netip.Prefix
 	Gateway netip.Addr
+	MTU     int // 0: 1500
 }
 
 // configureNet brings up eth0 with a static IPv4 address, a default route
@@ -37,8 +38,12 @@ func configureNet(c NetConfig) error {
 		return fmt.Errorf("no eth0: %w", err)
 	}
 	_ = os.WriteFile("/proc/sys/net/ipv6/conf/eth0/disable_ipv6", []byte("1"), 0o644)
-	if err := netlink.LinkSetMTU(link, 1500); err != nil {
-		return fmt.Errorf("eth0 mtu: %w", err)
+	mtu := c.MTU
+	if mtu == 0 {
+		mtu = 1500
+	}
+	if err := netlink.LinkSetMTU(link, mtu); err != nil {
+		return fmt.Errorf("eth0 mtu %d: %w", mtu, err)
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: c.Addr.Addr().AsSlice(), Mask: net.CIDRMask(c.Addr.Bits(), 32)}}
 	if err := netlink.AddrReplace(link, addr); err != nil {
