@@ -9,7 +9,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
 )
 
 type recorder struct {
