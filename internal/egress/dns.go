@@ -55,10 +55,16 @@ func (g *Gateway) AnswerDNS(query []byte) []byte {
 	}
 	norm, err := netpolicy.NormalizeHost(name)
 	var d netpolicy.Decision
-	if err != nil {
+	switch {
+	case containsAny(name, g.placeholderForms()):
+		ev.Kind, d.Reason = "exfiltration", "a secret's placeholder in a DNS query"
+	case err != nil:
 		d.Reason = err.Error()
-	} else {
+	default:
 		d = g.policy().AllowsName(norm)
+		if !d.Allow && len(g.credentialsFor(norm)) > 0 {
+			d = netpolicy.Decision{Allow: true, Rule: "secret " + g.credentialsFor(norm)[0].Name}
+		}
 	}
 	if !d.Allow {
 		r.Rcode = dns.RcodeNameError

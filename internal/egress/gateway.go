@@ -10,11 +10,13 @@ package egress
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -43,6 +45,13 @@ type Config struct {
 	Overrides map[string]netip.Addr
 	// DialTimeout bounds connecting upstream.
 	DialTimeout time.Duration
+	// Credentials are the secrets bound to the sandbox.
+	Credentials []Credential
+	// CA signs the certificates the broker presents to the guest.
+	CA *CA
+	// UpstreamRoots verify the real hosts behind the broker (nil: the
+	// host's roots).
+	UpstreamRoots *x509.CertPool
 }
 
 // Gateway is the egress side of one sandbox's network.
@@ -145,6 +154,10 @@ type upstream struct {
 	conn net.Conn
 	name string // "" for a raw address allowed by a CIDR rule
 	ev   audit.Event
+	// inspect: TLS goes through the broker; readOnly: only reads pass;
+	// creds: the secrets this host gets.
+	inspect, readOnly bool
+	creds             []*Credential
 }
 
 // connect decides a guest connection to dst and dials it. A nil upstream
@@ -171,6 +184,11 @@ func (g *Gateway) connect(ctx context.Context, dst netip.AddrPort) (*upstream, a
 	}
 	ev.Name = name
 	d := g.policy().Decide(name, port)
+	creds := g.credentialsFor(name)
+	if !d.Allow && len(creds) > 0 && port == 443 {
+		// A secret's hosts are allowed implicitly, on HTTPS, inspected.
+		d = netpolicy.Decision{Allow: true, Rule: "secret " + creds[0].Name, Inspect: true}
+	}
 	if !d.Allow {
 		return deny(d.Reason)
 	}
@@ -188,7 +206,13 @@ func (g *Gateway) connect(ctx context.Context, dst netip.AddrPort) (*upstream, a
 			return deny("resolve " + name + ": " + err.Error())
 		}
 	}
-	return g.dial(ctx, ev, name, addrs, port, trusted)
+	up, ev := g.dial(ctx, ev, name, addrs, port, trusted)
+	if up != nil {
+		up.inspect = d.Inspect || len(creds) > 0
+		up.readOnly = d.ReadOnly
+		up.creds = creds
+	}
+	return up, ev
 }
 
 // dial connects to the first acceptable address. Addresses are checked
@@ -283,7 +307,7 @@ func (g *Gateway) serve(conn net.Conn, up *upstream) {
 	case up.name == "":
 		_, _ = io.Copy(up.conn, gr)
 	case peekByte(gr) == 22:
-		err = g.checkTLS(gr, up)
+		err = g.serveTLS(guest, gr, up, &takenBack, downDone)
 	case looksLikeHTTP(gr, guest):
 		// Take the upstream back from the raw copy: the proxy parses
 		// responses too. If the server already spoke, this is no HTTP.
@@ -295,7 +319,10 @@ func (g *Gateway) serve(conn net.Conn, up *upstream) {
 			err = errors.New("HTTP request after the server spoke first")
 			break
 		}
-		err = g.proxyHTTP(guest, gr, up, nil)
+		err = g.proxyHTTP(guest, gr, up, func(r *http.Request) error {
+			// Plain HTTP never carries a credential; it is still checked.
+			return g.checkRequest(r, up, false)
+		})
 	default:
 		_, _ = io.Copy(up.conn, gr)
 	}
@@ -342,9 +369,10 @@ func peekByte(r *bufio.Reader) byte {
 	return b[0]
 }
 
-// checkTLS requires the ClientHello's SNI to be the name behind the
-// address, then passes the connection through untouched.
-func (g *Gateway) checkTLS(gr *bufio.Reader, up *upstream) error {
+// serveTLS requires the ClientHello's SNI to be the name behind the
+// address. An inspected host goes to the broker; any other passes through
+// untouched (pinning and client certificates keep working).
+func (g *Gateway) serveTLS(guest net.Conn, gr *bufio.Reader, up *upstream, takenBack *atomic.Bool, downDone chan struct{}) error {
 	type result struct {
 		h   *ClientHello
 		n   int
@@ -371,6 +399,14 @@ func (g *Gateway) checkTLS(gr *bufio.Reader, up *upstream) error {
 	if r.h.HasECH {
 		// With ECH the real server name is hidden: fail closed.
 		return errors.New("refused TLS: encrypted ClientHello (ECH) hides the server name")
+	}
+	if up.inspect {
+		// The broker speaks to the upstream itself: stop the raw copy.
+		takenBack.Store(true)
+		_ = up.conn.SetReadDeadline(time.Now())
+		<-downDone
+		_ = up.conn.SetReadDeadline(time.Time{})
+		return g.broker(guest, gr, up, r.h)
 	}
 	_, _ = io.Copy(up.conn, gr)
 	return nil

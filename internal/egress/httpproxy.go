@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -83,80 +84,112 @@ func (l *oneConnListener) Close() error {
 
 func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
 
-// requestHook may refuse or change a request on its way upstream (the
-// secrets broker injects credentials here).
-type requestHook func(r *http.Request) error
+// refusal is a request the gateway turned away; it ends the connection.
+type refusal struct {
+	reason string
+	kind   string // audit kind: http, exfiltration, read-only
+}
 
-// proxyHTTP serves the guest's HTTP/1 connection with Go's own server and
-// forwards each request with a reverse proxy to the address checked for
-// up.name. Every request's Host must be that name. Parsing with net/http
-// on both sides means the upstream sees only requests this side parsed
-// and checked (no smuggling past it with ambiguous framing).
-func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, hook requestHook) error {
+func (r *refusal) Error() string { return r.reason }
+
+// proxySpec describes one connection to serve with the HTTP proxy.
+type proxySpec struct {
+	up     *upstream
+	scheme string   // http or https
+	first  net.Conn // the connection already dialled (TLS for https)
+	redial func(ctx context.Context) (net.Conn, error)
+	h2     bool
+	// onRequest may refuse a request (a *refusal) or change it.
+	onRequest func(r *http.Request) error
+	// onResponse may change a response.
+	onResponse func(r *http.Response) error
+}
+
+// proxy serves the guest's connection with Go's own HTTP server and sends
+// each request on with a reverse proxy to the address checked for the
+// name. Every request's Host (:authority in HTTP/2) must be that name.
+// Parsing with net/http on both sides means the upstream sees only
+// requests this side parsed and checked: ambiguous framing cannot smuggle
+// one past it.
+func (g *Gateway) proxy(conn net.Conn, spec proxySpec) error {
+	up := spec.up
 	var (
-		refused atomic.Pointer[string]
-		first   = up.conn
+		refused atomic.Pointer[refusal]
+		first   = spec.first
 		fmu     sync.Mutex
 	)
-	target := up.ev.Upstream // the checked ip:port
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		fmu.Lock()
+		c := first
+		first = nil
+		fmu.Unlock()
+		if c != nil {
+			return c, nil
+		}
+		// A second connection goes to the same checked address.
+		return spec.redial(ctx)
+	}
 	transport := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			fmu.Lock()
-			c := first
-			first = nil
-			fmu.Unlock()
-			if c != nil {
-				return c, nil
-			}
-			// A second connection goes to the same checked address.
-			return g.cfg.Dial(ctx, "tcp4", target)
-		},
-		DisableCompression:  true, // pass the guest's Accept-Encoding through untouched
-		MaxIdleConnsPerHost: 1,
+		DisableCompression:  true, // the guest's Accept-Encoding passes as it is (or as onRequest sets it)
+		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     90 * time.Second,
-		ForceAttemptHTTP2:   false,
+		ForceAttemptHTTP2:   spec.h2,
+	}
+	if spec.scheme == "https" {
+		transport.DialTLSContext = dial
+	} else {
+		transport.DialContext = dial
 	}
 	defer transport.CloseIdleConnections()
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = target
+			pr.Out.URL.Scheme = spec.scheme
+			pr.Out.URL.Host = up.name
 			pr.Out.Host = pr.In.Host
 		},
-		Transport:     transport,
-		FlushInterval: -1, // stream: server-sent events arrive as sent
-		ErrorLog:      log.New(io.Discard, "", 0),
+		Transport:      transport,
+		FlushInterval:  -1, // stream: server-sent events arrive as sent
+		ErrorLog:       log.New(io.Discard, "", 0),
+		ModifyResponse: spec.onResponse,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			var rf *refusal
+			if errors.As(err, &rf) || errors.Is(err, errExfiltration) {
+				w.WriteHeader(http.StatusForbidden)
+				return
+			}
 			g.log.Debug("upstream request failed", "host", up.name, "err", err)
 			w.WriteHeader(http.StatusBadGateway)
 		},
+	}
+	refuse := func(w http.ResponseWriter, rf *refusal) {
+		refused.Store(rf)
+		g.audit(audit.Event{Kind: rf.kind, Name: up.name, Dest: up.ev.Dest, Decision: "deny", Reason: rf.reason})
+		w.Header().Set("Connection", "close")
+		http.Error(w, "kosa8: "+rf.reason, http.StatusForbidden)
 	}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host := r.Host
 		if h, _, err := net.SplitHostPort(host); err == nil {
 			host = h
 		}
-		norm, err := netpolicy.NormalizeHost(host)
-		if err != nil || norm != up.name {
-			reason := fmt.Sprintf("HTTP Host %q does not match %s", r.Host, up.name)
-			refused.Store(&reason)
-			g.audit(audit.Event{Kind: "http", Name: up.name, Dest: up.ev.Dest, Decision: "deny", Reason: reason})
-			w.Header().Set("Connection", "close")
-			http.Error(w, "kosa8: "+reason, http.StatusForbidden)
+		if norm, err := netpolicy.NormalizeHost(host); err != nil || norm != up.name {
+			refuse(w, &refusal{reason: fmt.Sprintf("HTTP Host %q does not match %s", r.Host, up.name), kind: "http"})
 			return
 		}
-		if hook != nil {
-			if err := hook(r); err != nil {
-				reason := err.Error()
-				refused.Store(&reason)
-				w.Header().Set("Connection", "close")
-				http.Error(w, "kosa8: "+reason, http.StatusForbidden)
+		if spec.onRequest != nil {
+			if err := spec.onRequest(r); err != nil {
+				var rf *refusal
+				if !errors.As(err, &rf) {
+					rf = &refusal{reason: err.Error(), kind: "http"}
+				}
+				refuse(w, rf)
 				return
 			}
 		}
 		rp.ServeHTTP(w, r)
 	})
-	l := &oneConnListener{conn: &bufferedConn{Conn: guest, r: gr}, closed: make(chan struct{})}
+	var c net.Conn = conn
+	l := &oneConnListener{conn: c, closed: make(chan struct{})}
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 30 * time.Second,
@@ -170,7 +203,27 @@ func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, hook
 	}
 	_ = srv.Serve(l)
 	if r := refused.Load(); r != nil {
-		return errors.New(*r)
+		return r
 	}
 	return nil
+}
+
+// proxyHTTP serves a plain-HTTP connection.
+func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, onRequest func(*http.Request) error) error {
+	target := up.ev.Upstream
+	return g.proxy(&bufferedConn{Conn: guest, r: gr}, proxySpec{
+		up:     up,
+		scheme: "http",
+		first:  up.conn,
+		redial: func(ctx context.Context) (net.Conn, error) {
+			return g.cfg.Dial(ctx, "tcp4", target)
+		},
+		onRequest: onRequest,
+	})
+}
+
+// tlsConfigFor is how the broker connects upstream: the name's certificate
+// verified against the host's roots.
+func (g *Gateway) tlsConfigFor(name string, alpn []string) *tls.Config {
+	return &tls.Config{ServerName: name, RootCAs: g.cfg.UpstreamRoots, NextProtos: alpn, MinVersion: tls.VersionTLS12}
 }

@@ -7,6 +7,10 @@
 //	example.com:22         that host, port 22 (ports: 22,2222 or a list)
 //	*.example.com          any subdomain of example.com (not example.com itself)
 //	10.1.2.0/24[:5432]     raw IPv4 addresses in that range (ports as above)
+//	read:example.com       inspected (TLS terminated by kosa8's broker) and
+//	                       read-only: GET and HEAD, and the read endpoints of
+//	                       git smart HTTP (git-upload-pack)
+//	inspect:example.com    inspected: every request's Host is checked
 //
 // Hosts match case-insensitively, without a trailing dot, in their IDNA
 // (punycode) form; a wildcard matches at a dot boundary only, so
@@ -38,9 +42,24 @@ type Rule struct {
 	// Prefix is set for CIDR rules.
 	Prefix netip.Prefix `json:"prefix,omitzero"`
 	Ports  []uint16     `json:"ports"`
+	// ReadOnly rules are inspected and allow only reads.
+	ReadOnly bool `json:"read_only,omitempty"`
+	// Inspect rules have their TLS terminated by the broker so that each
+	// request can be checked.
+	Inspect bool `json:"inspect,omitempty"`
 	// Text is the rule as the user wrote it, normalised; it names the rule
 	// in decisions and logs.
 	Text string `json:"text"`
+}
+
+func (r *Rule) prefix() string {
+	switch {
+	case r.ReadOnly:
+		return "read:"
+	case r.Inspect:
+		return "inspect:"
+	}
+	return ""
 }
 
 // ParseOptions tune ParseRule.
@@ -75,6 +94,12 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 	if strings.Contains(s, "://") {
 		return fail("give a host, not a URL (for example github.com)")
 	}
+	readOnly, inspect := false, false
+	if rest, ok := strings.CutPrefix(s, "read:"); ok {
+		s, readOnly, inspect = rest, true, true
+	} else if rest, ok := strings.CutPrefix(s, "inspect:"); ok {
+		s, inspect = rest, true
+	}
 	hostPart, portPart := s, ""
 	// CIDR with a port: 10.0.0.0/8:5432. Host with a port: example.com:22.
 	if i := strings.LastIndexByte(s, ':'); i >= 0 {
@@ -90,7 +115,10 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 			return fail("%v", err)
 		}
 	}
-	r := Rule{Ports: slices.Clone(ports)}
+	r := Rule{Ports: slices.Clone(ports), ReadOnly: readOnly, Inspect: inspect}
+	if (readOnly || inspect) && (strings.Contains(hostPart, "/") || isIP(hostPart)) {
+		return fail("read: and inspect: rules take host names, not addresses")
+	}
 	if strings.Contains(hostPart, "/") {
 		p, err := netip.ParsePrefix(hostPart)
 		if err != nil {
@@ -142,12 +170,13 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 		}
 	}
 	r.Host, r.Wildcard = h, wild
-	if wild {
-		r.Text = "*." + h + portSuffix(r.Ports)
-	} else {
-		r.Text = h + portSuffix(r.Ports)
-	}
+	r.Text = r.prefix() + r.target() + portSuffix(r.Ports)
 	return r, nil
+}
+
+func isIP(s string) bool {
+	_, err := netip.ParseAddr(s)
+	return err == nil
 }
 
 func portSuffix(p []uint16) string {
@@ -257,6 +286,10 @@ type Decision struct {
 	Allow  bool   `json:"allow"`
 	Rule   string `json:"rule,omitempty"`   // the rule that allowed it
 	Reason string `json:"reason,omitempty"` // why it was denied
+	// Inspect: the connection must go through the broker; ReadOnly: and
+	// only reads are allowed on it.
+	Inspect  bool `json:"inspect,omitempty"`
+	ReadOnly bool `json:"read_only,omitempty"`
 }
 
 // Parse builds a policy from rule texts.
@@ -276,11 +309,11 @@ func Parse(rules []string, o ParseOptions) (*Policy, error) {
 func (p *Policy) Add(r Rule) {
 	for i := range p.Rules {
 		e := &p.Rules[i]
-		if e.Host == r.Host && e.Wildcard == r.Wildcard && e.Prefix == r.Prefix {
+		if e.Host == r.Host && e.Wildcard == r.Wildcard && e.Prefix == r.Prefix && e.ReadOnly == r.ReadOnly && e.Inspect == r.Inspect {
 			e.Ports = append(e.Ports, r.Ports...)
 			slices.Sort(e.Ports)
 			e.Ports = slices.Compact(e.Ports)
-			e.Text = e.target() + portSuffix(e.Ports)
+			e.Text = e.prefix() + e.target() + portSuffix(e.Ports)
 			return
 		}
 	}
@@ -308,7 +341,7 @@ func (p *Policy) Remove(target string) (int, error) {
 	}
 	n := 0
 	p.Rules = slices.DeleteFunc(p.Rules, func(e Rule) bool {
-		if e.target() == r.target() {
+		if e.target() == r.target() && (r.prefix() == "" || r.prefix() == e.prefix()) {
 			n++
 			return true
 		}
@@ -349,19 +382,35 @@ func (p *Policy) Decide(host string, port uint16) Decision {
 		return Decision{Reason: err.Error()}
 	}
 	named := false
+	var best *Rule
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		if r.matchesHost(h) {
 			named = true
-			if r.allowsPort(port) {
-				return Decision{Allow: true, Rule: r.Text}
+			// The least restrictive matching rule wins: a full allow over
+			// an inspect over a read-only one.
+			if r.allowsPort(port) && (best == nil || restriction(r) < restriction(best)) {
+				best = r
 			}
 		}
+	}
+	if best != nil {
+		return Decision{Allow: true, Rule: best.Text, Inspect: best.Inspect, ReadOnly: best.ReadOnly}
 	}
 	if named {
 		return Decision{Reason: fmt.Sprintf("port %d of %s is not allowed", port, h)}
 	}
 	return Decision{Reason: "no rule allows " + h}
+}
+
+func restriction(r *Rule) int {
+	switch {
+	case r.ReadOnly:
+		return 2
+	case r.Inspect:
+		return 1
+	}
+	return 0
 }
 
 // DecideIP answers whether a raw address may be reached: only a CIDR rule

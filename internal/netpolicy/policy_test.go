@@ -160,14 +160,37 @@ func TestAddMergesAndRemove(t *testing.T) {
 	}
 }
 
+func TestReadOnlyAndInspect(t *testing.T) {
+	p := mustPolicy(t, "read:github.com", "inspect:api.example.com", "example.org", "read:example.org")
+	d := p.Decide("github.com", 443)
+	if !d.Allow || !d.ReadOnly || !d.Inspect || d.Rule != "read:github.com" {
+		t.Fatalf("read rule: %+v", d)
+	}
+	d = p.Decide("api.example.com", 443)
+	if !d.Allow || d.ReadOnly || !d.Inspect {
+		t.Fatalf("inspect rule: %+v", d)
+	}
+	if d := p.Decide("example.org", 443); !d.Allow || d.ReadOnly || d.Inspect {
+		t.Fatalf("a full rule must win over a read-only one for the same host: %+v", d)
+	}
+	for _, bad := range []string{"read:10.0.0.0/8", "read:1.2.3.4", "inspect:https://x"} {
+		if _, err := ParseRule(bad, ParseOptions{}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if n, _ := p.Remove("read:example.org"); n != 1 || !p.Decide("example.org", 443).Allow {
+		t.Fatalf("removing only the read rule: n=%d", n)
+	}
+}
+
 func TestPresets(t *testing.T) {
 	p, err := Preset("dev")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, h := range []string{"registry.npmjs.org", "pypi.org", "files.pythonhosted.org", "proxy.golang.org", "github.com"} {
-		if !p.Decide(h, 443).Allow {
-			t.Errorf("dev preset does not allow %s", h)
+		if d := p.Decide(h, 443); !d.Allow || !d.ReadOnly {
+			t.Errorf("dev preset does not allow %s read-only: %+v", h, d)
 		}
 	}
 	for _, h := range []string{"evil.github.io", "x.vercel.app", "example.com"} {

@@ -7,28 +7,40 @@ import (
 )
 
 // presets are named allow-lists. dev covers the common package registries
-// and code hosts; multi-tenant wildcards (*.github.io, *.vercel.app) are
-// deliberately not in it: anyone can publish there.
+// and code hosts, read-only: their TLS is terminated by the broker and only
+// reads pass (no npm publish, no git push). Multi-tenant wildcards
+// (*.github.io, *.vercel.app) are deliberately not in it: anyone can
+// publish there.
 var presets = map[string][]string{
 	"none": nil,
-	"dev": {
-		// JavaScript
-		"registry.npmjs.org", "registry.yarnpkg.com",
-		// Python
-		"pypi.org", "files.pythonhosted.org",
-		// Go
-		"proxy.golang.org", "sum.golang.org", "storage.googleapis.com",
-		// Rust
-		"crates.io", "index.crates.io", "static.crates.io",
-		// Ruby
-		"rubygems.org", "index.rubygems.org",
-		// Debian packages
-		"deb.debian.org", "security.debian.org",
-		// Code hosts
-		"github.com", "api.github.com", "codeload.github.com",
-		"objects.githubusercontent.com", "raw.githubusercontent.com",
-		"gitlab.com", "bitbucket.org",
-	},
+	"dev":  readOnly(devHosts),
+}
+
+func readOnly(hosts []string) []string {
+	out := make([]string, len(hosts))
+	for i, h := range hosts {
+		out[i] = "read:" + h
+	}
+	return out
+}
+
+var devHosts = []string{
+	// JavaScript
+	"registry.npmjs.org", "registry.yarnpkg.com",
+	// Python
+	"pypi.org", "files.pythonhosted.org",
+	// Go
+	"proxy.golang.org", "sum.golang.org", "storage.googleapis.com",
+	// Rust
+	"crates.io", "index.crates.io", "static.crates.io",
+	// Ruby
+	"rubygems.org", "index.rubygems.org",
+	// Debian packages
+	"deb.debian.org", "security.debian.org",
+	// Code hosts
+	"github.com", "api.github.com", "codeload.github.com",
+	"objects.githubusercontent.com", "raw.githubusercontent.com",
+	"gitlab.com", "bitbucket.org",
 }
 
 // PresetNames lists the presets.

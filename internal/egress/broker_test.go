@@ -1,0 +1,333 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/netpolicy"
+)
+
+const (
+	apiKey      = "sk-real-key-DO-NOT-LEAK-42"
+	placeholder = "kosa8-ph-00112233445566778899aabbccddeeff00112233"
+)
+
+// seen records what the upstream API received.
+type seen struct {
+	mu   sync.Mutex
+	reqs []string
+}
+
+func (s *seen) add(r *http.Request, body []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reqs = append(s.reqs, fmt.Sprintf("%s %s %s key=%s body=%s", r.Proto, r.Method, r.URL.RequestURI(), r.Header.Get("x-api-key"), body))
+}
+
+func (s *seen) all() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.reqs, "\n")
+}
+
+type brokerEnv struct {
+	g       *Gateway
+	ca      *CA
+	port    uint16
+	seen    *seen
+	logs    *bytes.Buffer
+	logPath string
+}
+
+func newBrokerEnv(t *testing.T, rules []string) *brokerEnv {
+	t.Helper()
+	s := &seen{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		s.add(r, body)
+		fmt.Fprintf(w, "proto=%s key=%s", r.Proto, r.Header.Get("x-api-key"))
+	})
+	mux.HandleFunc("/echo-gzip", func(w http.ResponseWriter, r *http.Request) {
+		s.add(r, nil)
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		fmt.Fprintf(zw, "echo %s end", apiKey)
+		zw.Close()
+	})
+	mux.HandleFunc("/echo-chunks", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Echo", apiKey)
+		f := w.(http.Flusher)
+		for i := 0; i < len(apiKey); i += 5 {
+			io.WriteString(w, apiKey[i:min(i+5, len(apiKey))])
+			f.Flush()
+		}
+	})
+	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		io.WriteString(w, "data: first\n\n")
+		f.Flush()
+		time.Sleep(1500 * time.Millisecond)
+		io.WriteString(w, "data: second\n\n")
+	})
+	// The upstream's certificates come from a CA of its own, which the
+	// broker is told to trust (as KOSA8_UPSTREAM_CA does on the host).
+	upCA, err := LoadOrCreateCA(t.TempDir(), "upstream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(mux)
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return upCA.Leaf(h.ServerName) }}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(upCA.CertPEM())
+
+	pol, err := netpolicy.Parse(rules, netpolicy.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts, _ := netpolicy.Parse([]string{"api.test"}, netpolicy.ParseOptions{})
+	dir := t.TempDir()
+	ca, err := LoadOrCreateCA(dir, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, _ := OpenNameMap("", 0)
+	logPath := filepath.Join(dir, "audit.log")
+	al, _ := audit.Open(logPath, 0)
+	t.Cleanup(func() { al.Close() })
+	logs := &bytes.Buffer{}
+	lo := netip.MustParseAddr("127.0.0.1")
+	// httptest's certificate names example.com: the broker dials the
+	// upstream under the names the tests use, so a dialler maps them.
+	g := New(Config{
+		Policy: pol, Names: names, Audit: al, CA: ca, UpstreamRoots: roots,
+		Log:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Overrides: map[string]netip.Addr{"api.test": lo, "other.test": lo, "ro.test": lo},
+		Credentials: []Credential{{
+			Name: "API_KEY", Hosts: hosts, Header: "x-api-key", HeaderValue: apiKey,
+			Value: []byte(apiKey), Placeholder: placeholder,
+		}},
+	})
+	return &brokerEnv{g: g, ca: ca, port: netip.MustParseAddrPort(srv.Listener.Addr().String()).Port(), seen: s, logs: logs, logPath: logPath}
+}
+
+// client returns an HTTP client that reaches name through the gateway
+// as the guest would, trusting only the sandbox CA.
+func (e *brokerEnv) client(t *testing.T, name string, h2 bool) *http.Client {
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(e.ca.CertPEM())
+	ip := syntheticFor(t, e.g, name)
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return guestDial(t, e.g, netip.AddrPortFrom(ip, 443))
+	}
+	tcfg := &tls.Config{RootCAs: roots, ServerName: name}
+	if h2 {
+		tcfg.NextProtos = []string{"h2"}
+		return &http.Client{Transport: &http2.Transport{TLSClientConfig: tcfg, DialTLSContext: func(ctx context.Context, n, a string, c *tls.Config) (net.Conn, error) {
+			raw, err := dial(ctx, n, a)
+			if err != nil {
+				return nil, err
+			}
+			tc := tls.Client(raw, c)
+			return tc, tc.HandshakeContext(ctx)
+		}}, Timeout: 20 * time.Second}
+	}
+	return &http.Client{Transport: &http.Transport{DialContext: dial, TLSClientConfig: tcfg}, Timeout: 20 * time.Second}
+}
+
+func get(t *testing.T, c *http.Client, url string, hdr map[string]string) (int, string) {
+	req, _ := http.NewRequest("GET", url, nil)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("X-Echo") + string(b)
+}
+
+func TestBrokerInjectsAndMasks(t *testing.T) {
+	e := newBrokerEnv(t, nil) // no rules: the secret's host is allowed implicitly
+	c := e.client(t, "api.test", false)
+	base := "https://api.test:443"
+	_ = base
+	url := func(p string) string { return "https://api.test" + p }
+	// The upstream listens on another port: overrides keep the name, the
+	// test points the synthetic address's port at it through the policy.
+	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
+	}
+	code, body := get(t, c, url("/v1/messages"), map[string]string{"x-api-key": placeholder})
+	if code != 200 || !strings.Contains(body, "key="+placeholder) {
+		t.Fatalf("guest saw %d %q: the echoed key must come back as the placeholder", code, body)
+	}
+	if !strings.Contains(e.seen.all(), "key="+apiKey) {
+		t.Fatalf("upstream did not receive the real key: %s", e.seen.all())
+	}
+	for _, p := range []string{"/echo-gzip", "/echo-chunks"} {
+		code, body := get(t, c, url(p), nil)
+		if code != 200 || strings.Contains(body, apiKey) || !strings.Contains(body, placeholder) {
+			t.Fatalf("%s: %d %q", p, code, body)
+		}
+	}
+	// HTTP/2 to the same host, mirrored from the upstream.
+	code, body = get(t, e.client(t, "api.test", true), url("/h2"), map[string]string{"x-api-key": placeholder})
+	if code != 200 || !strings.Contains(body, "proto=HTTP/2.0") {
+		t.Fatalf("h2: %d %q", code, body)
+	}
+	checkNoValue(t, e)
+}
+
+func TestBrokerRefusesExfiltration(t *testing.T) {
+	e := newBrokerEnv(t, []string{"other.test"})
+	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
+	}
+	c := e.client(t, "api.test", false)
+	before := e.seen.all()
+	cases := []struct {
+		name string
+		req  func() *http.Request
+	}{
+		{"query", func() *http.Request { r, _ := http.NewRequest("GET", "https://api.test/q?k="+placeholder, nil); return r }},
+		{"body", func() *http.Request {
+			r, _ := http.NewRequest("POST", "https://api.test/issues", strings.NewReader(`{"text":"`+placeholder+`"}`))
+			return r
+		}},
+		{"base64 body", func() *http.Request {
+			r, _ := http.NewRequest("POST", "https://api.test/issues", strings.NewReader(string(secretForms([]byte(placeholder))[1])))
+			return r
+		}},
+		{"other header", func() *http.Request {
+			r, _ := http.NewRequest("GET", "https://api.test/", nil)
+			r.Header.Set("X-Note", "key is "+placeholder)
+			return r
+		}},
+	}
+	for _, tc := range cases {
+		resp, err := c.Do(tc.req())
+		if err == nil {
+			resp.Body.Close()
+		}
+		if err == nil && resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s: status %d", tc.name, resp.StatusCode)
+		}
+	}
+	if after := e.seen.all(); after != before {
+		t.Fatalf("a refused request reached the upstream:\n%s", after[len(before):])
+	}
+	// The placeholder to another allowed (passthrough) host's name over
+	// plain HTTP, and in a DNS name.
+	if r := query(t, e.g, placeholder+".other.test.", 1); r.Rcode == 0 && len(r.Answer) > 0 {
+		t.Fatal("a DNS query carrying the placeholder was answered")
+	}
+	evs, _ := audit.Read(e.logPath)
+	n := 0
+	for _, ev := range evs {
+		if ev.Kind == "exfiltration" {
+			n++
+		}
+	}
+	if n < len(cases)+1 {
+		t.Fatalf("%d exfiltration events logged, want %d", n, len(cases)+1)
+	}
+	checkNoValue(t, e)
+}
+
+func TestBrokerStreamsEvents(t *testing.T) {
+	e := newBrokerEnv(t, nil)
+	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
+	}
+	resp, err := e.client(t, "api.test", false).Get("https://api.test/sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	start := time.Now()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "data: first\n" {
+		t.Fatalf("first event: %q %v", line, err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("the first event took %s: it was buffered behind the second", d)
+	}
+}
+
+func TestReadOnlyRule(t *testing.T) {
+	e := newBrokerEnv(t, []string{"read:ro.test"})
+	e.g.cfg.Credentials = nil
+	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
+	}
+	c := e.client(t, "ro.test", false)
+	if code, _ := get(t, c, "https://ro.test/pkg", nil); code != 200 {
+		t.Fatalf("GET on a read-only host: %d", code)
+	}
+	post := func(path string) int {
+		resp, err := c.Post("https://ro.test"+path, "application/octet-stream", strings.NewReader("data"))
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post("/repo.git/git-upload-pack"); code != 200 {
+		t.Fatalf("git fetch on a read-only host: %d", code)
+	}
+	if code := post("/repo.git/git-receive-pack"); code != http.StatusForbidden {
+		t.Fatalf("git push on a read-only host: %d", code)
+	}
+	req, _ := http.NewRequest("PUT", "https://ro.test/my-package", strings.NewReader("tarball"))
+	resp, err := c.Do(req)
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("npm publish (PUT) on a read-only host: %d", resp.StatusCode)
+		}
+	}
+}
+
+func checkNoValue(t *testing.T, e *brokerEnv) {
+	t.Helper()
+	logFile, _ := os.ReadFile(e.logPath)
+	for what, b := range map[string][]byte{"gateway log": e.logs.Bytes(), "audit log": logFile} {
+		if bytes.Contains(b, []byte(apiKey)) {
+			t.Fatalf("the real value appears in the %s", what)
+		}
+	}
+	if len(logFile) == 0 {
+		t.Fatal("empty audit log: the check above checks nothing")
+	}
+}

@@ -1,0 +1,130 @@
+package egress
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"io"
+	"net/url"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+const secret = "sk-live-AbC+/=9 x"
+
+func maskAll(t *testing.T, in string, chunk int) string {
+	t.Helper()
+	pats := secretForms([]byte(secret))
+	reps := make([][]byte, len(pats))
+	for i := range reps {
+		reps[i] = []byte("PH")
+	}
+	var src io.Reader = strings.NewReader(in)
+	if chunk > 0 {
+		src = &chunked{s: in, n: chunk}
+	}
+	out, err := io.ReadAll(newReplacingReader(src, pats, reps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// chunked returns n bytes per Read, splitting patterns everywhere.
+type chunked struct {
+	s string
+	n int
+}
+
+func (c *chunked) Read(p []byte) (int, error) {
+	if c.s == "" {
+		return 0, io.EOF
+	}
+	k := min(c.n, len(c.s), len(p))
+	copy(p, c.s[:k])
+	c.s = c.s[k:]
+	return k, nil
+}
+
+func TestMaskAllForms(t *testing.T) {
+	forms := []string{
+		secret,
+		base64.StdEncoding.EncodeToString([]byte(secret)),
+		base64.RawURLEncoding.EncodeToString([]byte(secret)),
+		url.QueryEscape(secret),
+		url.PathEscape(secret),
+	}
+	for _, f := range forms {
+		in := `{"echo":"` + f + `","again":"` + f + `"}`
+		for _, chunk := range []int{0, 1, 2, 3, 7, 64} {
+			got := maskAll(t, in, chunk)
+			if strings.Contains(got, secret) || strings.Contains(got, f) {
+				t.Fatalf("form %q split by %d survived: %q", f, chunk, got)
+			}
+			if strings.Count(got, "PH") != 2 {
+				t.Fatalf("form %q split by %d: %q", f, chunk, got)
+			}
+		}
+	}
+	if got := maskAll(t, "nothing secret here", 1); got != "nothing secret here" {
+		t.Fatalf("changed clean text: %q", got)
+	}
+	if got := maskAll(t, "sk-live-AbC", 3); got != "sk-live-AbC" {
+		t.Fatalf("a partial match at EOF must be passed on: %q", got)
+	}
+}
+
+// TestMaskDoesNotDelayEvents: a server-sent event that cannot be part of
+// the secret comes out at once.
+func TestMaskDoesNotDelayEvents(t *testing.T) {
+	pr, pw := io.Pipe()
+	r := newReplacingReader(pr, [][]byte{[]byte(secret)}, [][]byte{[]byte("PH")})
+	go pw.Write([]byte("data: hello\n\n"))
+	buf := make([]byte, 64)
+	n, err := r.Read(buf)
+	if err != nil || string(buf[:n]) != "data: hello\n\n" {
+		t.Fatalf("event delayed or changed: %q %v", buf[:n], err)
+	}
+	pw.Close()
+}
+
+func TestGuardStopsBeforePassing(t *testing.T) {
+	ph := "kosa8-ph-0123456789abcdef"
+	body := "harmless " + strings.Repeat("x", 100) + ph + " tail"
+	tripped := false
+	r := newGuardReader(iotest.OneByteReader(strings.NewReader(body)), [][]byte{[]byte(ph)}, func() { tripped = true })
+	out, err := io.ReadAll(r)
+	if !errors.Is(err, errExfiltration) || !tripped {
+		t.Fatalf("err %v tripped %v", err, tripped)
+	}
+	if bytes.Contains(out, []byte("kosa8-ph-0123456789abcdef")) {
+		t.Fatalf("the placeholder was passed on: %q", out)
+	}
+	clean, err := io.ReadAll(newGuardReader(strings.NewReader("kosa8-ph-but-not-ours"), [][]byte{[]byte(ph)}, nil))
+	if err != nil || string(clean) != "kosa8-ph-but-not-ours" {
+		t.Fatalf("clean body: %q %v", clean, err)
+	}
+}
+
+func FuzzMask(f *testing.F) {
+	f.Add("prefix "+secret+" suffix", 3)
+	f.Add(base64.StdEncoding.EncodeToString([]byte(secret)), 1)
+	f.Fuzz(func(t *testing.T, in string, chunk int) {
+		if chunk <= 0 || chunk > 1000 {
+			chunk = 1
+		}
+		got := maskAll(t, in, chunk)
+		if strings.Contains(got, secret) {
+			t.Fatalf("secret survived in %q", got)
+		}
+		for _, f := range secretForms([]byte(secret)) {
+			if strings.Contains(got, string(f)) && !strings.Contains(in, string(f)) {
+				t.Fatalf("masking created form %q: %q → %q", f, in, got)
+			}
+		}
+		if !strings.ContainsAny(in, "sc") && got != in {
+			t.Fatalf("text that cannot start any form changed: %q → %q", in, got)
+		}
+	})
+}
