@@ -28,7 +28,8 @@ test-vm: build
 	KOSA8_E2E=1 KOSA8_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 40m ./test/e2e/...
 
 bench: build
-	$(GO) run ./bench -bin $(abspath $(BIN))
+	$(GO) run ./bench -bin $(abspath $(BIN)) boot
+	$(GO) run ./bench -bin $(abspath $(BIN)) net
 
 clean:
 	rm -rf $(BIN)

@@ -14,6 +14,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/secrets"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
@@ -48,6 +50,8 @@ type createFlags struct {
 	allowBroad bool
 	publish    []string
 	publishAll bool
+	allowRead  []string
+	secrets    []string
 }
 
 func (f *createFlags) register(fs *pflag.FlagSet) {
@@ -63,6 +67,8 @@ func (f *createFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.allowBroad, "allow-broad", false, "accept rules that match a whole public suffix or everything (*.com, *)")
 	fs.StringArrayVarP(&f.publish, "publish", "p", nil, "forward host 127.0.0.1:HOSTPORT to the guest's port: HOSTPORT[:GUESTPORT] (repeatable)")
 	fs.BoolVar(&f.publishAll, "publish-all-interfaces", false, "listen for --publish on all host interfaces, not only loopback")
+	fs.StringArrayVar(&f.allowRead, "allow-read", nil, "allow a host read-only: TLS inspected, only GET/HEAD and git fetch pass (repeatable)")
+	fs.StringArrayVar(&f.secrets, "secret", nil, "bind a host secret: the guest gets NAME=<placeholder>, the broker injects the value (repeatable)")
 }
 
 var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
@@ -169,6 +175,7 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 		}
 		f.allow = append(append([]string(nil), proj.Network.Allow...), f.allow...)
 		f.publish = append(append([]string(nil), proj.Network.Ports...), f.publish...)
+		f.secrets = append(append([]string(nil), proj.Secrets.Use...), f.secrets...)
 	}
 	if f.cpus != 0 {
 		c.CPUs = f.cpus
@@ -199,6 +206,9 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 			c.Network.Rules = append(c.Network.Rules, r.Text)
 		}
 	}
+	for _, a := range f.allowRead {
+		f.allow = append(f.allow, "read:"+a)
+	}
 	for _, a := range f.allow {
 		r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: f.allowBroad})
 		if err != nil {
@@ -213,6 +223,20 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 			return c, err
 		}
 		c.Network.Ports = append(c.Network.Ports, pf)
+	}
+	if len(f.secrets) > 0 {
+		store, err := secrets.Open(m.Paths.Config)
+		if err != nil {
+			return c, err
+		}
+		for _, name := range f.secrets {
+			if _, err := store.Describe(name); err != nil {
+				return c, err
+			}
+			if !slices.Contains(c.Secrets, name) {
+				c.Secrets = append(c.Secrets, name)
+			}
+		}
 	}
 	flagEnv, err := resolveEnv(f.env)
 	if err != nil {

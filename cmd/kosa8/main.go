@@ -36,7 +36,7 @@ func main() {
 		setupCmd(), doctorCmd(), imageCmd(),
 		runCmd(), createCmd(), startCmd(), execCmd(), shellCmd(),
 		lsCmd(), inspectCmd(), logsCmd(), stopCmd(), rmCmd(),
-		netCmd(), portCmd(), trustCmd(), superviseCmd(),
+		netCmd(), portCmd(), secretCmd(), trustCmd(), debugCmd(), superviseCmd(),
 	)
 	if err := root.Execute(); err != nil {
 		var ee *exitError

@@ -30,6 +30,12 @@ const maxFile = 256 << 10
 type Project struct {
 	Sandbox Sandbox `toml:"sandbox"`
 	Network Network `toml:"network"`
+	Secrets Secrets `toml:"secrets"`
+}
+
+// Secrets is the [secrets] table: host secrets the sandbox is bound to.
+type Secrets struct {
+	Use []string `toml:"use"`
 }
 
 // Network is the [network] table: what the sandbox may reach.
@@ -101,6 +107,9 @@ func (p *Project) Settings() []string {
 	}
 	for _, a := range p.Network.Ports {
 		out = append(out, "network.ports: "+a)
+	}
+	for _, a := range p.Secrets.Use {
+		out = append(out, "secrets.use: "+a)
 	}
 	return out
 }

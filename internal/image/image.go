@@ -52,7 +52,7 @@ type Recipe struct {
 var DefaultPackages = []string{
 	"bash", "coreutils", "procps", "sudo", "less", "netbase", "iproute2", "e2fsprogs",
 	"ca-certificates", "curl", "git", "openssh-client",
-	"python3", "nodejs", "npm",
+	"python3", "python3-requests", "nodejs", "npm",
 }
 
 // DefaultRecipe is the image kosa8 uses unless told otherwise. The mirror

@@ -92,6 +92,7 @@ func (s *supervisor) routes() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p), Removed: n})
 	})
+	mux.HandleFunc("GET /v1/debug/memory", s.handleMemory)
 	mux.HandleFunc("GET /v1/ports", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.net.ports())
 	})
@@ -122,6 +123,27 @@ func (s *supervisor) routes() http.Handler {
 		writeJSON(w, http.StatusOK, s.net.ports())
 	})
 	return mux
+}
+
+// handleMemory streams the guest's RAM, paused for a consistent image:
+// the proof that no secret is inside is a scan of it. The API socket is
+// the sandbox owner's alone.
+func (s *supervisor) handleMemory(w http.ResponseWriter, r *http.Request) {
+	ram := s.machine.RAM()
+	st, err := ram.Stat()
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
+		return
+	}
+	q := s.machine.QMP()
+	if err := q.Execute(r.Context(), "stop", nil, nil); err != nil {
+		writeJSON(w, http.StatusBadGateway, apiError{err.Error()})
+		return
+	}
+	defer q.Execute(context.Background(), "cont", nil, nil)
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(st.Size(), 10))
+	_, _ = io.Copy(w, io.NewSectionReader(ram, 0, st.Size()))
 }
 
 // maxRequestBody bounds JSON request bodies.
@@ -155,7 +177,12 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, apiError{"bad exec request: " + err.Error()})
 		return
 	}
-	req.Env = append(append([]string(nil), s.sb.Config.Env...), req.Env...)
+	base, err := s.sb.GuestEnv()
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
+		return
+	}
+	req.Env = append(base, req.Env...)
 	if r.Header.Get("Upgrade") != upgradeProto {
 		writeJSON(w, http.StatusBadRequest, apiError{"exec needs Upgrade: " + upgradeProto})
 		return
@@ -337,6 +364,24 @@ func (c *Client) RemovePort(ctx context.Context, hostPort uint16) ([]PortForward
 	var out []PortForward
 	err := c.do(ctx, "DELETE", "/v1/ports/"+strconv.Itoa(int(hostPort)), nil, &out)
 	return out, err
+}
+
+// Memory streams the guest's RAM (the VM is paused meanwhile) to w.
+func (c *Client) Memory(ctx context.Context, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://kosa8/v1/debug/memory", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return decodeResponse(resp, nil)
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
 }
 
 // ExecConn is an upgraded exec connection: frames both ways.

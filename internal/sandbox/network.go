@@ -150,6 +150,7 @@ func resolverFor(addr string) (egress.Resolver, error) {
 // network is the supervisor's side of a sandbox's network.
 type network struct {
 	sb    *Sandbox
+	ca    *egress.CA
 	log   *slog.Logger
 	audit *audit.Log
 	names *egress.NameMap
@@ -169,10 +170,22 @@ type forward struct {
 
 // startNetwork assembles the gateway and the stack and returns the socket
 // end QEMU's NIC uses.
-func startNetwork(sb *Sandbox, log *slog.Logger) (*network, error) {
+func startNetwork(sb *Sandbox, configDir string, log *slog.Logger) (*network, error) {
 	pol, err := sb.LoadPolicy()
 	if err != nil {
 		return nil, fmt.Errorf("network policy: %w", err)
+	}
+	creds, err := sb.credentials(configDir)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := egress.LoadOrCreateCA(sb.Dir, sb.Config.Name)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox CA: %w", err)
+	}
+	roots, err := upstreamRoots()
+	if err != nil {
+		return nil, err
 	}
 	overrides, err := parseOverrides(os.Getenv(EnvNetOverrides))
 	if err != nil {
@@ -191,7 +204,8 @@ func startNetwork(sb *Sandbox, log *slog.Logger) (*network, error) {
 		al.Close()
 		return nil, fmt.Errorf("DNS name map: %w", err)
 	}
-	cfg := egress.Config{Policy: pol, Names: names, Audit: al, Log: log, Overrides: overrides}
+	cfg := egress.Config{Policy: pol, Names: names, Audit: al, Log: log, Overrides: overrides,
+		Credentials: creds, CA: ca, UpstreamRoots: roots}
 	if res != nil {
 		cfg.Resolver = res
 	}
@@ -229,7 +243,7 @@ func startNetwork(sb *Sandbox, log *slog.Logger) (*network, error) {
 		names.Close()
 		return nil, err
 	}
-	n := &network{sb: sb, log: log, audit: al, names: names, gw: gw, stack: st, qemu: qemuEnd, stop: cancel, forwards: map[uint16]*forward{}}
+	n := &network{sb: sb, ca: ca, log: log, audit: al, names: names, gw: gw, stack: st, qemu: qemuEnd, stop: cancel, forwards: map[uint16]*forward{}}
 	al.Add(audit.Event{Kind: "policy", Decision: "start", Reason: "rules: " + strings.Join(ruleTexts(pol), " ")})
 	return n, nil
 }

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/secrets"
 )
 
 var (
@@ -95,6 +96,13 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 		return nil, fmt.Errorf("create root disk: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	if err := writeJSONAtomic(filepath.Join(stage, configFile), &cfg); err != nil {
+		return nil, err
+	}
+	ph := map[string]string{}
+	for _, name := range cfg.Secrets {
+		ph[name] = secrets.NewPlaceholder()
+	}
+	if err := writeJSONAtomic(filepath.Join(stage, placeholdersFile), ph); err != nil {
 		return nil, err
 	}
 	if err := writeJSONAtomic(filepath.Join(stage, stateFile), &Status{State: Created}); err != nil {

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -203,7 +204,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if s.accel == vmm.TCG {
 		s.log.Warn(vmm.IsolationWarning)
 	}
-	if s.net, err = startNetwork(s.sb, s.log); err != nil {
+	if s.net, err = startNetwork(s.sb, m.Paths.Config, s.log); err != nil {
 		return err
 	}
 	spec := &vmspec.Spec{
@@ -254,6 +255,9 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		return err
 	}
 	s.setStatus(func(st *Status) { st.Kernel = info.Kernel })
+	if err := s.installCA(bootCtx); err != nil {
+		return fmt.Errorf("install the sandbox CA in the guest: %w", err)
+	}
 	ports, err := s.sb.LoadPorts()
 	if err != nil {
 		return err
@@ -264,6 +268,29 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		}
 	}
 	return nil
+}
+
+// installCA puts the sandbox CA into the guest's system roots, once (the
+// root disk keeps it): its certificate goes where update-ca-certificates
+// finds it, so a later run keeps it, and is appended to the bundle at once
+// (running update-ca-certificates took tens of seconds under TCG).
+func (s *supervisor) installCA(ctx context.Context) error {
+	ca := s.net.ca.CertPEM()
+	var bundle bytes.Buffer
+	if _, err := s.client.ReadFile(ctx, GuestCABundle, &bundle); err != nil {
+		return fmt.Errorf("read %s: %w", GuestCABundle, err)
+	}
+	if bytes.Contains(bundle.Bytes(), ca) {
+		return nil
+	}
+	if err := s.client.WriteFile(ctx, GuestCAPath, 0o644, "root", bytes.NewReader(ca)); err != nil {
+		return err
+	}
+	b := bundle.Bytes()
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		b = append(b, '\n')
+	}
+	return s.client.WriteFile(ctx, GuestCABundle, 0o644, "root", bytes.NewReader(append(b, ca...)))
 }
 
 // guestPortName must match the agent's agent.DefaultPortName.
