@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,8 +23,9 @@ import (
 	"github.com/kosa8/kosa8/internal/netstack"
 )
 
-// upstreamServer serves /small and /1m over HTTPS on all interfaces.
-func upstreamServer() (*httptest.Server, int) {
+// upstreamServer serves /small and /1m over HTTPS on all interfaces, with
+// certificates for any name from a CA of its own.
+func upstreamServer() (*httptest.Server, int, *x509.CertPool) {
 	big := strings.Repeat("x", 1<<20)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/1m" {
@@ -34,11 +36,38 @@ func upstreamServer() (*httptest.Server, int) {
 	})
 	l, err := net.Listen("tcp4", "0.0.0.0:0")
 	must(err)
+	dir, err := os.MkdirTemp("", "kosa8-bench-up-")
+	must(err)
+	defer os.RemoveAll(dir)
+	ca, err := egress.LoadOrCreateCA(dir, "upstream")
+	must(err)
 	srv := httptest.NewUnstartedServer(h)
 	srv.Listener.Close()
 	srv.Listener = l
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) { return ca.Leaf(hi.ServerName) }}
 	srv.StartTLS()
-	return srv, l.Addr().(*net.TCPAddr).Port
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	return srv, l.Addr().(*net.TCPAddr).Port, roots
+}
+
+// newConnLatency times n fresh connections: dial, TLS handshake, one request.
+func newConnLatency(dial func(ctx context.Context) (net.Conn, error), serverName string, n int) time.Duration {
+	var lat []time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		c, err := dial(context.Background())
+		must(err)
+		tc := tls.Client(c, &tls.Config{ServerName: serverName, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
+		must(tc.Handshake())
+		fmt.Fprintf(tc, "GET /small HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", serverName)
+		_, err = io.ReadAll(tc)
+		must(err)
+		tc.Close()
+		lat = append(lat, time.Since(t0))
+	}
+	return pct(lat, 50)
 }
 
 type netFigures struct {
@@ -85,14 +114,26 @@ func measureHTTPS(dial func(ctx context.Context) (net.Conn, error), serverName s
 }
 
 // inProcessPath joins a user-space guest (netstack.Peer) to kosa8's stack
-// and gateway, with no VM: the cost of kosa8's own network path.
-func inProcessPath(port int) (func(ctx context.Context) (net.Conn, error), func()) {
-	pol, err := netpolicy.Parse([]string{fmt.Sprintf("bench.test:%d", port)}, netpolicy.ParseOptions{})
+// and gateway, with no VM: the cost of kosa8's own network path. TLS to
+// bench.test passes through; api.test is bound to a credential, so the
+// broker terminates it.
+func inProcessPath(port int, name string, roots *x509.CertPool) (func(ctx context.Context) (net.Conn, error), func()) {
+	pol, err := netpolicy.Parse([]string{fmt.Sprintf("bench.test:%d", port), fmt.Sprintf("api.test:%d", port)}, netpolicy.ParseOptions{})
 	must(err)
 	names, err := egress.OpenNameMap("", 0)
 	must(err)
-	gw := egress.New(egress.Config{Policy: pol, Names: names, Overrides: map[string]netip.Addr{"bench.test": netip.MustParseAddr("127.0.0.1")}})
-	ip, err := names.Assign("bench.test")
+	dir, err := os.MkdirTemp("", "kosa8-bench-ca-")
+	must(err)
+	defer os.RemoveAll(dir)
+	ca, err := egress.LoadOrCreateCA(dir, "bench")
+	must(err)
+	hosts, _ := netpolicy.Parse([]string{"api.test"}, netpolicy.ParseOptions{})
+	lo := netip.MustParseAddr("127.0.0.1")
+	gw := egress.New(egress.Config{Policy: pol, Names: names, CA: ca, UpstreamRoots: roots,
+		Overrides: map[string]netip.Addr{"bench.test": lo, "api.test": lo},
+		Credentials: []egress.Credential{{Name: "K", Hosts: hosts, Header: "x-api-key", HeaderValue: "real-value",
+			Value: []byte("real-value"), Placeholder: "kosa8-ph-bench"}}})
+	ip, err := names.Assign(name)
 	must(err)
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
 	must(err)
@@ -141,7 +182,7 @@ func benchNet() {
 	_, cleanup := setupHome()
 	defer cleanup()
 	accel := hostAccel()
-	srv, port := upstreamServer()
+	srv, port, roots := upstreamServer()
 	defer srv.Close()
 	var rows []row
 
@@ -150,13 +191,22 @@ func benchNet() {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp4", fmt.Sprintf("127.0.0.1:%d", port))
 	}, "bench.test", 500, 20)
-	dial, stop := inProcessPath(port)
+	dial, stop := inProcessPath(port, "bench.test", roots)
 	via := measureHTTPS(dial, "bench.test", 500, 20)
+	passNew := newConnLatency(dial, "bench.test", 100)
 	stop()
+	bdial, bstop := inProcessPath(port, "api.test", roots)
+	brokered := measureHTTPS(bdial, "api.test", 500, 20)
+	brokerNew := newConnLatency(bdial, "api.test", 100)
+	bstop()
 	rows = append(rows,
 		row{"HTTPS, Go client, direct loopback", fmtNet(direct), "none", "baseline (no VM)"},
 		row{"HTTPS, Go client, through kosa8 stack+gateway", fmtNet(via), "none",
 			fmt.Sprintf("+%s p50 per request; %.0f%% of direct throughput", ms(via.P50-direct.P50), 100*via.MBps/direct.MBps)},
+		row{"  same, TLS terminated by the broker (secret bound)", fmtNet(brokered), "none",
+			fmt.Sprintf("+%s p50 per kept-alive request vs passthrough", ms(brokered.P50-via.P50))},
+		row{"new connection (TCP+TLS+request), passthrough", ms(passNew), "none", "p50 of 100"},
+		row{"new connection (TCP+TLS+request), broker", ms(brokerNew), "none", fmt.Sprintf("+%s vs passthrough", ms(brokerNew-passNew))},
 	)
 
 	fmt.Fprintln(os.Stderr, "VM: python in the guest vs python on the host...")

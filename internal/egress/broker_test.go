@@ -218,7 +218,10 @@ func TestBrokerRefusesExfiltration(t *testing.T) {
 		name string
 		req  func() *http.Request
 	}{
-		{"query", func() *http.Request { r, _ := http.NewRequest("GET", "https://api.test/q?k="+placeholder, nil); return r }},
+		{"query", func() *http.Request {
+			r, _ := http.NewRequest("GET", "https://api.test/q?k="+placeholder, nil)
+			return r
+		}},
 		{"body", func() *http.Request {
 			r, _ := http.NewRequest("POST", "https://api.test/issues", strings.NewReader(`{"text":"`+placeholder+`"}`))
 			return r
