@@ -52,6 +52,11 @@ type createFlags struct {
 	publishAll bool
 	allowRead  []string
 	secrets    []string
+	workspace  string
+	noWS       bool
+	review     bool
+	exclude    []string
+	force      bool
 }
 
 func (f *createFlags) register(fs *pflag.FlagSet) {
@@ -69,6 +74,11 @@ func (f *createFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.publishAll, "publish-all-interfaces", false, "listen for --publish on all host interfaces, not only loopback")
 	fs.StringArrayVar(&f.allowRead, "allow-read", nil, "allow a host read-only: TLS inspected, only GET/HEAD and git fetch pass (repeatable)")
 	fs.StringArrayVar(&f.secrets, "secret", nil, "bind a host secret: the guest gets NAME=<placeholder>, the broker injects the value (repeatable)")
+	fs.StringVar(&f.workspace, "workspace", "", "the host folder the sandbox works in, synced both ways (default: the current folder)")
+	fs.BoolVar(&f.noWS, "no-workspace", false, "attach no folder at all")
+	fs.BoolVar(&f.review, "review", false, "nothing reaches the host folder until 'kosa8 apply'")
+	fs.StringArrayVar(&f.exclude, "exclude", nil, "a name or path glob that stays inside the sandbox, e.g. node_modules (repeatable)")
+	fs.BoolVar(&f.force, "force", false, "allow your home directory or / as the workspace")
 }
 
 var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
@@ -176,6 +186,26 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 		f.allow = append(append([]string(nil), proj.Network.Allow...), f.allow...)
 		f.publish = append(append([]string(nil), proj.Network.Ports...), f.publish...)
 		f.secrets = append(append([]string(nil), proj.Secrets.Use...), f.secrets...)
+		f.exclude = append(append([]string(nil), proj.Workspace.Exclude...), f.exclude...)
+		f.review = f.review || proj.Workspace.Review
+	}
+	if !f.noWS {
+		dir := f.workspace
+		if dir == "" {
+			var err error
+			if dir, err = os.Getwd(); err != nil {
+				return c, err
+			}
+		}
+		path, err := sandbox.CheckWorkspace(dir, f.force)
+		if err != nil {
+			return c, err
+		}
+		var hold []string
+		if proj != nil {
+			hold = proj.Workspace.Hold
+		}
+		c.Workspace = &sandbox.WorkspaceConfig{Path: path, Review: f.review, Exclude: f.exclude, Hold: hold}
 	}
 	if f.cpus != 0 {
 		c.CPUs = f.cpus

@@ -36,7 +36,12 @@ func main() {
 		setupCmd(), doctorCmd(), imageCmd(),
 		runCmd(), createCmd(), startCmd(), execCmd(), shellCmd(),
 		lsCmd(), inspectCmd(), logsCmd(), stopCmd(), rmCmd(),
-		netCmd(), portCmd(), secretCmd(), trustCmd(), debugCmd(), superviseCmd(),
+		netCmd(), portCmd(), secretCmd(),
+		syncCmd(), diffCmd(), heldCmd(),
+		changeCmd("apply NAME [PATH...]", "Write the sandbox's pending changes (all, or PATHs) to the host folder", "apply", false),
+		changeCmd("discard NAME [PATH...]", "Undo the sandbox's pending changes (all, or PATHs) inside it", "discard", false),
+		changeCmd("approve NAME PATH...", "Write held files (host-executed ones) to the host folder", "approve", true),
+		trustCmd(), debugCmd(), superviseCmd(),
 	)
 	if err := root.Execute(); err != nil {
 		var ee *exitError

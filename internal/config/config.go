@@ -28,9 +28,17 @@ const maxFile = 256 << 10
 
 // Project is kosa8.toml.
 type Project struct {
-	Sandbox Sandbox `toml:"sandbox"`
-	Network Network `toml:"network"`
-	Secrets Secrets `toml:"secrets"`
+	Sandbox   Sandbox   `toml:"sandbox"`
+	Network   Network   `toml:"network"`
+	Secrets   Secrets   `toml:"secrets"`
+	Workspace Workspace `toml:"workspace"`
+}
+
+// Workspace is the [workspace] table.
+type Workspace struct {
+	Exclude []string `toml:"exclude"` // names or globs that stay inside the sandbox
+	Review  bool     `toml:"review"`  // nothing reaches the host until kosa8 apply
+	Hold    []string `toml:"hold"`    // more files held for approval
 }
 
 // Secrets is the [secrets] table: host secrets the sandbox is bound to.
@@ -110,6 +118,15 @@ func (p *Project) Settings() []string {
 	}
 	for _, a := range p.Secrets.Use {
 		out = append(out, "secrets.use: "+a)
+	}
+	for _, a := range p.Workspace.Exclude {
+		out = append(out, "workspace.exclude: "+a)
+	}
+	if p.Workspace.Review {
+		out = append(out, "workspace.review = true")
+	}
+	for _, a := range p.Workspace.Hold {
+		out = append(out, "workspace.hold: "+a)
 	}
 	return out
 }

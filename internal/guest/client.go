@@ -265,6 +265,13 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (*FileI
 // WriteFile writes r to a guest file, atomically, owned by user ("" for the
 // default user).
 func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, user string, r io.Reader) error {
+	req := &Request{Op: OpWrite, Path: path, User: user}
+	req.Mode = fileMode(mode)
+	return c.Write(ctx, req, r)
+}
+
+// Write sends an OpWrite request with r as the file's content.
+func (c *Client) Write(ctx context.Context, req *Request, r io.Reader) error {
 	s, err := c.sess.OpenStream()
 	if err != nil {
 		return err
@@ -272,8 +279,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, user s
 	defer s.Close()
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
-	req := &Request{Op: OpWrite, Path: path, User: user}
-	req.Mode = fileMode(mode)
+	req.Op = OpWrite
 	if err := WriteJSON(s, FrameRequest, req); err != nil {
 		return err
 	}

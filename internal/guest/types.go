@@ -21,7 +21,38 @@ const (
 	OpPoweroff Op = "poweroff"
 	OpSetTime  Op = "set_time"
 	OpAttach   Op = "attach"
+	// Workspace operations: paths are relative to Path (the workspace root).
+	OpWSMount Op = "ws_mount" // mount the workspace disk at Path
+	OpWSScan  Op = "ws_scan"  // describe Paths (nil: everything): FrameData batches of entries, then FrameEOF
+	OpWSOp    Op = "ws_op"    // one change: WS
+	OpWSWatch Op = "ws_watch" // FrameData batches of changed paths until the stream closes
 )
+
+// WSOp is a change to the workspace the host asks for.
+type WSOp struct {
+	Kind string      `json:"kind"` // mkdir, symlink, remove
+	Path string      `json:"path"`
+	Mode fs.FileMode `json:"mode,omitempty"`
+	Link string      `json:"link,omitempty"`
+}
+
+// WSEntry describes a path in the workspace (the same shape as the host's
+// wsync.Entry).
+type WSEntry struct {
+	Path string      `json:"path"`
+	Type byte        `json:"type"`
+	Mode fs.FileMode `json:"mode"`
+	Size int64       `json:"size,omitempty"`
+	Hash string      `json:"hash,omitempty"`
+	Link string      `json:"link,omitempty"`
+	Big  bool        `json:"big,omitempty"`
+}
+
+// WSWatchBatch is one message of a watch stream.
+type WSWatchBatch struct {
+	Paths []string `json:"paths,omitempty"`
+	All   bool     `json:"all,omitempty"` // events were lost: rescan everything
+}
 
 // Request is the first frame of every stream.
 type Request struct {
@@ -38,6 +69,14 @@ type Request struct {
 
 	// Time is the host's wall clock for OpSetTime.
 	Time time.Time `json:"time,omitzero"`
+
+	// Hash and Root let a workspace write record the content's hash.
+	Hash string `json:"hash,omitempty"`
+	Root string `json:"root,omitempty"`
+
+	Paths   []string `json:"paths,omitempty"`
+	WS      *WSOp    `json:"ws,omitempty"`
+	MaxFile int64    `json:"max_file,omitempty"`
 }
 
 // ExecRequest describes a process to start in the guest.

@@ -93,6 +93,24 @@ func (s *supervisor) routes() http.Handler {
 		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p), Removed: n})
 	})
 	mux.HandleFunc("GET /v1/debug/memory", s.handleMemory)
+	mux.HandleFunc("GET /v1/sync", func(w http.ResponseWriter, r *http.Request) {
+		if s.ws == nil {
+			writeJSON(w, http.StatusNotFound, apiError{"this sandbox has no workspace"})
+			return
+		}
+		writeJSON(w, http.StatusOK, SyncStatus{Path: s.sb.Config.Workspace.Path, Status: s.ws.engine.Status()})
+	})
+	mux.HandleFunc("POST /v1/sync/now", func(w http.ResponseWriter, r *http.Request) {
+		if s.ws == nil {
+			writeJSON(w, http.StatusNotFound, apiError{"this sandbox has no workspace"})
+			return
+		}
+		s.ws.syncNow(r.Context(), nil)
+		writeJSON(w, http.StatusOK, SyncStatus{Path: s.sb.Config.Workspace.Path, Status: s.ws.engine.Status()})
+	})
+	mux.HandleFunc("POST /v1/sync/apply", func(w http.ResponseWriter, r *http.Request) { s.handleSyncChange(w, r, "apply") })
+	mux.HandleFunc("POST /v1/sync/approve", func(w http.ResponseWriter, r *http.Request) { s.handleSyncChange(w, r, "approve") })
+	mux.HandleFunc("POST /v1/sync/discard", func(w http.ResponseWriter, r *http.Request) { s.handleSyncChange(w, r, "discard") })
 	mux.HandleFunc("GET /v1/ports", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.net.ports())
 	})
@@ -123,6 +141,51 @@ func (s *supervisor) routes() http.Handler {
 		writeJSON(w, http.StatusOK, s.net.ports())
 	})
 	return mux
+}
+
+// SyncRequest names workspace paths.
+type SyncRequest struct {
+	Paths []string `json:"paths"`
+}
+
+// SyncResponse lists the paths done.
+type SyncResponse struct {
+	Done []string `json:"done"`
+}
+
+func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, what string) {
+	if s.ws == nil {
+		writeJSON(w, http.StatusNotFound, apiError{"this sandbox has no workspace"})
+		return
+	}
+	var req SyncRequest
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	resume := s.ws.Pause()
+	defer resume()
+	var done []string
+	var err error
+	switch what {
+	case "apply":
+		done, err = s.ws.engine.Apply(r.Context(), req.Paths, false)
+	case "approve":
+		if len(req.Paths) == 0 {
+			err = errors.New("approve needs the paths to approve, one by one")
+			break
+		}
+		done, err = s.ws.engine.Apply(r.Context(), req.Paths, true)
+	case "discard":
+		done, err = s.ws.engine.Discard(r.Context(), req.Paths)
+	}
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
+		return
+	}
+	if done == nil {
+		done = []string{}
+	}
+	writeJSON(w, http.StatusOK, SyncResponse{Done: done})
 }
 
 // handleMemory streams the guest's RAM, paused for a consistent image:
@@ -183,6 +246,9 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Env = append(base, req.Env...)
+	if req.Dir == "" && s.sb.Config.Workspace != nil {
+		req.Dir = s.sb.Config.Workspace.Path // commands start in the project folder
+	}
 	if r.Header.Get("Upgrade") != upgradeProto {
 		writeJSON(w, http.StatusBadRequest, apiError{"exec needs Upgrade: " + upgradeProto})
 		return
@@ -382,6 +448,22 @@ func (c *Client) Memory(ctx context.Context, w io.Writer) error {
 	}
 	_, err = io.Copy(w, resp.Body)
 	return err
+}
+
+// Sync returns the workspace sync's status (now: after a full pass).
+func (c *Client) Sync(ctx context.Context, now bool) (*SyncStatus, error) {
+	var out SyncStatus
+	if now {
+		return &out, c.do(ctx, "POST", "/v1/sync/now", nil, &out)
+	}
+	return &out, c.do(ctx, "GET", "/v1/sync", nil, &out)
+}
+
+// SyncChange applies, approves or discards workspace paths.
+func (c *Client) SyncChange(ctx context.Context, what string, paths []string) ([]string, error) {
+	var out SyncResponse
+	err := c.do(ctx, "POST", "/v1/sync/"+what, SyncRequest{Paths: paths}, &out)
+	return out.Done, err
 }
 
 // ExecConn is an upgraded exec connection: frames both ways.

@@ -38,6 +38,8 @@ type Config struct {
 	// Secrets names the host secrets bound to the sandbox: the guest sees
 	// placeholders, the broker injects the values.
 	Secrets []string `json:"secrets,omitempty"`
+	// Workspace is the synced host folder (nil: none).
+	Workspace *WorkspaceConfig `json:"workspace,omitempty"`
 }
 
 const configVersion = 1

@@ -95,6 +95,11 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 	if err != nil {
 		return nil, fmt.Errorf("create root disk: %v: %s", err, strings.TrimSpace(string(out)))
 	}
+	if cfg.Workspace != nil {
+		if err := createWorkspaceDisk(ctx, filepath.Join(stage, WorkspaceDisk), cfg.DiskGiB, cfg.UID, cfg.GID); err != nil {
+			return nil, err
+		}
+	}
 	if err := writeJSONAtomic(filepath.Join(stage, configFile), &cfg); err != nil {
 		return nil, err
 	}

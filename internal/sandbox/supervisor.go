@@ -46,6 +46,7 @@ type supervisor struct {
 	client  *guest.Client
 	accel   vmm.Accel
 	net     *network
+	ws      *workspace
 
 	mu     sync.Mutex
 	status Status
@@ -131,6 +132,17 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 		exitErr = s.machine.Wait(context.Background())
 	}
 	s.setStatus(func(st *Status) { st.State = Stopping })
+	if s.ws != nil {
+		if !exited && !req.kill {
+			// A last pass, so nothing the guest just wrote is left behind.
+			wctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			s.ws.stop(wctx)
+			cancel()
+		} else {
+			s.ws.cancel()
+			s.ws.closeFiles()
+		}
+	}
 	if !exited {
 		exitErr = s.shutdown(req.kill)
 	}
@@ -215,7 +227,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		Kernel:     img.Kernel().Image,
 		Initrd:     initrd,
 		Cmdline:    Cmdline(cfg) + " " + NetCmdline(),
-		Disks:      []vmspec.Disk{{ID: "root", Path: s.sb.Path(RootDisk), Format: "qcow2"}},
+		Disks:      s.disks(),
 		ConsoleLog: s.sb.Path(ConsoleLog),
 		AgentPort:  guestPortName,
 		Net:        &vmspec.Net{MAC: netstack.GuestMAC.String()},
@@ -258,6 +270,11 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if err := s.installCA(bootCtx); err != nil {
 		return fmt.Errorf("install the sandbox CA in the guest: %w", err)
 	}
+	if cfg.Workspace != nil {
+		if s.ws, err = startWorkspace(bootCtx, s.sb, m.Paths.Home, s.client, s.log); err != nil {
+			return fmt.Errorf("workspace: %w", err)
+		}
+	}
 	ports, err := s.sb.LoadPorts()
 	if err != nil {
 		return err
@@ -268,6 +285,14 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		}
 	}
 	return nil
+}
+
+func (s *supervisor) disks() []vmspec.Disk {
+	d := []vmspec.Disk{{ID: "root", Path: s.sb.Path(RootDisk), Format: "qcow2"}}
+	if s.sb.Config.Workspace != nil {
+		d = append(d, vmspec.Disk{ID: "ws", Path: s.sb.Path(WorkspaceDisk), Format: "raw"})
+	}
+	return d
 }
 
 // installCA puts the sandbox CA into the guest's system roots, once (the

@@ -67,9 +67,14 @@ func buildBinaries() (string, error) {
 	return dir, nil
 }
 
-// kosa8Cmd prepares a kosa8 command with this run's state directory.
+// kosa8Cmd prepares a kosa8 command with this run's state directory. It
+// runs in a fresh empty folder: that folder becomes the workspace of a
+// sandbox created without --workspace.
 func kosa8Cmd(ctx context.Context, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "kosa8"), args...)
+	if dir, err := os.MkdirTemp(home, "cwd-"); err == nil {
+		cmd.Dir = dir
+	}
 	cmd.Env = append(os.Environ(), "KOSA8_HOME="+home, "KOSA8_CONFIG="+filepath.Join(home, "config"))
 	return cmd
 }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -32,8 +33,9 @@ type Agent struct {
 	poweroff    func()
 	startup     time.Duration
 
-	mu    sync.Mutex
-	procs map[string]*proc
+	mu     sync.Mutex
+	procs  map[string]*proc
+	hashes *wsHashes
 }
 
 // Config configures an Agent.
@@ -109,6 +111,14 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 			return
 		}
 		a.respond(s, guest.Response{List: list})
+	case guest.OpWSMount:
+		a.handleWSMount(s, &req)
+	case guest.OpWSScan:
+		a.handleWSScan(s, &req)
+	case guest.OpWSOp:
+		a.handleWSOp(s, &req)
+	case guest.OpWSWatch:
+		a.handleWSWatch(ctx, s, &req)
 	case guest.OpSetTime:
 		ts := unix.NsecToTimespec(req.Time.UnixNano())
 		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
@@ -250,6 +260,10 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 	if mode == 0 {
 		mode = 0o644
 	}
+	if err := mkdirAllOwned(filepath.Dir(p), u); err != nil {
+		a.respondError(s, err)
+		return
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(p), ".kosa8-write-*")
 	if err != nil {
 		a.respondError(s, err)
@@ -296,7 +310,34 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 		return
 	}
 	ok = true
+	if req.Hash != "" && req.Root != "" {
+		// The host knows what it sent: remember the hash so the next scan
+		// does not read the file again.
+		if rel, err := filepath.Rel(req.Root, p); err == nil && !strings.HasPrefix(rel, "..") {
+			var st unix.Stat_t
+			if unix.Lstat(p, &st) == nil {
+				c := a.wsCache()
+				c.mu.Lock()
+				c.m[filepath.ToSlash(rel)] = wsHash{ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), hash: req.Hash}
+				c.mu.Unlock()
+			}
+		}
+	}
 	a.respond(s, guest.Response{})
+}
+
+// mkdirAllOwned creates dir and missing parents, the new ones owned by u.
+func mkdirAllOwned(dir string, u *user) error {
+	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+		return nil
+	}
+	if err := mkdirAllOwned(filepath.Dir(dir), u); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		return err
+	}
+	return os.Chown(dir, u.uid, u.gid)
 }
 
 // shutdown ends every process and powers the machine off. Only for PID 1.

@@ -1,0 +1,360 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sys/unix"
+
+	"github.com/kosa8/kosa8/internal/guest"
+)
+
+// The guest half of the workspace sync: describe the tree (with hashes),
+// apply the host's changes, and report what changes inside.
+
+// wsHashes caches content hashes by inode, size and times.
+type wsHashes struct {
+	mu sync.Mutex
+	m  map[string]wsHash
+}
+
+type wsHash struct {
+	ino          uint64
+	size         int64
+	mtime, ctime int64
+	hash         string
+}
+
+func (a *Agent) wsCache() *wsHashes {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.hashes == nil {
+		a.hashes = &wsHashes{m: map[string]wsHash{}}
+	}
+	return a.hashes
+}
+
+func wsRel(root, rel string) (string, error) {
+	if rel == "" || strings.HasPrefix(rel, "/") || strings.ContainsRune(rel, 0) {
+		return "", fmt.Errorf("bad workspace path %q", rel)
+	}
+	for _, c := range strings.Split(rel, "/") {
+		if c == "" || c == "." || c == ".." {
+			return "", fmt.Errorf("bad workspace path %q", rel)
+		}
+	}
+	return filepath.Join(root, rel), nil
+}
+
+func (a *Agent) wsEntry(root, rel string, maxFile int64) (*guest.WSEntry, error) {
+	full, err := wsRel(root, rel)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(full, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	e := &guest.WSEntry{Path: rel, Mode: fs.FileMode(st.Mode & 0o777)}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		e.Type, e.Size = 'f', st.Size
+		if st.Size > maxFile {
+			e.Big = true
+			break
+		}
+		c := a.wsCache()
+		k := wsHash{ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}
+		c.mu.Lock()
+		cached, ok := c.m[rel]
+		c.mu.Unlock()
+		if ok && cached.ino == k.ino && cached.size == k.size && cached.mtime == k.mtime && cached.ctime == k.ctime {
+			e.Hash = cached.hash
+			break
+		}
+		f, err := os.Open(full)
+		if err != nil {
+			return nil, err
+		}
+		h := sha256.New()
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		e.Hash = hex.EncodeToString(h.Sum(nil))
+		k.hash = e.Hash
+		c.mu.Lock()
+		c.m[rel] = k
+		c.mu.Unlock()
+	case unix.S_IFDIR:
+		e.Type = 'd'
+	case unix.S_IFLNK:
+		e.Type = 'l'
+		e.Link, _ = os.Readlink(full)
+	default:
+		return nil, nil // FIFOs, sockets, devices stay inside
+	}
+	return e, nil
+}
+
+func (a *Agent) handleWSScan(s net.Conn, req *guest.Request) {
+	root := req.Path
+	if !filepath.IsAbs(root) {
+		a.respondError(s, errors.New("ws_scan: root not absolute"))
+		return
+	}
+	max := req.MaxFile
+	if max <= 0 {
+		max = 1 << 30
+	}
+	a.respond(s, guest.Response{})
+	var batch []*guest.WSEntry
+	flush := func() bool {
+		if len(batch) == 0 {
+			return true
+		}
+		err := guest.WriteJSON(s, guest.FrameData, batch)
+		batch = batch[:0]
+		return err == nil
+	}
+	var walk func(rel string) bool
+	add := func(rel string) bool {
+		e, err := a.wsEntry(root, rel, max)
+		if err != nil || e == nil {
+			return true
+		}
+		batch = append(batch, e)
+		if len(batch) >= 500 && !flush() {
+			return false
+		}
+		if e.Type == 'd' {
+			return walk(rel)
+		}
+		return true
+	}
+	walk = func(rel string) bool {
+		dir := root
+		if rel != "" {
+			dir = filepath.Join(root, rel)
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return true
+		}
+		for _, d := range entries {
+			if d.Name() == "lost+found" && rel == "" {
+				continue
+			}
+			if !add(path.Join(rel, d.Name())) {
+				return false
+			}
+		}
+		return true
+	}
+	if req.Paths == nil {
+		walk("")
+	} else {
+		for _, p := range req.Paths {
+			if !add(p) {
+				return
+			}
+		}
+	}
+	if flush() {
+		_ = guest.WriteFrame(s, guest.FrameEOF, nil)
+	}
+}
+
+func (a *Agent) handleWSOp(s net.Conn, req *guest.Request) {
+	op := req.WS
+	if op == nil {
+		a.respondError(s, errors.New("ws_op: missing operation"))
+		return
+	}
+	full, err := wsRel(req.Path, op.Path)
+	if err != nil {
+		a.respondError(s, err)
+		return
+	}
+	u, err := a.users.lookup("", a.defaultUser)
+	if err != nil {
+		a.respondError(s, err)
+		return
+	}
+	if err := a.ensureParents(req.Path, full, u); err != nil {
+		a.respondError(s, err)
+		return
+	}
+	switch op.Kind {
+	case "mkdir":
+		err = os.Mkdir(full, op.Mode.Perm()|0o700)
+		if errors.Is(err, os.ErrExist) {
+			err = nil
+		}
+		if err == nil {
+			_ = os.Chown(full, u.uid, u.gid)
+			err = os.Chmod(full, op.Mode.Perm())
+		}
+	case "symlink":
+		tmp := full + ".kosa8-link"
+		_ = os.Remove(tmp)
+		if err = os.Symlink(op.Link, tmp); err == nil {
+			_ = os.Lchown(tmp, u.uid, u.gid)
+			err = os.Rename(tmp, full)
+		}
+	case "remove":
+		err = os.Remove(full)
+		if errors.Is(err, os.ErrNotExist) {
+			err = nil
+		}
+	default:
+		err = fmt.Errorf("ws_op: unknown kind %q", op.Kind)
+	}
+	if err != nil {
+		a.respondError(s, err)
+		return
+	}
+	a.respond(s, guest.Response{})
+}
+
+// ensureParents creates the directories between root and full's parent,
+// owned by the default user.
+func (a *Agent) ensureParents(root, full string, u *user) error {
+	dir := filepath.Dir(full)
+	rel, err := filepath.Rel(root, dir)
+	if err != nil || rel == "." {
+		return nil
+	}
+	cur := root
+	for _, c := range strings.Split(rel, string(filepath.Separator)) {
+		cur = filepath.Join(cur, c)
+		if err := os.Mkdir(cur, 0o755); err == nil {
+			_ = os.Chown(cur, u.uid, u.gid)
+		} else if !errors.Is(err, os.ErrExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// handleWSMount mounts the workspace disk (vdb) at the path the host uses,
+// creating the path, owned by the default user.
+func (a *Agent) handleWSMount(s net.Conn, req *guest.Request) {
+	root := filepath.Clean(req.Path)
+	if !filepath.IsAbs(root) || root == "/" {
+		a.respondError(s, fmt.Errorf("ws_mount: bad path %q", req.Path))
+		return
+	}
+	u, err := a.users.lookup("", a.defaultUser)
+	if err != nil {
+		a.respondError(s, err)
+		return
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		a.respondError(s, err)
+		return
+	}
+	if err := waitFor("/dev/vdb", 10*time.Second); err != nil {
+		a.respondError(s, fmt.Errorf("workspace disk: %w", err))
+		return
+	}
+	if err := unix.Mount("/dev/vdb", root, "ext4", unix.MS_NOATIME|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+		a.respondError(s, fmt.Errorf("mount the workspace: %w", err))
+		return
+	}
+	_ = os.Chown(root, u.uid, u.gid)
+	a.respond(s, guest.Response{})
+}
+
+// handleWSWatch reports changed paths under the root until the stream
+// closes. Directories are watched as they appear.
+func (a *Agent) handleWSWatch(ctx context.Context, s net.Conn, req *guest.Request) {
+	root := req.Path
+	w, err := fsnotify.NewBufferedWatcher(4096)
+	if err != nil {
+		a.respondError(s, err)
+		return
+	}
+	defer w.Close()
+	var addTree func(dir string)
+	addTree = func(dir string) {
+		_ = w.Add(dir)
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if e.IsDir() {
+				addTree(filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	addTree(root)
+	a.respond(s, guest.Response{})
+	closed := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, s) // the host closes the stream to stop
+		close(closed)
+	}()
+	dirty := map[string]bool{}
+	all := false
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-closed:
+			return
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			rel, err := filepath.Rel(root, ev.Name)
+			if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+				continue
+			}
+			dirty[filepath.ToSlash(rel)] = true
+			if ev.Has(fsnotify.Create) {
+				if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
+					addTree(ev.Name)
+				}
+			}
+		case err := <-w.Errors:
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				all = true
+			}
+		case <-tick.C:
+			if len(dirty) == 0 && !all {
+				continue
+			}
+			b := guest.WSWatchBatch{All: all}
+			if len(dirty) > 1000 {
+				b.All = true
+			} else if !all {
+				for p := range dirty {
+					b.Paths = append(b.Paths, p)
+				}
+			}
+			dirty, all = map[string]bool{}, false
+			if err := guest.WriteJSON(s, guest.FrameData, b); err != nil {
+				return
+			}
+		}
+	}
+}
+

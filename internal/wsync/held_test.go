@@ -1,0 +1,80 @@
+package wsync
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestHeld(t *testing.T) {
+	h := HoldRules{Extra: []string{"*.pem", "deploy/prod.yaml"}}
+	held := []string{
+		"kosa8.toml", "sub/kosa8.toml", ".envrc", "a/.envrc", ".mise.toml", ".tool-versions", ".exrc", ".nvim.lua",
+		".gitmodules", ".git/hooks/pre-commit", ".git/info/attributes", ".git/config",
+		"vendor/lib/.git/hooks/post-checkout", ".git/modules/sub/hooks/pre-push", ".git/modules/sub/config",
+		".git/modules/a/modules/b/hooks/x", ".vscode/settings.json", "web/.vscode/tasks.json",
+		".idea/workspace.xml", ".cursor/rules", ".zed/settings.json", ".claude/settings.json",
+		".devcontainer/devcontainer.json", "certs/server.pem", "deploy/prod.yaml",
+	}
+	free := []string{
+		"main.go", "README.md", ".git/objects/ab/cdef", ".git/refs/heads/main", ".git/HEAD", ".git/index",
+		"docs/hooks/pre-commit.md", "config", "src/config", ".gitignore", "deploy/dev.yaml", ".vscode",
+	}
+	for _, p := range held {
+		if !h.Held(p) {
+			t.Errorf("%s is not held", p)
+		}
+	}
+	for _, p := range free {
+		if h.Held(p) {
+			t.Errorf("%s is held", p)
+		}
+	}
+}
+
+func TestGitConfigHarmless(t *testing.T) {
+	base := "[core]\n\trepositoryformatversion = 0\n\tbare = false\n[remote \"origin\"]\n\turl = https://github.com/a/b\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n"
+	cases := map[string]bool{
+		base + "[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n": true,
+		base + "[core]\n\thooksPath = /tmp/evil\n":                              false,
+		base + "[core]\n\tfsmonitor = /tmp/evil.sh\n":                            false,
+		base + "[core]\n\tsshCommand = sh -c evil\n":                             false,
+		base + "[filter \"x\"]\n\tclean = evil\n":                                false,
+		base + "[alias]\n\tst = !evil\n":                                         false,
+		base + "[include]\n\tpath = /tmp/x\n":                                    false,
+		"[core]\n\tbare = false \\\n\t\thooksPath = x\n":                         false,
+		base[:len(base)-1] + "\n[remote \"origin\"]\n\turl = https://evil\n":     false,
+	}
+	for cfg, want := range cases {
+		if got := GitConfigHarmless([]byte(base), []byte(cfg)); got != want {
+			t.Errorf("harmless=%v, want %v for:\n%s", got, want, cfg)
+		}
+	}
+	if !IsGitConfig(".git/config") || !IsGitConfig("a/.git/modules/x/config") || IsGitConfig("config") || IsGitConfig(".git/hooks/config") {
+		t.Error("IsGitConfig")
+	}
+}
+
+func TestGitRank(t *testing.T) {
+	paths := []string{"src/a.go", ".git/index", ".git/HEAD", ".git/refs/heads/main", ".git/objects/aa/bb", ".git/COMMIT_EDITMSG", "sub/.git/objects/x"}
+	slices.SortStableFunc(paths, func(a, b string) int { return gitRank(a) - gitRank(b) })
+	want := []string{".git/objects/aa/bb", "sub/.git/objects/x", ".git/COMMIT_EDITMSG", ".git/refs/heads/main", ".git/HEAD", ".git/index", "src/a.go"}
+	if !slices.Equal(paths, want) {
+		t.Fatalf("order %v, want %v", paths, want)
+	}
+}
+
+func FuzzGitConfig(f *testing.F) {
+	f.Add([]byte("[core]\n\tbare = false\n"), []byte("[core]\n\tbare = true\n"))
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		if GitConfigHarmless(a, b) {
+			// Harmless means: the parsed configs differ only in branch keys.
+			pa, _ := parseGitConfig(a)
+			pb, _ := parseGitConfig(b)
+			for k, v := range pb {
+				if !slices.Equal(pa[k], v) && !harmlessGitKeys.MatchString(k) {
+					t.Fatalf("key %s changed but was called harmless", k)
+				}
+			}
+		}
+	})
+}

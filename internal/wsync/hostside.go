@@ -1,0 +1,114 @@
+package wsync
+
+import (
+	"context"
+	"io"
+	"io/fs"
+	"path"
+)
+
+// HostSide is the host folder as a sync Side, every access through Root.
+type HostSide struct {
+	Root *Root
+	// Skip leaves paths out of scans (excluded trees are not walked).
+	Skip func(p string) bool
+	// OnSkip is told of paths that cannot be synced (special files).
+	OnSkip func(p string, err error)
+}
+
+func (h *HostSide) skip(p string) bool { return h.Skip != nil && h.Skip(p) }
+
+// Scan implements Side.
+func (h *HostSide) Scan(ctx context.Context, paths []string) (map[string]*Entry, error) {
+	out := map[string]*Entry{}
+	if paths == nil {
+		return out, h.walk(ctx, ".", out)
+	}
+	for _, p := range paths {
+		if h.skip(p) {
+			continue
+		}
+		e, err := h.Root.Stat(p)
+		if err != nil {
+			h.report(p, err)
+			continue
+		}
+		if e == nil {
+			continue
+		}
+		out[p] = e
+		if e.Type == 'd' {
+			if err := h.walk(ctx, p, out); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+func (h *HostSide) report(p string, err error) {
+	if h.OnSkip != nil {
+		h.OnSkip(p, err)
+	}
+}
+
+func (h *HostSide) walk(ctx context.Context, dir string, out map[string]*Entry) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	names, err := h.Root.List(dir)
+	if err != nil {
+		h.report(dir, err)
+		return nil
+	}
+	for _, n := range names {
+		p := n
+		if dir != "." {
+			p = path.Join(dir, n)
+		}
+		if h.skip(p) {
+			continue
+		}
+		e, err := h.Root.Stat(p)
+		if err != nil {
+			h.report(p, err)
+			continue
+		}
+		if e == nil {
+			continue
+		}
+		out[p] = e
+		if e.Type == 'd' {
+			if err := h.walk(ctx, p, out); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (h *HostSide) Read(_ context.Context, p string) (io.ReadCloser, error) { return h.Root.Open(p) }
+
+func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Reader, _ string) (string, error) {
+	if dir := path.Dir(p); dir != "." {
+		if err := h.Root.MkdirAll(dir, 0o755); err != nil {
+			return "", err
+		}
+	}
+	return h.Root.WriteFile(p, mode, r, h.Root.MaxFile)
+}
+
+func (h *HostSide) Mkdir(_ context.Context, p string, mode fs.FileMode) error {
+	return h.Root.MkdirAll(p, mode)
+}
+
+func (h *HostSide) Symlink(_ context.Context, p, target string) error {
+	if dir := path.Dir(p); dir != "." {
+		if err := h.Root.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	return h.Root.Symlink(p, target)
+}
+
+func (h *HostSide) Remove(_ context.Context, p string) error { return h.Root.Remove(p) }

@@ -1,0 +1,354 @@
+package wsync
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Root is the host folder, opened once. Every operation goes through a
+// descriptor of the root and resolves the rest without following any
+// symlink and without leaving the root: on Linux with openat2
+// (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS), checked
+// by the kernel atomically with the lookup, elsewhere one component at a
+// time with O_NOFOLLOW. A parent swapped for a link mid-operation makes
+// the operation fail instead of redirecting it.
+type Root struct {
+	dir  string
+	fd   int
+	hash *hashCache
+	// MaxFile is the largest file synced; larger ones are described (Big)
+	// but never read or hashed.
+	MaxFile int64
+}
+
+// DefaultMaxFile is the default size cap of one synced file.
+const DefaultMaxFile = 1 << 30
+
+// OpenRoot opens dir as a sync root.
+func OpenRoot(dir string) (*Root, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open workspace %s: %w", dir, err)
+	}
+	if err := checkResolver(fd); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &Root{dir: dir, fd: fd, hash: newHashCache(), MaxFile: DefaultMaxFile}, nil
+}
+
+// Dir is the root's host path.
+func (r *Root) Dir() string { return r.dir }
+
+// Close releases the root.
+func (r *Root) Close() error { return unix.Close(r.fd) }
+
+func (r *Root) openat(rel string, flags int, mode uint32) (int, error) {
+	if rel != "." {
+		if _, err := CleanRel(rel); err != nil {
+			return -1, err
+		}
+	}
+	fd, err := openBeneath(r.fd, rel, flags|unix.O_CLOEXEC, mode)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: rel, Err: err}
+	}
+	return fd, nil
+}
+
+// parent opens the directory that holds rel and returns it with the name.
+func (r *Root) parent(rel string) (int, string, error) {
+	if _, err := CleanRel(rel); err != nil {
+		return -1, "", err
+	}
+	dir, name := path.Split(rel)
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" {
+		dir = "."
+	}
+	fd, err := r.openat(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	return fd, name, err
+}
+
+// Entry describes one path in a tree.
+type Entry struct {
+	Path string      `json:"path"`
+	Type byte        `json:"type"` // 'f' file, 'd' directory, 'l' symlink
+	Mode fs.FileMode `json:"mode"` // permission bits only
+	Size int64       `json:"size,omitempty"`
+	Hash string      `json:"hash,omitempty"` // sha256 of a file's content
+	Link string      `json:"link,omitempty"` // a symlink's text
+	Big  bool        `json:"big,omitempty"`  // over the size cap: not synced
+}
+
+// Same reports whether two entries have the same content.
+func (e *Entry) Same(o *Entry) bool {
+	if e == nil || o == nil {
+		return e == o
+	}
+	if e.Type != o.Type {
+		return false
+	}
+	switch e.Type {
+	case 'f':
+		return e.Size == o.Size && e.Hash == o.Hash && e.Mode&0o111 == o.Mode&0o111
+	case 'l':
+		return e.Link == o.Link
+	}
+	return true
+}
+
+// Stat describes rel without following a symlink; nil, nil when absent.
+// Special files (FIFOs, sockets, devices) are reported as errors: they are
+// never synced.
+func (r *Root) Stat(rel string) (*Entry, error) {
+	pfd, name, err := r.parent(rel)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err == unix.ENOENT {
+			return nil, nil
+		}
+		return nil, &fs.PathError{Op: "stat", Path: rel, Err: err}
+	}
+	e := &Entry{Path: rel, Mode: fs.FileMode(st.Mode & 0o777)}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		e.Type, e.Size = 'f', st.Size
+		if st.Size > r.MaxFile {
+			e.Big = true
+			break
+		}
+		h, err := r.hashFile(rel, &st)
+		if err != nil {
+			return nil, err
+		}
+		e.Hash = h
+	case unix.S_IFDIR:
+		e.Type = 'd'
+	case unix.S_IFLNK:
+		e.Type = 'l'
+		buf := make([]byte, MaxPathLen+1)
+		n, err := unix.Readlinkat(pfd, name, buf)
+		if err != nil {
+			return nil, &fs.PathError{Op: "readlink", Path: rel, Err: err}
+		}
+		e.Link = string(buf[:n])
+	default:
+		return nil, fmt.Errorf("%s: special file (FIFO, socket or device): not synced", rel)
+	}
+	return e, nil
+}
+
+func (r *Root) hashFile(rel string, st *unix.Stat_t) (string, error) {
+	key := keyOf(st)
+	if h, ok := r.hash.get(rel, key); ok {
+		return h, nil
+	}
+	f, err := r.Open(rel)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	r.hash.put(rel, key, sum)
+	return sum, nil
+}
+
+// Open opens a regular file for reading. A symlink anywhere on the way, or
+// anything but a regular file at the end, is refused: the guest cannot make
+// the host read what a link it planted points to.
+func (r *Root) Open(rel string) (*os.File, error) {
+	fd, err := r.openat(rel, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s: not a regular file", rel)
+	}
+	_ = unix.SetNonblock(fd, false)
+	return os.NewFile(uintptr(fd), path.Join(r.dir, rel)), nil
+}
+
+// List returns the names in directory rel ("." for the root).
+func (r *Root) List(rel string) ([]string, error) {
+	fd, err := r.openat(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), rel)
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+// MkdirAll creates rel and its parents (permission bits only; no set-id
+// or sticky bits).
+func (r *Root) MkdirAll(rel string, mode fs.FileMode) error {
+	if _, err := CleanRel(rel); err != nil {
+		return err
+	}
+	parts := strings.Split(rel, "/")
+	cur := ""
+	for i, p := range parts {
+		if i > 0 {
+			cur += "/"
+		}
+		cur += p
+		pfd, name, err := r.parent(cur)
+		if err != nil {
+			return err
+		}
+		m := uint32(0o755)
+		if i == len(parts)-1 {
+			m = uint32(mode.Perm())
+		}
+		err = unix.Mkdirat(pfd, name, m)
+		unix.Close(pfd)
+		if err != nil && err != unix.EEXIST {
+			return &fs.PathError{Op: "mkdir", Path: cur, Err: err}
+		}
+		if err == unix.EEXIST {
+			e, serr := r.Stat(cur)
+			if serr != nil {
+				return serr
+			}
+			if e == nil || e.Type != 'd' {
+				return fmt.Errorf("%s exists and is not a directory", cur)
+			}
+		}
+	}
+	return nil
+}
+
+// WriteFile writes rel from src through a temporary file in the same
+// directory, renamed into place: never through a link, never leaving the
+// root, never with set-id or sticky bits. It returns the content's hash.
+// More than max bytes is an error (the file is not written).
+func (r *Root) WriteFile(rel string, mode fs.FileMode, src io.Reader, max int64) (string, error) {
+	pfd, name, err := r.parent(rel)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(pfd)
+	tmp := fmt.Sprintf(".%s.kosa8-%d", name, time.Now().UnixNano())
+	if len(tmp) > MaxNameLen {
+		tmp = fmt.Sprintf(".kosa8-%d", time.Now().UnixNano())
+	}
+	fd, err := unix.Openat(pfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode.Perm()))
+	if err != nil {
+		return "", &fs.PathError{Op: "create", Path: rel, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			_ = unix.Unlinkat(pfd, tmp, 0)
+		}
+	}()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(src, max+1))
+	if err != nil {
+		return "", err
+	}
+	if n > max {
+		return "", fmt.Errorf("%s is larger than the %d-byte limit", rel, max)
+	}
+	if err := f.Chmod(mode.Perm()); err != nil { // umask-independent, no special bits
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	if err := unix.Renameat(pfd, tmp, pfd, name); err != nil {
+		return "", &fs.PathError{Op: "rename", Path: rel, Err: err}
+	}
+	ok = true
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Symlink creates rel as a link to target, replacing what is there. Only
+// relative links that stay inside the root are made.
+func (r *Root) Symlink(rel, target string) error {
+	if !LinkStaysInside(rel, target) {
+		return fmt.Errorf("%w: link %s -> %s leaves the folder", ErrBadPath, rel, target)
+	}
+	pfd, name, err := r.parent(rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	tmp := fmt.Sprintf(".kosa8-link-%d", time.Now().UnixNano())
+	if err := unix.Symlinkat(target, pfd, tmp); err != nil {
+		return &fs.PathError{Op: "symlink", Path: rel, Err: err}
+	}
+	if err := unix.Renameat(pfd, tmp, pfd, name); err != nil {
+		_ = unix.Unlinkat(pfd, tmp, 0)
+		return &fs.PathError{Op: "rename", Path: rel, Err: err}
+	}
+	return nil
+}
+
+// Remove deletes a file, link or empty directory.
+func (r *Root) Remove(rel string) error {
+	pfd, name, err := r.parent(rel)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	defer unix.Close(pfd)
+	err = unix.Unlinkat(pfd, name, 0)
+	if err == unix.EISDIR || err == unix.EPERM {
+		err = unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
+	}
+	if err == unix.ENOENT {
+		return nil
+	}
+	if err != nil {
+		return &fs.PathError{Op: "remove", Path: rel, Err: err}
+	}
+	return nil
+}
+
+// Chmod sets permission bits (never set-id or sticky) on a file or
+// directory, without following a link.
+func (r *Root) Chmod(rel string, mode fs.FileMode) error {
+	e, err := r.Stat(rel)
+	if err != nil || e == nil || e.Type == 'l' {
+		return err
+	}
+	flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK
+	if e.Type == 'd' {
+		flags |= unix.O_DIRECTORY
+	}
+	fd, err := r.openat(rel, flags, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fchmod(fd, uint32(mode.Perm()))
+}
