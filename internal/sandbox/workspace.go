@@ -284,4 +284,3 @@ type SyncStatus struct {
 	Path string `json:"path"`
 	wsync.Status
 }
-

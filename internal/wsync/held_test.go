@@ -35,14 +35,14 @@ func TestGitConfigHarmless(t *testing.T) {
 	base := "[core]\n\trepositoryformatversion = 0\n\tbare = false\n[remote \"origin\"]\n\turl = https://github.com/a/b\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n"
 	cases := map[string]bool{
 		base + "[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n": true,
-		base + "[core]\n\thooksPath = /tmp/evil\n":                              false,
-		base + "[core]\n\tfsmonitor = /tmp/evil.sh\n":                            false,
-		base + "[core]\n\tsshCommand = sh -c evil\n":                             false,
-		base + "[filter \"x\"]\n\tclean = evil\n":                                false,
-		base + "[alias]\n\tst = !evil\n":                                         false,
-		base + "[include]\n\tpath = /tmp/x\n":                                    false,
-		"[core]\n\tbare = false \\\n\t\thooksPath = x\n":                         false,
-		base[:len(base)-1] + "\n[remote \"origin\"]\n\turl = https://evil\n":     false,
+		base + "[core]\n\thooksPath = /tmp/evil\n":                                 false,
+		base + "[core]\n\tfsmonitor = /tmp/evil.sh\n":                              false,
+		base + "[core]\n\tsshCommand = sh -c evil\n":                               false,
+		base + "[filter \"x\"]\n\tclean = evil\n":                                  false,
+		base + "[alias]\n\tst = !evil\n":                                           false,
+		base + "[include]\n\tpath = /tmp/x\n":                                      false,
+		"[core]\n\tbare = false \\\n\t\thooksPath = x\n":                           false,
+		base[:len(base)-1] + "\n[remote \"origin\"]\n\turl = https://evil\n":       false,
 	}
 	for cfg, want := range cases {
 		if got := GitConfigHarmless([]byte(base), []byte(cfg)); got != want {

@@ -357,4 +357,3 @@ func (a *Agent) handleWSWatch(ctx context.Context, s net.Conn, req *guest.Reques
 		}
 	}
 }
-
