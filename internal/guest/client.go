@@ -76,6 +76,9 @@ func Connect(ctx context.Context, conn net.Conn) (*Client, error) {
 	cfg := yamux.DefaultConfig()
 	cfg.EnableKeepAlive = false // a paused guest (checkpoint) must not end the session
 	cfg.StreamOpenTimeout = 0
+	// Bulk transfers (the first workspace sync) stall on the 256 KiB
+	// default window; memory per stream only grows while data is in flight.
+	cfg.MaxStreamWindowSize = 4 << 20
 	cfg.ConnectionWriteTimeout = 60 * time.Second
 	cfg.LogOutput = io.Discard
 	sess, err := yamux.Client(&ackSkipper{r: br, c: conn, gen: gen}, cfg)

@@ -26,7 +26,18 @@ const (
 	OpWSScan  Op = "ws_scan"  // describe Paths (nil: everything): FrameData batches of entries, then FrameEOF
 	OpWSOp    Op = "ws_op"    // one change: WS
 	OpWSWatch Op = "ws_watch" // FrameData batches of changed paths until the stream closes
+	OpWSPut   Op = "ws_put"   // many entries: a FrameRequest WSPutItem each (files then FrameData…FrameEOF), an item with End last; answered at once and again at the end
 )
+
+// WSPutItem announces one entry of a ws_put stream.
+type WSPutItem struct {
+	Path string      `json:"path,omitempty"`
+	Type byte        `json:"type,omitempty"` // f, d, l
+	Mode fs.FileMode `json:"mode,omitempty"`
+	Link string      `json:"link,omitempty"`
+	Hash string      `json:"hash,omitempty"`
+	End  bool        `json:"end,omitempty"`
+}
 
 // WSOp is a change to the workspace the host asks for.
 type WSOp struct {
@@ -132,6 +143,8 @@ type Response struct {
 	List []FileInfo `json:"list,omitempty"`
 	Pid  int        `json:"pid,omitempty"`
 	ID   string     `json:"id,omitempty"`
+	// Failed lists the entries of a ws_put that could not be written.
+	Failed map[string]string `json:"failed,omitempty"`
 }
 
 // Info describes the guest.

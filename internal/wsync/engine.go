@@ -28,6 +28,19 @@ type Side interface {
 	Remove(ctx context.Context, p string) error
 }
 
+// PutItem is one entry for a BatchSide: a file's content comes from Open.
+type PutItem struct {
+	Entry *Entry
+	Open  func() (io.ReadCloser, error)
+}
+
+// BatchSide is a Side that takes many entries in one go (the guest, where
+// each operation costs a round trip).
+type BatchSide interface {
+	// Put writes the entries in order and returns those that failed.
+	Put(ctx context.Context, items []PutItem) (map[string]error, error)
+}
+
 // Options tune an Engine.
 type Options struct {
 	// Review keeps every guest change back until Apply.
@@ -77,6 +90,7 @@ type Engine struct {
 	opts        Options
 
 	mu        sync.Mutex
+	batch     []PutItem // writes to the guest gathered during a sync
 	manifest  map[string]*Entry
 	held      map[string]Change
 	pending   map[string]Change
@@ -174,6 +188,7 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 		return strings.Compare(a, b)
 	})
 	var deletes []func()
+	e.batch = e.batch[:0]
 	for _, p := range order {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -182,6 +197,7 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 			deletes = append(deletes, del)
 		}
 	}
+	e.flushBatch(ctx)
 	// Children go before their directories.
 	for i := len(deletes) - 1; i >= 0; i-- {
 		deletes[i]()
@@ -231,9 +247,9 @@ func (e *Engine) decide(ctx context.Context, p string, b, h, g *Entry) func() {
 		delete(e.pending, p)
 		return nil
 	case h.Same(b):
-		return e.toHost(ctx, p, b, g)
+		return e.toHost(ctx, p, b, h, g)
 	case g.Same(b):
-		return e.toGuest(ctx, p, h)
+		return e.toGuest(ctx, p, g, h)
 	}
 	// Both sides changed, differently.
 	delete(e.held, p)
@@ -241,10 +257,10 @@ func (e *Engine) decide(ctx context.Context, p string, b, h, g *Entry) func() {
 	switch {
 	case h == nil:
 		// The host deleted what the guest changed: keep the guest's.
-		return e.toHost(ctx, p, b, g)
+		return e.toHost(ctx, p, b, h, g)
 	case g == nil:
 		// The guest deleted what the user changed: keep the user's.
-		return e.toGuest(ctx, p, h)
+		return e.toGuest(ctx, p, g, h)
 	case h.Type == 'd' || g.Type == 'd':
 		// A directory on one side, something else on the other: the
 		// host's stays; the guest's goes beside it.
@@ -276,9 +292,9 @@ func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
 	return nil
 }
 
-// toHost applies the guest's state of p to the host, unless it is held,
-// waiting for review, or refused.
-func (e *Engine) toHost(ctx context.Context, p string, b, g *Entry) func() {
+// toHost applies the guest's state of p to the host (which holds h),
+// unless it is held, waiting for review, or refused.
+func (e *Engine) toHost(ctx context.Context, p string, b, h, g *Entry) func() {
 	kind := "modified"
 	switch {
 	case g == nil:
@@ -298,10 +314,10 @@ func (e *Engine) toHost(ctx context.Context, p string, b, g *Entry) func() {
 		e.pending[p] = Change{Path: p, Kind: kind, Why: "review", Guest: g}
 		return nil
 	}
-	return e.applyToHost(ctx, p, g)
+	return e.applyToHost(ctx, p, h, g)
 }
 
-func (e *Engine) applyToHost(ctx context.Context, p string, g *Entry) func() {
+func (e *Engine) applyToHost(ctx context.Context, p string, cur, g *Entry) func() {
 	delete(e.held, p)
 	delete(e.pending, p)
 	if g == nil {
@@ -317,8 +333,7 @@ func (e *Engine) applyToHost(ctx context.Context, p string, g *Entry) func() {
 			e.setManifest(p, nil)
 		}
 	}
-	cur, _ := e.host.Scan(ctx, []string{p})
-	if err := e.replace(ctx, e.guest, e.host, p, cur[p], g); err != nil {
+	if err := e.replace(ctx, e.guest, e.host, p, cur, g); err != nil {
 		e.fail(p, err)
 		return nil
 	}
@@ -354,7 +369,8 @@ func readAll(ctx context.Context, s Side, p string) ([]byte, error) {
 	return io.ReadAll(io.LimitReader(r, 1<<20))
 }
 
-func (e *Engine) toGuest(ctx context.Context, p string, h *Entry) func() {
+// toGuest applies the host's state of p to the guest (which holds cur).
+func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 	delete(e.held, p)
 	delete(e.pending, p)
 	if h != nil && h.Big {
@@ -372,13 +388,40 @@ func (e *Engine) toGuest(ctx context.Context, p string, h *Entry) func() {
 			e.setManifest(p, nil)
 		}
 	}
-	cur, _ := e.guest.Scan(ctx, []string{p})
-	if err := e.replace(ctx, e.host, e.guest, p, cur[p], h); err != nil {
+	if _, ok := e.guest.(BatchSide); ok && (cur == nil || cur.Type == h.Type && h.Type != 'd') {
+		want := h
+		e.batch = append(e.batch, PutItem{Entry: want, Open: func() (io.ReadCloser, error) { return e.host.Read(ctx, p) }})
+		return nil
+	}
+	if err := e.replace(ctx, e.host, e.guest, p, cur, h); err != nil {
 		e.fail(p, err)
 		return nil
 	}
 	e.setManifest(p, h)
 	return nil
+}
+
+// flushBatch sends the gathered guest writes in one go.
+func (e *Engine) flushBatch(ctx context.Context) {
+	if len(e.batch) == 0 {
+		return
+	}
+	items := e.batch
+	e.batch = nil
+	failed, err := e.guest.(BatchSide).Put(ctx, items)
+	for _, it := range items {
+		p := it.Entry.Path
+		switch {
+		case err != nil:
+			e.fail(p, err)
+		case failed[p] != nil:
+			if !errors.Is(failed[p], errChanged) {
+				e.fail(p, failed[p])
+			}
+		default:
+			e.setManifest(p, it.Entry)
+		}
+	}
 }
 
 // replace makes dst's p what src's want is, dst currently holding cur.
@@ -486,7 +529,11 @@ func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string
 		if err != nil {
 			return nil, err
 		}
-		if del := e.applyToHost(ctx, p, g[p]); del != nil {
+		h, err := e.host.Scan(ctx, []string{p})
+		if err != nil {
+			return nil, err
+		}
+		if del := e.applyToHost(ctx, p, h[p], g[p]); del != nil {
 			deletes = append(deletes, del)
 		}
 	}
@@ -519,10 +566,15 @@ func (e *Engine) Discard(ctx context.Context, paths []string) ([]string, error) 
 		if err != nil {
 			return nil, err
 		}
-		if del := e.toGuest(ctx, p, h[p]); del != nil {
+		g, err := e.guest.Scan(ctx, []string{p})
+		if err != nil {
+			return nil, err
+		}
+		if del := e.toGuest(ctx, p, g[p], h[p]); del != nil {
 			deletes = append(deletes, del)
 		}
 	}
+	e.flushBatch(ctx)
 	for i := len(deletes) - 1; i >= 0; i-- {
 		deletes[i]()
 	}

@@ -159,3 +159,71 @@ func (g *GuestSide) Mount(ctx context.Context) error {
 	}
 	return s.Close()
 }
+
+// Put implements BatchSide: all entries on one stream.
+func (g *GuestSide) Put(ctx context.Context, items []PutItem) (map[string]error, error) {
+	s, _, err := g.C.Open(ctx, &guest.Request{Op: guest.OpWSPut, Path: g.Root})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	failed := map[string]error{}
+	buf := make([]byte, 256<<10)
+	for _, it := range items {
+		e := it.Entry
+		if _, err := CleanRel(e.Path); err != nil {
+			failed[e.Path] = err
+			continue
+		}
+		var r io.ReadCloser
+		if e.Type == 'f' {
+			if r, err = it.Open(); err != nil {
+				failed[e.Path] = err
+				continue
+			}
+		}
+		if err := guest.WriteJSON(s, guest.FrameRequest, guest.WSPutItem{Path: e.Path, Type: e.Type, Mode: e.Mode.Perm(), Link: e.Link, Hash: e.Hash}); err != nil {
+			if r != nil {
+				r.Close()
+			}
+			return nil, err
+		}
+		if r == nil {
+			continue
+		}
+		h := sha256.New()
+		for {
+			n, rerr := r.Read(buf)
+			if n > 0 {
+				h.Write(buf[:n])
+				if err := guest.WriteFrame(s, guest.FrameData, buf[:n]); err != nil {
+					r.Close()
+					return nil, err
+				}
+			}
+			if rerr != nil {
+				break
+			}
+		}
+		r.Close()
+		if err := guest.WriteFrame(s, guest.FrameEOF, nil); err != nil {
+			return nil, err
+		}
+		if hex.EncodeToString(h.Sum(nil)) != e.Hash {
+			failed[e.Path] = errChanged // the next sync sends the new version
+		}
+	}
+	if err := guest.WriteJSON(s, guest.FrameRequest, guest.WSPutItem{End: true}); err != nil {
+		return nil, err
+	}
+	resp, err := guest.ReadResponse(s)
+	if err != nil {
+		return nil, err
+	}
+	for p, msg := range resp.Failed {
+		failed[p] = fmt.Errorf("%s", msg)
+	}
+	return failed, nil
+}

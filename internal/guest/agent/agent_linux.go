@@ -117,6 +117,8 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 		a.handleWSScan(s, &req)
 	case guest.OpWSOp:
 		a.handleWSOp(s, &req)
+	case guest.OpWSPut:
+		a.handleWSPut(s, &req)
 	case guest.OpWSWatch:
 		a.handleWSWatch(ctx, s, &req)
 	case guest.OpSetTime:

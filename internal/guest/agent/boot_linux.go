@@ -140,6 +140,9 @@ func Boot(log *slog.Logger) (Params, error) {
 	}
 	p.User = name
 	os.Setenv("PATH", defaultPath)
+	// Modes the host asks for are meant exactly; processes the agent starts
+	// get the usual 022 back (exec sets it).
+	unix.Umask(0)
 	return p, nil
 }
 

@@ -309,6 +309,9 @@ func (a *Agent) startProc(p *proc, req *guest.ExecRequest) error {
 	}
 
 	proc, exited, err := a.reaper.start(func() (*os.Process, error) {
+		// The agent runs with umask 0; its children get the usual 022.
+		old := unix.Umask(0o022)
+		defer unix.Umask(old)
 		return os.StartProcess(argv0, req.Argv, attr)
 	})
 	for _, f := range closeAfter {

@@ -72,6 +72,9 @@ func serveSession(ctx context.Context, br *bufio.Reader, w io.Writer, handle Str
 	cfg := yamux.DefaultConfig()
 	cfg.EnableKeepAlive = false // the host probes; a paused host must not kill the session
 	cfg.StreamOpenTimeout = 0
+	// Bulk transfers (the first workspace sync) stall on the 256 KiB
+	// default window; memory per stream only grows while data is in flight.
+	cfg.MaxStreamWindowSize = 4 << 20
 	cfg.ConnectionWriteTimeout = time.Hour // writes block while the host end is away
 	cfg.LogOutput = io.Discard
 	sess, err := yamux.Server(&pipeConn{r: pr, w: w}, cfg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -356,4 +357,110 @@ func (a *Agent) handleWSWatch(ctx context.Context, s net.Conn, req *guest.Reques
 			}
 		}
 	}
+}
+
+// handleWSPut writes many entries sent on one stream: the bulk path of the
+// first sync of a large folder, without a round trip per file.
+func (a *Agent) handleWSPut(s net.Conn, req *guest.Request) {
+	root := req.Path
+	u, err := a.users.lookup("", a.defaultUser)
+	if err != nil {
+		a.respondError(s, err)
+		return
+	}
+	a.respond(s, guest.Response{}) // ready; the final response lists failures
+	failed := map[string]string{}
+	cache := a.wsCache()
+	for {
+		f, err := guest.ReadFrame(s)
+		if err != nil {
+			return
+		}
+		if f.Kind != guest.FrameRequest {
+			a.respondError(s, fmt.Errorf("ws_put: unexpected frame kind %d", f.Kind))
+			return
+		}
+		var it guest.WSPutItem
+		if err := json.Unmarshal(f.Payload, &it); err != nil {
+			a.respondError(s, err)
+			return
+		}
+		if it.End {
+			break
+		}
+		full, perr := wsRel(root, it.Path)
+		if perr == nil {
+			perr = a.ensureParents(root, full, u)
+		}
+		switch it.Type {
+		case 'd':
+			if perr == nil {
+				if err := os.Mkdir(full, it.Mode.Perm()|0o700); err != nil && !errors.Is(err, os.ErrExist) {
+					perr = err
+				} else {
+					_ = os.Chown(full, u.uid, u.gid)
+					perr = os.Chmod(full, it.Mode.Perm())
+				}
+			}
+		case 'l':
+			if perr == nil {
+				tmp := full + ".kosa8-link"
+				_ = os.Remove(tmp)
+				if perr = os.Symlink(it.Link, tmp); perr == nil {
+					_ = os.Lchown(tmp, u.uid, u.gid)
+					perr = os.Rename(tmp, full)
+				}
+			}
+		case 'f':
+			// The content follows in any case; read it all even after an error.
+			var out *os.File
+			tmp := full + ".kosa8-put"
+			if perr == nil {
+				out, perr = os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, it.Mode.Perm())
+			}
+			for {
+				d, err := guest.ReadFrame(s)
+				if err != nil {
+					return
+				}
+				if d.Kind == guest.FrameEOF {
+					break
+				}
+				if out != nil && perr == nil {
+					if _, err := out.Write(d.Payload); err != nil {
+						perr = err
+					}
+				}
+			}
+			if out != nil {
+				if perr == nil {
+					// The agent's umask is 0 (boot sets it), so the mode
+					// given at creation stands; only the owner changes.
+					perr = out.Chown(u.uid, u.gid)
+				}
+				if err := out.Close(); perr == nil {
+					perr = err
+				}
+				if perr == nil {
+					perr = os.Rename(tmp, full)
+				} else {
+					os.Remove(tmp)
+				}
+			}
+			if perr == nil && it.Hash != "" {
+				var st unix.Stat_t
+				if unix.Lstat(full, &st) == nil {
+					cache.mu.Lock()
+					cache.m[it.Path] = wsHash{ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), hash: it.Hash}
+					cache.mu.Unlock()
+				}
+			}
+		default:
+			perr = fmt.Errorf("unknown entry type %q", it.Type)
+		}
+		if perr != nil {
+			failed[it.Path] = perr.Error()
+		}
+	}
+	a.respond(s, guest.Response{Failed: failed})
 }
