@@ -30,6 +30,7 @@ test-vm: build
 bench: build
 	$(GO) run ./bench -bin $(abspath $(BIN)) boot
 	$(GO) run ./bench -bin $(abspath $(BIN)) net
+	$(GO) run ./bench -bin $(abspath $(BIN)) ws
 
 clean:
 	rm -rf $(BIN)

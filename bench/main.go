@@ -44,8 +44,10 @@ func main() {
 		benchBoot()
 	case "net":
 		benchNet()
+	case "ws":
+		benchWS()
 	default:
-		must(fmt.Errorf("unknown benchmark %q: use boot or net", flag.Arg(0)))
+		must(fmt.Errorf("unknown benchmark %q: use boot, net or ws", flag.Arg(0)))
 	}
 }
 

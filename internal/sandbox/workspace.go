@@ -254,6 +254,12 @@ func (w *workspace) loop(ctx context.Context) {
 func (w *workspace) syncNow(ctx context.Context, paths []string) {
 	w.quiet.Lock()
 	defer w.quiet.Unlock()
+	defer func() {
+		// A bug in one pass must not take the sandbox down with it.
+		if r := recover(); r != nil {
+			w.log.Error("workspace sync panicked", "panic", r)
+		}
+	}()
 	if err := w.engine.Sync(ctx, paths); err != nil && ctx.Err() == nil {
 		w.log.Warn("workspace sync", "err", err)
 	}

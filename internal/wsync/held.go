@@ -177,14 +177,12 @@ func parseGitConfig(b []byte) (map[string][]string, bool) {
 // never half-written: objects before refs, refs before HEAD, HEAD before
 // the index, the index before the work tree.
 func gitRank(p string) int {
-	i := strings.Index("/"+p+"/", "/.git/")
-	if i < 0 {
+	parts := strings.Split(p, "/")
+	k := slices.Index(parts, ".git")
+	if k < 0 {
 		return 5
 	}
-	rest := strings.TrimPrefix(p[i:], ".git/")
-	if i > 0 {
-		rest = p[i+len(".git/"):]
-	}
+	rest := strings.Join(parts[k+1:], "/")
 	switch {
 	case strings.HasPrefix(rest, "objects/"):
 		return 0

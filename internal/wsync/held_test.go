@@ -78,3 +78,14 @@ func FuzzGitConfig(f *testing.F) {
 		}
 	})
 }
+
+func FuzzGitRank(f *testing.F) {
+	for _, s := range []string{"repo/.git", ".git", "a/.git/", ".git/objects", "x/.git/refs/heads/m"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		if r := gitRank(p); r < 0 || r > 5 {
+			t.Fatalf("rank %d", r)
+		}
+	})
+}
