@@ -36,6 +36,9 @@ func main() {
 		fail(log, "channel", err)
 	}
 	a := agent.New(agent.Config{Log: log, DefaultUser: p.User, PID1: true, Startup: time.Since(start)})
+	if err := a.SetupWorkloads(); err != nil {
+		log.Warn("workload cgroup (checkpoints cannot freeze processes)", "err", err)
+	}
 	log.Info("ready", "ms", time.Since(start).Milliseconds(), "port", dev, "user", p.User)
 	for {
 		err := agent.ServeChannel(context.Background(), port, a.Handle, log)

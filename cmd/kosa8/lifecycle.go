@@ -50,6 +50,8 @@ type createFlags struct {
 	allowBroad bool
 	publish    []string
 	publishAll bool
+	cpEvery    time.Duration
+	maxCP      int
 	allowRead  []string
 	secrets    []string
 	workspace  string
@@ -79,6 +81,8 @@ func (f *createFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.review, "review", false, "nothing reaches the host folder until 'kosa8 apply'")
 	fs.StringArrayVar(&f.exclude, "exclude", nil, "a name or path glob that stays inside the sandbox, e.g. node_modules (repeatable)")
 	fs.BoolVar(&f.force, "force", false, "allow your home directory or / as the workspace")
+	fs.DurationVar(&f.cpEvery, "checkpoint-every", 0, "take a checkpoint at this interval while running (e.g. 10m)")
+	fs.IntVar(&f.maxCP, "max-checkpoints", 0, fmt.Sprintf("keep at most this many checkpoints (default %d)", sandbox.DefaultMaxCheckpoints))
 }
 
 var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
@@ -268,6 +272,7 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 			}
 		}
 	}
+	c.CheckpointEvery, c.MaxCheckpoints = sandbox.Duration(f.cpEvery), f.maxCP
 	flagEnv, err := resolveEnv(f.env)
 	if err != nil {
 		return c, err
@@ -294,6 +299,12 @@ func createSandbox(ctx context.Context, m *sandbox.Manager, f *createFlags) (*sa
 // startSandbox starts the sandbox's supervisor, detached, and waits for it
 // to report the guest ready.
 func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*sandbox.Status, error) {
+	return startSandboxFrom(ctx, sb, quiet, "")
+}
+
+// startSandboxFrom starts the supervisor, resuming checkpoint restore when
+// set.
+func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, restore string) (*sandbox.Status, error) {
 	if sb.Alive() {
 		return nil, fmt.Errorf("%w: %s", sandbox.ErrRunning, sb.Config.Name)
 	}
@@ -315,7 +326,11 @@ func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*sandbo
 		return nil, err
 	}
 	defer pr.Close()
-	cmd := exec.Command(self, "supervise", "--ready-fd", "3", "--agent", agent, sb.Config.Name)
+	args := []string{"supervise", "--ready-fd", "3", "--agent", agent}
+	if restore != "" {
+		args = append(args, "--restore", restore)
+	}
+	cmd := exec.Command(self, append(args, sb.Config.Name)...)
 	cmd.Stdin = nil
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{pw}
@@ -333,7 +348,11 @@ func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*sandbo
 	var p *progress
 	if !quiet {
 		p = newProgress(os.Stderr)
-		p.Step("booting sandbox " + sb.Config.Name)
+		if restore != "" {
+			p.Step("resuming sandbox " + sb.Config.Name)
+		} else {
+			p.Step("booting sandbox " + sb.Config.Name)
+		}
 		defer p.Done()
 	}
 	type result struct {

@@ -41,6 +41,7 @@ func main() {
 		changeCmd("apply NAME [PATH...]", "Write the sandbox's pending changes (all, or PATHs) to the host folder", "apply", false),
 		changeCmd("discard NAME [PATH...]", "Undo the sandbox's pending changes (all, or PATHs) inside it", "discard", false),
 		changeCmd("approve NAME PATH...", "Write held files (host-executed ones) to the host folder", "approve", true),
+		checkpointCmd(), checkpointsCmd(), rewindCmd(), pauseCmd(),
 		trustCmd(), debugCmd(), superviseCmd(),
 	)
 	if err := root.Execute(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -133,10 +134,12 @@ func createCmd() *cobra.Command {
 }
 
 func startCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "start NAME...",
-		Short: "Start stopped sandboxes",
-		Args:  cobra.MinimumNArgs(1),
+	var cold bool
+	cmd := &cobra.Command{
+		Use:     "start NAME...",
+		Aliases: []string{"resume"},
+		Short:   "Start stopped sandboxes (a paused one continues where it was)",
+		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := manager()
 			if err != nil {
@@ -147,7 +150,11 @@ func startCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				st, err := startSandbox(cmd.Context(), sb, false)
+				restore := ""
+				if st := sb.Status(); st.State == sandbox.Paused && !cold {
+					restore = st.Checkpoint
+				}
+				st, err := startSandboxFrom(cmd.Context(), sb, false, restore)
 				if err != nil {
 					return fmt.Errorf("start %s: %w", name, err)
 				}
@@ -157,10 +164,12 @@ func startCmd() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&cold, "cold", false, "boot a paused sandbox from its disks instead of resuming its memory")
+	return cmd
 }
 
 func execCmd() *cobra.Command {
-	var interactive, tty bool
+	var interactive, tty, checkpointFirst bool
 	var env []string
 	var workdir, userName string
 	cmd := &cobra.Command{
@@ -181,6 +190,13 @@ func execCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if checkpointFirst {
+				meta, err := sandbox.NewClient(sb).Checkpoint(cmd.Context(), "before: "+strings.Join(args[1:], " "))
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "kosa8: checkpoint %s (undo with: kosa8 rewind %s %s)\n", meta.ID, args[0], meta.ID)
+			}
 			code, err := execIn(cmd.Context(), sb, execOptions{argv: args[1:], tty: tty, stdin: interactive, env: envs, dir: workdir, user: userName})
 			if err != nil {
 				return err
@@ -192,6 +208,7 @@ func execCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "pass standard input to the command")
+	cmd.Flags().BoolVar(&checkpointFirst, "checkpoint", false, "take a checkpoint first, to rewind to if the command goes wrong")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "allocate a terminal")
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "set KEY=VALUE, or pass the host's KEY (repeatable)")
 	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest")

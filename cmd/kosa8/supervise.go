@@ -16,7 +16,8 @@ import (
 
 func superviseCmd() *cobra.Command {
 	var readyFd int
-	var agent string
+	var agent, restore string
+	var rewind bool
 	var bootTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:    "supervise NAME",
@@ -36,7 +37,7 @@ func superviseCmd() *cobra.Command {
 			signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			err = m.Supervise(ctx, args[0], sandbox.SuperviseOptions{AgentPath: agent, Ready: ready, Log: log, BootTimeout: bootTimeout})
+			err = m.Supervise(ctx, args[0], sandbox.SuperviseOptions{AgentPath: agent, Ready: ready, Log: log, BootTimeout: bootTimeout, Restore: restore, Rewind: rewind})
 			if err != nil {
 				log.Error("supervisor", "err", err)
 				return fmt.Errorf("supervise %s: %w", args[0], err)
@@ -46,6 +47,8 @@ func superviseCmd() *cobra.Command {
 	}
 	cmd.Flags().IntVar(&readyFd, "ready-fd", 0, "descriptor to report readiness on")
 	cmd.Flags().StringVar(&agent, "agent", "", "kosa8-agent binary")
+	cmd.Flags().StringVar(&restore, "restore", "", "resume from this checkpoint")
+	cmd.Flags().BoolVar(&rewind, "rewind", false, "with --restore: merge the host folder back to it")
 	cmd.Flags().DurationVar(&bootTimeout, "boot-timeout", 120*time.Second, "how long to wait for the guest agent")
 	return cmd
 }

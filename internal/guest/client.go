@@ -406,3 +406,22 @@ func Pump(s io.ReadWriter, sio StdIO) (*ExitStatus, error) {
 		}
 	}
 }
+
+// Freeze stops every workload process in the guest (before a checkpoint).
+func (c *Client) Freeze(ctx context.Context) error {
+	_, err := c.call(ctx, &Request{Op: OpFreeze})
+	return err
+}
+
+// Thaw lets them run again.
+func (c *Client) Thaw(ctx context.Context) error {
+	_, err := c.call(ctx, &Request{Op: OpThaw})
+	return err
+}
+
+// Restored tells a restored guest to reseed its RNG with entropy, step its
+// clock to now and thaw its workloads.
+func (c *Client) Restored(ctx context.Context, entropy []byte, now time.Time) error {
+	_, err := c.call(ctx, &Request{Op: OpRestored, Entropy: entropy, Time: now})
+	return err
+}

@@ -26,7 +26,14 @@ const (
 	OpWSScan  Op = "ws_scan"  // describe Paths (nil: everything): FrameData batches of entries, then FrameEOF
 	OpWSOp    Op = "ws_op"    // one change: WS
 	OpWSWatch Op = "ws_watch" // FrameData batches of changed paths until the stream closes
-	OpWSPut   Op = "ws_put"   // many entries: a FrameRequest WSPutItem each (files then FrameData…FrameEOF), an item with End last; answered at once and again at the end
+	// Checkpoints: the workloads are frozen before the VM pauses, and after a
+	// restore the agent reseeds the kernel RNG and steps the clock before it
+	// thaws them (a restored snapshot must not replay random numbers).
+	OpFreeze   Op = "freeze"
+	OpThaw     Op = "thaw"
+	OpRestored Op = "restored" // Entropy, Time; then thaw
+
+	OpWSPut Op = "ws_put" // many entries: a FrameRequest WSPutItem each (files then FrameData…FrameEOF), an item with End last; answered at once and again at the end
 )
 
 // WSPutItem announces one entry of a ws_put stream.
@@ -84,6 +91,9 @@ type Request struct {
 	// Hash and Root let a workspace write record the content's hash.
 	Hash string `json:"hash,omitempty"`
 	Root string `json:"root,omitempty"`
+
+	// Entropy is fresh randomness from the host for OpRestored.
+	Entropy []byte `json:"entropy,omitempty"`
 
 	Paths   []string `json:"paths,omitempty"`
 	WS      *WSOp    `json:"ws,omitempty"`

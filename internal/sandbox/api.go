@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,11 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
 )
 
@@ -49,7 +50,7 @@ func (s *supervisor) routes() http.Handler {
 		writeJSON(w, http.StatusOK, StatusResponse{Name: s.sb.Config.Name, Status: s.getStatus()})
 	})
 	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
-		info, err := s.client.Info(r.Context())
+		info, err := s.currentClient().Info(r.Context())
 		if err != nil {
 			writeJSON(w, http.StatusBadGateway, apiError{err.Error()})
 			return
@@ -57,12 +58,65 @@ func (s *supervisor) routes() http.Handler {
 		writeJSON(w, http.StatusOK, info)
 	})
 	mux.HandleFunc("POST /v1/stop", func(w http.ResponseWriter, r *http.Request) {
-		s.requestStop(r.URL.Query().Get("kill") == "1")
+		m := s.currentMachine()
+		s.requestStop(stopRequest{kill: r.URL.Query().Get("kill") == "1"})
 		select {
-		case <-s.machine.Done():
+		case <-m.Done():
 			writeJSON(w, http.StatusOK, struct{}{})
 		case <-r.Context().Done():
 		}
+	})
+	mux.HandleFunc("POST /v1/pause", func(w http.ResponseWriter, r *http.Request) {
+		done := make(chan error, 1)
+		s.requestStop(stopRequest{pause: true, done: done})
+		select {
+		case err := <-done:
+			if err != nil {
+				writeJSON(w, http.StatusInternalServerError, apiError{"pause: " + err.Error()})
+				return
+			}
+			writeJSON(w, http.StatusOK, struct{}{})
+		case <-r.Context().Done():
+		}
+	})
+	mux.HandleFunc("POST /v1/checkpoints", func(w http.ResponseWriter, r *http.Request) {
+		var req CheckpointRequest
+		if !decodeBody(w, r, &req) {
+			return
+		}
+		meta, err := s.checkpoint(r.Context(), req.Message, "manual")
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, apiError{"checkpoint: " + err.Error()})
+			return
+		}
+		s.enforceRetention()
+		writeJSON(w, http.StatusOK, meta)
+	})
+	mux.HandleFunc("POST /v1/rewind", func(w http.ResponseWriter, r *http.Request) {
+		var req CheckpointRequest
+		if !decodeBody(w, r, &req) {
+			return
+		}
+		res, err := s.rewind(r.Context(), req.ID)
+		if err != nil {
+			code := http.StatusInternalServerError
+			if errors.Is(err, checkpoint.ErrNotFound) {
+				code = http.StatusNotFound
+			}
+			writeJSON(w, code, apiError{"rewind: " + err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("DELETE /v1/checkpoints/{id}", func(w http.ResponseWriter, r *http.Request) {
+		s.cpMu.Lock()
+		err := DeleteCheckpoint(s.sb, r.PathValue("id"))
+		s.cpMu.Unlock()
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, struct{}{})
 	})
 	mux.HandleFunc("POST /v1/exec", s.handleExec)
 	mux.HandleFunc("GET /v1/net", func(w http.ResponseWriter, r *http.Request) {
@@ -192,13 +246,14 @@ func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, wh
 // the proof that no secret is inside is a scan of it. The API socket is
 // the sandbox owner's alone.
 func (s *supervisor) handleMemory(w http.ResponseWriter, r *http.Request) {
-	ram := s.machine.RAM()
+	m := s.currentMachine()
+	ram := m.RAM()
 	st, err := ram.Stat()
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
 		return
 	}
-	q := s.machine.QMP()
+	q := m.QMP()
 	if err := q.Execute(r.Context(), "stop", nil, nil); err != nil {
 		writeJSON(w, http.StatusBadGateway, apiError{err.Error()})
 		return
@@ -211,6 +266,12 @@ func (s *supervisor) handleMemory(w http.ResponseWriter, r *http.Request) {
 
 // maxRequestBody bounds JSON request bodies.
 const maxRequestBody = 1 << 20
+
+// CheckpointRequest names a checkpoint or describes a new one.
+type CheckpointRequest struct {
+	ID      string `json:"id,omitempty"`
+	Message string `json:"message,omitempty"`
+}
 
 // NetRequest changes the allow-list.
 type NetRequest struct {
@@ -253,7 +314,8 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, apiError{"exec needs Upgrade: " + upgradeProto})
 		return
 	}
-	stream, resp, err := s.client.Exec(r.Context(), &req)
+	client := s.currentClient()
+	stream, resp, err := client.Exec(r.Context(), &req)
 	if err != nil {
 		code := http.StatusBadGateway
 		var ae *guest.AgentError
@@ -279,46 +341,135 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("exec", "id", resp.ID, "pid", resp.Pid, "argv0", req.Argv[0])
-	spliceExec(conn, brw.Reader, stream)
+	// The stream breaks when a rewind replaces the VM: the process lives on
+	// in the restored guest (if it ran at the checkpoint), so attach to it
+	// again and carry on.
+	toGuest := newSwitchWriter(stream)
+	go func() {
+		_, _ = io.Copy(toGuest, brw.Reader)
+		toGuest.cliGone()
+	}()
+	for {
+		switch spliceExec(conn, stream, toGuest) {
+		case spliceDone:
+			return
+		case spliceGuestLost:
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			next, err := s.nextClient(ctx, client)
+			if err == nil {
+				var st net.Conn
+				if st, _, err = next.Attach(ctx, resp.ID); err == nil {
+					stream.Close()
+					stream, client = st, next
+					toGuest.swap(st)
+					cancel()
+					s.log.Info("exec re-attached", "id", resp.ID)
+					continue
+				}
+			}
+			cancel()
+			_ = guest.WriteJSON(conn, guest.FrameError, guest.Response{Error: "the sandbox was rewound to before this command started"})
+			return
+		}
+	}
 }
 
-// spliceExec joins the CLI's connection to the guest's exec stream. If the
-// CLI goes away before the process has exited, the process gets SIGHUP, as
-// it would when its terminal closes.
-func spliceExec(conn net.Conn, fromCLI *bufio.Reader, stream net.Conn) {
-	var once sync.Once
-	exited := make(chan struct{})
-	cliGone := make(chan struct{})
+type spliceEnd int
+
+const (
+	spliceDone      spliceEnd = iota // exit delivered, or the CLI went away
+	spliceGuestLost                  // the guest stream broke (a rewind?)
+)
+
+// switchWriter sends the CLI's frames to the current guest stream; a
+// rewind swaps the stream underneath.
+type switchWriter struct {
+	mu   sync.Mutex
+	w    net.Conn
+	gone chan struct{}
+	once sync.Once
+}
+
+func newSwitchWriter(w net.Conn) *switchWriter {
+	return &switchWriter{w: w, gone: make(chan struct{})}
+}
+
+func (s *switchWriter) Write(p []byte) (int, error) {
+	for {
+		s.mu.Lock()
+		w := s.w
+		s.mu.Unlock()
+		n, err := w.Write(p)
+		if err == nil {
+			return n, nil
+		}
+		// The stream broke: wait a little for its replacement.
+		time.Sleep(100 * time.Millisecond)
+		s.mu.Lock()
+		same := s.w == w
+		s.mu.Unlock()
+		if same {
+			select {
+			case <-s.gone:
+				return 0, err
+			case <-time.After(2 * time.Second):
+			}
+			s.mu.Lock()
+			same = s.w == w
+			s.mu.Unlock()
+			if same {
+				return 0, err
+			}
+		}
+	}
+}
+
+func (s *switchWriter) swap(w net.Conn) {
+	s.mu.Lock()
+	s.w = w
+	s.mu.Unlock()
+}
+
+func (s *switchWriter) cliGone() { s.once.Do(func() { close(s.gone) }) }
+
+// spliceExec copies the guest's frames to the CLI until the exit frame,
+// the CLI going away, or the guest stream breaking. If the CLI goes away
+// before the process has exited, the process gets SIGHUP, as it would when
+// its terminal closes. (The CLI keeps its connection until it has the exit
+// frame: stdin EOF is a frame, not a half-close.)
+func spliceExec(conn net.Conn, stream net.Conn, toGuest *switchWriter) spliceEnd {
+	type result struct {
+		end  spliceEnd
+		exit bool
+	}
+	res := make(chan result, 1)
 	go func() {
-		_, _ = io.Copy(stream, fromCLI)
-		close(cliGone)
-	}()
-	go func() {
-		defer once.Do(func() { close(exited) })
 		for {
 			f, err := guest.ReadFrame(stream)
 			if err != nil {
+				res <- result{end: spliceGuestLost}
 				return
 			}
 			if err := guest.WriteFrame(conn, f.Kind, f.Payload); err != nil {
+				res <- result{end: spliceDone}
 				return
 			}
 			if f.Kind == guest.FrameExit || f.Kind == guest.FrameError {
+				res <- result{end: spliceDone, exit: true}
 				return
 			}
 		}
 	}()
 	select {
-	case <-exited:
-	case <-cliGone:
-		// The CLI keeps its connection open until it has the exit frame
-		// (stdin EOF is a frame, not a half-close), so a connection that
-		// ends first means the CLI is gone; allow for the exit frame being
-		// just delivered.
+	case r := <-res:
+		return r.end
+	case <-toGuest.gone:
 		select {
-		case <-exited:
+		case r := <-res:
+			return r.end
 		case <-time.After(100 * time.Millisecond):
 			_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
+			return spliceDone
 		}
 	}
 }
@@ -464,6 +615,30 @@ func (c *Client) SyncChange(ctx context.Context, what string, paths []string) ([
 	var out SyncResponse
 	err := c.do(ctx, "POST", "/v1/sync/"+what, SyncRequest{Paths: paths}, &out)
 	return out.Done, err
+}
+
+// Checkpoint saves the running machine.
+func (c *Client) Checkpoint(ctx context.Context, message string) (*checkpoint.Meta, error) {
+	var out checkpoint.Meta
+	err := c.do(ctx, "POST", "/v1/checkpoints", CheckpointRequest{Message: message}, &out)
+	return &out, err
+}
+
+// Rewind returns the machine to a checkpoint.
+func (c *Client) Rewind(ctx context.Context, id string) (*RewindResult, error) {
+	var out RewindResult
+	err := c.do(ctx, "POST", "/v1/rewind", CheckpointRequest{ID: id}, &out)
+	return &out, err
+}
+
+// DeleteCheckpoint removes a checkpoint of a running sandbox.
+func (c *Client) DeleteCheckpoint(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/v1/checkpoints/"+url.PathEscape(id), nil, nil)
+}
+
+// Pause writes the machine out to a checkpoint and stops it.
+func (c *Client) Pause(ctx context.Context) error {
+	return c.do(ctx, "POST", "/v1/pause", nil, nil)
 }
 
 // ExecConn is an upgraded exec connection: frames both ways.

@@ -40,6 +40,28 @@ type Config struct {
 	Secrets []string `json:"secrets,omitempty"`
 	// Workspace is the synced host folder (nil: none).
 	Workspace *WorkspaceConfig `json:"workspace,omitempty"`
+	// CheckpointEvery takes a checkpoint at this interval while running.
+	CheckpointEvery Duration `json:"checkpoint_every,omitempty"`
+	// MaxCheckpoints bounds how many are kept (0: DefaultMaxCheckpoints).
+	MaxCheckpoints int `json:"max_checkpoints,omitempty"`
+}
+
+// Duration is a time.Duration that reads and writes as "10m".
+type Duration time.Duration
+
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + time.Duration(d).String() + `"`), nil
+}
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	if s == "" || s == "0" {
+		*d = 0
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	*d = Duration(v)
+	return err
 }
 
 const configVersion = 1

@@ -155,8 +155,7 @@ type network struct {
 	audit *audit.Log
 	names *egress.NameMap
 	gw    *egress.Gateway
-	stack *netstack.Stack
-	qemu  *os.File // QEMU's end of the NIC's stream socket
+	stack *netstack.Stack // the current link's stack (guarded by mu)
 	stop  context.CancelFunc
 
 	mu       sync.Mutex
@@ -210,10 +209,19 @@ func startNetwork(sb *Sandbox, configDir string, log *slog.Logger) (*network, er
 		cfg.Resolver = res
 	}
 	gw := egress.New(cfg)
+	n := &network{sb: sb, ca: ca, log: log, audit: al, names: names, gw: gw, forwards: map[uint16]*forward{}}
+	al.Add(audit.Event{Kind: "policy", Decision: "start", Reason: "rules: " + strings.Join(ruleTexts(pol), " ")})
+	return n, nil
+}
+
+// attachLink makes a new link for a new QEMU: a socket pair whose host end
+// a fresh stack serves (with DNS on the gateway), replacing the last one.
+// It returns QEMU's end. The gateway, policy and name map carry over, so a
+// restored guest's cached addresses still mean the same names.
+func (n *network) attachLink() (*os.File, error) {
+	n.detachLink()
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		al.Close()
-		names.Close()
 		return nil, err
 	}
 	hostEnd := os.NewFile(uintptr(fds[0]), "net-host")
@@ -222,30 +230,38 @@ func startNetwork(sb *Sandbox, configDir string, log *slog.Logger) (*network, er
 	hostEnd.Close()
 	if err != nil {
 		qemuEnd.Close()
-		al.Close()
-		names.Close()
 		return nil, err
 	}
-	st, err := netstack.New(conn, gw, log)
+	st, err := netstack.New(conn, n.gw, n.log)
 	if err != nil {
 		conn.Close()
 		qemuEnd.Close()
-		al.Close()
-		names.Close()
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := gw.ServeDNS(ctx, st); err != nil {
+	if err := n.gw.ServeDNS(ctx, st); err != nil {
 		cancel()
 		st.Close()
 		qemuEnd.Close()
-		al.Close()
-		names.Close()
 		return nil, err
 	}
-	n := &network{sb: sb, ca: ca, log: log, audit: al, names: names, gw: gw, stack: st, qemu: qemuEnd, stop: cancel, forwards: map[uint16]*forward{}}
-	al.Add(audit.Event{Kind: "policy", Decision: "start", Reason: "rules: " + strings.Join(ruleTexts(pol), " ")})
-	return n, nil
+	n.mu.Lock()
+	n.stack, n.stop = st, cancel
+	n.mu.Unlock()
+	return qemuEnd, nil
+}
+
+func (n *network) detachLink() {
+	n.mu.Lock()
+	st, stop := n.stack, n.stop
+	n.stack, n.stop = nil, nil
+	n.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	if st != nil {
+		st.Close()
+	}
 }
 
 func ruleTexts(p *netpolicy.Policy) []string {
@@ -263,9 +279,7 @@ func (n *network) close() {
 		f.l.Close()
 	}
 	n.mu.Unlock()
-	n.stop()
-	n.stack.Close()
-	n.qemu.Close()
+	n.detachLink()
 	n.names.Close()
 	n.audit.Close()
 }
@@ -356,7 +370,14 @@ func (n *network) serveForward(pf PortForward, l net.Listener) {
 		go func() {
 			defer c.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			g, err := n.stack.DialGuest(ctx, pf.GuestPort)
+			n.mu.Lock()
+			st := n.stack
+			n.mu.Unlock()
+			var g net.Conn
+			err := errors.New("the sandbox is being restored")
+			if st != nil {
+				g, err = st.DialGuest(ctx, pf.GuestPort)
+			}
 			cancel()
 			ev := audit.Event{Kind: "forward", Dest: fmt.Sprintf("guest:%d", pf.GuestPort), Upstream: c.RemoteAddr().String(), Decision: "allow"}
 			if err != nil {

@@ -21,6 +21,7 @@ const (
 	Stopping State = "stopping"
 	Stopped  State = "stopped"
 	Crashed  State = "crashed" // the supervisor or QEMU died without a clean stop
+	Paused   State = "paused"  // written out to a checkpoint; resume continues it
 )
 
 // Status is what the supervisor records in state.json, and what ls shows.
@@ -35,6 +36,9 @@ type Status struct {
 	BootMillis float64 `json:"boot_ms,omitempty"`
 	Kernel     string  `json:"guest_kernel,omitempty"`
 	Error      string  `json:"error,omitempty"`
+	// Checkpoint is the checkpoint the running machine descends from (the
+	// parent of the next one); for a paused sandbox, the one to resume.
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
 // Files in a sandbox's directory.

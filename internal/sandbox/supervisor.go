@@ -13,8 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netstack"
@@ -25,6 +27,11 @@ import (
 
 // SuperviseOptions configure the supervisor process.
 type SuperviseOptions struct {
+	// Restore resumes the sandbox from this checkpoint instead of booting;
+	// with Rewind the host folder is merged back to it too (else it is a
+	// resume: edits made on the host meanwhile flow in).
+	Restore     string
+	Rewind      bool
 	AgentPath   string   // kosa8-agent binary for the initramfs
 	Ready       *os.File // told once: {"ok":true} or {"error":…}; may be nil
 	Log         *slog.Logger
@@ -48,6 +55,14 @@ type supervisor struct {
 	net     *network
 	ws      *workspace
 
+	drv         *qemu.Driver
+	spec        *vmspec.Spec
+	qemuVersion string
+	cpMu        sync.Mutex // one checkpoint or rewind at a time
+	replacing   atomic.Pointer[qemu.Machine]
+	clientMu    sync.Mutex
+	clientCh    chan struct{} // closed when s.client is replaced
+
 	mu     sync.Mutex
 	status Status
 
@@ -55,7 +70,12 @@ type supervisor struct {
 	stopOnce sync.Once
 }
 
-type stopRequest struct{ kill bool }
+type stopRequest struct {
+	kill     bool
+	pause    bool       // checkpoint first, then stop: a paused sandbox uses no host RAM
+	pausedAt string     // set once paused
+	done     chan error // told the outcome of a pause
+}
 
 // Supervise boots the sandbox and serves it until it stops. It is the body
 // of the detached 'kosa8 supervise' process.
@@ -88,10 +108,11 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 	}
 	defer lock.Close()
 
-	s := &supervisor{sb: sb, log: log, stop: make(chan stopRequest, 1)}
+	s := &supervisor{sb: sb, log: log, stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
 	start := time.Now()
+	parent := sb.Status().Checkpoint // the checkpoint tree carries across restarts
 	s.setStatus(func(st *Status) {
-		*st = Status{State: Starting, SupervisorPID: os.Getpid(), Started: start.UTC()}
+		*st = Status{State: Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
 	})
 	if err := s.boot(ctx, m, o); err != nil {
 		s.setStatus(func(st *Status) { st.State, st.Error, st.Stopped = Crashed, err.Error(), time.Now().UTC() })
@@ -116,6 +137,11 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 		s.setStatus(func(st *Status) { st.State, st.Error = Crashed, err.Error() })
 		return err
 	}
+	if every := time.Duration(sb.Config.CheckpointEvery); every > 0 {
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go s.autoCheckpoints(actx, every)
+	}
 	st := s.getStatus()
 	ready(ReadyMessage{OK: true, Status: &st})
 	log.Info("running", "accel", s.accel, "boot_ms", st.BootMillis, "qemu_pid", st.QEMUPID)
@@ -123,13 +149,47 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 	var req stopRequest
 	var exitErr error
 	exited := false
-	select {
-	case req = <-s.stop:
-	case <-ctx.Done():
-		log.Info("signalled: stopping")
-	case <-s.machine.Done():
-		exited = true
-		exitErr = s.machine.Wait(context.Background())
+wait:
+	for {
+		m := s.currentMachine()
+		select {
+		case req = <-s.stop:
+			break wait
+		case <-ctx.Done():
+			log.Info("signalled: stopping")
+			break wait
+		case <-m.Done():
+			if s.replacing.Load() == m {
+				// A rewind killed it and starts the next one: wait for that.
+				for s.currentMachine() == m {
+					time.Sleep(20 * time.Millisecond)
+					if ctx.Err() != nil {
+						break wait
+					}
+				}
+				continue
+			}
+			exited = true
+			exitErr = m.Wait(context.Background())
+			break wait
+		}
+	}
+	if req.pause {
+		// Written out: the next start resumes it.
+		s.cpMu.Lock()
+		meta, err := s.checkpointLocked(context.Background(), "paused", "pause")
+		s.cpMu.Unlock()
+		if err != nil {
+			log.Error("pause", "err", err)
+			req.pause = false
+		} else {
+			req.kill = true
+			req.pausedAt = meta.ID
+		}
+		select {
+		case req.done <- err:
+		default:
+		}
 	}
 	s.setStatus(func(st *Status) { st.State = Stopping })
 	if s.ws != nil {
@@ -139,7 +199,7 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 			s.ws.stop(wctx)
 			cancel()
 		} else {
-			s.ws.cancel()
+			s.ws.detach()
 			s.ws.closeFiles()
 		}
 	}
@@ -156,6 +216,9 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 		st.QEMUPID = 0
 		if exitErr != nil && !req.kill {
 			st.State, st.Error = Crashed, exitErr.Error()
+		}
+		if req.pausedAt != "" {
+			st.State, st.Checkpoint = Paused, req.pausedAt
 		}
 	})
 	log.Info("stopped", "err", exitErr)
@@ -219,7 +282,11 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if s.net, err = startNetwork(s.sb, m.Paths.Config, s.log); err != nil {
 		return err
 	}
-	spec := &vmspec.Spec{
+	if _, line, err := qemu.BinaryVersion(ctx, drv.BinaryPath()); err == nil {
+		s.qemuVersion = line
+	}
+	s.drv = drv
+	s.spec = &vmspec.Spec{
 		Name:       cfg.Name,
 		Arch:       vmspec.Arch(cfg.Arch),
 		CPUs:       cfg.CPUs,
@@ -227,42 +294,23 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		Kernel:     img.Kernel().Image,
 		Initrd:     initrd,
 		Cmdline:    Cmdline(cfg) + " " + NetCmdline(),
-		Disks:      s.disks(),
 		ConsoleLog: s.sb.Path(ConsoleLog),
 		AgentPort:  guestPortName,
 		Net:        &vmspec.Net{MAC: netstack.GuestMAC.String()},
 	}
+	_ = os.Truncate(s.sb.Path(ConsoleLog), 0) // one log per start; restores append to it
 	bootCtx, cancel := context.WithTimeout(ctx, o.BootTimeout)
 	defer cancel()
-	mach, err := drv.Start(bootCtx, spec, vmm.StartOptions{Stderr: logWriter{s.log}, Net: s.net.qemu})
-	s.net.qemu.Close() // QEMU has its own copy; ours would hide QEMU's exit from the stack
-	if err != nil {
+	var restore *checkpoint.Meta
+	if o.Restore != "" {
+		if restore, err = s.prepareRestore(o.Restore); err != nil {
+			return err
+		}
+	}
+	if err := s.launch(bootCtx, restore); err != nil {
 		return err
 	}
-	s.machine = mach.(*qemu.Machine)
-	go func() {
-		select {
-		case <-s.machine.Done():
-			cancel() // QEMU died while booting: stop waiting for the agent
-		case <-bootCtx.Done():
-		}
-	}()
-	s.client, err = guest.Connect(bootCtx, s.machine.Agent())
-	if err != nil {
-		select {
-		case <-s.machine.Done():
-			return fmt.Errorf("the VM stopped while booting: %v%s", s.machine.Wait(context.Background()), consoleTail(s.sb.Path(ConsoleLog)))
-		default:
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("the guest agent did not answer within %s%s", o.BootTimeout, consoleTail(s.sb.Path(ConsoleLog)))
-		}
-		return err
-	}
-	if err := s.client.SetTime(bootCtx, time.Now()); err != nil {
-		s.log.Warn("set guest clock", "err", err)
-	}
-	info, err := s.client.Info(bootCtx)
+	info, err := s.currentClient().Info(bootCtx)
 	if err != nil {
 		return err
 	}
@@ -271,7 +319,10 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		return fmt.Errorf("install the sandbox CA in the guest: %w", err)
 	}
 	if cfg.Workspace != nil {
-		if s.ws, err = startWorkspace(bootCtx, s.sb, m.Paths.Home, s.client, s.log); err != nil {
+		if s.ws, err = openWorkspace(s.sb, m.Paths.Home, s.log); err != nil {
+			return fmt.Errorf("workspace: %w", err)
+		}
+		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.loadManifest(), restore != nil && o.Rewind); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
 	}
@@ -287,14 +338,6 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	return nil
 }
 
-func (s *supervisor) disks() []vmspec.Disk {
-	d := []vmspec.Disk{{ID: "root", Path: s.sb.Path(RootDisk), Format: "qcow2"}}
-	if s.sb.Config.Workspace != nil {
-		d = append(d, vmspec.Disk{ID: "ws", Path: s.sb.Path(WorkspaceDisk), Format: "raw"})
-	}
-	return d
-}
-
 // installCA puts the sandbox CA into the guest's system roots, once (the
 // root disk keeps it): its certificate goes where update-ca-certificates
 // finds it, so a later run keeps it, and is appended to the bundle at once
@@ -302,20 +345,21 @@ func (s *supervisor) disks() []vmspec.Disk {
 func (s *supervisor) installCA(ctx context.Context) error {
 	ca := s.net.ca.CertPEM()
 	var bundle bytes.Buffer
-	if _, err := s.client.ReadFile(ctx, GuestCABundle, &bundle); err != nil {
+	c := s.currentClient()
+	if _, err := c.ReadFile(ctx, GuestCABundle, &bundle); err != nil {
 		return fmt.Errorf("read %s: %w", GuestCABundle, err)
 	}
 	if bytes.Contains(bundle.Bytes(), ca) {
 		return nil
 	}
-	if err := s.client.WriteFile(ctx, GuestCAPath, 0o644, "root", bytes.NewReader(ca)); err != nil {
+	if err := c.WriteFile(ctx, GuestCAPath, 0o644, "root", bytes.NewReader(ca)); err != nil {
 		return err
 	}
 	b := bundle.Bytes()
 	if len(b) > 0 && b[len(b)-1] != '\n' {
 		b = append(b, '\n')
 	}
-	return s.client.WriteFile(ctx, GuestCABundle, 0o644, "root", bytes.NewReader(append(b, ca...)))
+	return c.WriteFile(ctx, GuestCABundle, 0o644, "root", bytes.NewReader(append(b, ca...)))
 }
 
 // guestPortName must match the agent's agent.DefaultPortName.
@@ -337,13 +381,14 @@ func consoleTail(path string) string {
 // shutdown stops the guest: a clean poweroff through the agent unless
 // kill, then QEMU is killed if it is still there after a grace period.
 func (s *supervisor) shutdown(kill bool) error {
-	if !kill && s.client != nil {
+	m := s.currentMachine()
+	if c := s.currentClient(); !kill && c != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := s.client.Poweroff(ctx)
+		err := c.Poweroff(ctx)
 		cancel()
 		if err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			err = s.machine.Wait(ctx)
+			err = m.Wait(ctx)
 			cancel()
 			if !errors.Is(err, context.DeadlineExceeded) {
 				return err
@@ -353,12 +398,12 @@ func (s *supervisor) shutdown(kill bool) error {
 			s.log.Warn("poweroff request failed: killing QEMU", "err", err)
 		}
 	}
-	_ = s.machine.Kill()
+	_ = m.Kill()
 	return nil
 }
 
-func (s *supervisor) requestStop(kill bool) {
-	s.stopOnce.Do(func() { s.stop <- stopRequest{kill: kill} })
+func (s *supervisor) requestStop(req stopRequest) {
+	s.stopOnce.Do(func() { s.stop <- req })
 }
 
 // logWriter turns QEMU's output into log lines.

@@ -141,9 +141,8 @@ func (s *Sandbox) loadManifest() map[string]*wsync.Entry {
 	return m
 }
 
-// startWorkspace mounts the workspace in the guest, brings both sides in
-// step (the first time: copies the folder in) and keeps them so.
-func startWorkspace(ctx context.Context, sb *Sandbox, home string, client *guest.Client, log *slog.Logger) (*workspace, error) {
+// openWorkspace takes the folder's lock and opens it on the host.
+func openWorkspace(sb *Sandbox, home string, log *slog.Logger) (*workspace, error) {
 	cfg := sb.Config.Workspace
 	lock, err := lockFolder(home, cfg.Path, sb.Config.Name)
 	if err != nil {
@@ -154,11 +153,17 @@ func startWorkspace(ctx context.Context, sb *Sandbox, home string, client *guest
 		lock.Close()
 		return nil, err
 	}
-	w := &workspace{sb: sb, log: log, root: root, lock: lock, dirty: map[string]bool{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
-	w.guest = &wsync.GuestSide{C: client, Root: cfg.Path, MaxFile: root.MaxFile}
+	return &workspace{sb: sb, log: log, root: root, lock: lock, dirty: map[string]bool{}, kick: make(chan struct{}, 1)}, nil
+}
+
+// attach mounts the workspace in the guest (client's), brings both sides
+// in step from manifest (the first time: copies the folder in; after a
+// rewind: the three-way merge of Engine.Rewind) and keeps them so.
+func (w *workspace) attach(ctx context.Context, client *guest.Client, manifest map[string]*wsync.Entry, rewind bool) error {
+	cfg := w.sb.Config.Workspace
+	w.guest = &wsync.GuestSide{C: client, Root: cfg.Path, MaxFile: w.root.MaxFile}
 	if err := w.guest.Mount(ctx); err != nil {
-		w.closeFiles()
-		return nil, err
+		return err
 	}
 	opts := wsync.Options{Review: cfg.Review, Exclude: cfg.Exclude, Hold: wsync.HoldRules{Extra: cfg.Hold}}
 	var lastSave time.Time
@@ -167,24 +172,27 @@ func startWorkspace(ctx context.Context, sb *Sandbox, home string, client *guest
 			return // a big tree: at most once a second; a stale manifest only costs rescans
 		}
 		lastSave = time.Now()
-		if err := writeJSONAtomic(sb.Path(workspaceManifest), m); err != nil {
-			log.Warn("save workspace manifest", "err", err)
+		if err := writeJSONAtomic(w.sb.Path(workspaceManifest), m); err != nil {
+			w.log.Warn("save workspace manifest", "err", err)
 		}
 	}
-	host := &wsync.HostSide{Root: root, OnSkip: func(p string, err error) { log.Info("not synced", "path", p, "err", err) }}
-	w.engine = wsync.NewEngine(host, w.guest, sb.loadManifest(), opts, save)
+	host := &wsync.HostSide{Root: w.root, OnSkip: func(p string, err error) { w.log.Info("not synced", "path", p, "err", err) }}
+	w.engine = wsync.NewEngine(host, w.guest, manifest, opts, save)
 	host.Skip = w.engine.Excluded
 	t := time.Now()
-	if err := w.engine.Sync(ctx, nil); err != nil {
-		w.closeFiles()
-		return nil, fmt.Errorf("first workspace sync: %w", err)
+	sync := w.engine.Sync
+	if rewind {
+		sync = func(ctx context.Context, _ []string) error { return w.engine.Rewind(ctx) }
 	}
-	log.Info("workspace in step", "path", cfg.Path, "files", w.engine.Status().Files, "ms", time.Since(t).Milliseconds())
+	if err := sync(ctx, nil); err != nil {
+		return fmt.Errorf("workspace sync: %w", err)
+	}
+	w.log.Info("workspace in step", "path", cfg.Path, "files", w.engine.Status().Files, "ms", time.Since(t).Milliseconds(), "rewind", rewind)
 	wctx, cancel := context.WithCancel(context.Background())
-	w.cancel = cancel
+	w.cancel, w.done = cancel, make(chan struct{})
 	go func() {
-		if err := wsync.WatchHost(wctx, root, w.engine.Excluded, w.mark); err != nil {
-			log.Warn("host watcher", "err", err)
+		if err := wsync.WatchHost(wctx, w.root, w.engine.Excluded, w.mark); err != nil {
+			w.log.Warn("host watcher", "err", err)
 		}
 	}()
 	go func() {
@@ -193,13 +201,23 @@ func startWorkspace(ctx context.Context, sb *Sandbox, home string, client *guest
 			if wctx.Err() != nil {
 				return
 			}
-			log.Warn("guest watcher ended; restarting", "err", err)
+			w.log.Warn("guest watcher ended; restarting", "err", err)
 			w.mark(nil, true)
 			time.Sleep(time.Second)
 		}
 	}()
 	go w.loop(wctx)
-	return w, nil
+	return nil
+}
+
+// detach stops syncing (watchers and loop) without a last pass: the guest
+// is about to be replaced.
+func (w *workspace) detach() {
+	if w.cancel != nil {
+		w.cancel()
+		<-w.done
+		w.cancel = nil
+	}
 }
 
 func (w *workspace) mark(paths []string, all bool) {
@@ -279,9 +297,10 @@ func (w *workspace) closeFiles() {
 // stop ends the sync after a last pass, so nothing the guest just wrote is
 // left behind.
 func (w *workspace) stop(ctx context.Context) {
-	w.syncNow(ctx, nil)
-	w.cancel()
-	<-w.done
+	if w.engine != nil {
+		w.syncNow(ctx, nil)
+	}
+	w.detach()
 	w.closeFiles()
 }
 

@@ -46,6 +46,26 @@ type StartOptions struct {
 	Net *os.File
 	// Stderr receives the VMM's own messages.
 	Stderr interface{ Write([]byte) (int, error) }
+	// Incoming starts the machine paused, waiting for its device state
+	// (Snapshotter.LoadDevices) instead of booting.
+	Incoming bool
+	// PrepareRAM, when set, fills the new RAM file before the VMM starts
+	// (a restore copies a checkpoint's RAM into it).
+	PrepareRAM func(ram *os.File) error
+}
+
+// Snapshotter is a machine that can be checkpointed and restored. Guest RAM
+// lives in a file the host can copy (RAM); the device state travels
+// separately, without RAM.
+type Snapshotter interface {
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// SnapshotDisk freezes the disk id's current layer and continues on a
+	// new overlay file.
+	SnapshotDisk(ctx context.Context, id, overlay string) error
+	SaveDevices(ctx context.Context, w *os.File) error
+	LoadDevices(ctx context.Context, r *os.File) error
+	RAM() *os.File
 }
 
 // Machine is a running VM. Its lifetime is its own, not the start context's.

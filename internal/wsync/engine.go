@@ -96,6 +96,7 @@ type Engine struct {
 	pending   map[string]Change
 	conflicts []Conflict
 	skipped   map[string]string
+	tombs     map[string]string // deleted paths and who deleted them
 	errs      []string
 	lastSync  time.Time
 	onChange  func(map[string]*Entry)
@@ -107,11 +108,18 @@ func NewEngine(host, guest Side, manifest map[string]*Entry, opts Options, save 
 	if manifest == nil {
 		manifest = map[string]*Entry{}
 	}
+	tombs := map[string]string{}
+	for p, e := range manifest {
+		if e.Type == 'x' {
+			tombs[p] = e.Origin
+			delete(manifest, p)
+		}
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
 	return &Engine{host: host, guest: guest, opts: opts, manifest: manifest, held: map[string]Change{},
-		pending: map[string]Change{}, skipped: map[string]string{}, onChange: save}
+		pending: map[string]Change{}, skipped: map[string]string{}, tombs: tombs, onChange: save}
 }
 
 // Excluded reports whether p stays on its side.
@@ -209,23 +217,39 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 	return nil
 }
 
+// manifestCopy is the manifest as saved: entries plus tombstones.
 func (e *Engine) manifestCopy() map[string]*Entry {
-	m := make(map[string]*Entry, len(e.manifest))
+	m := make(map[string]*Entry, len(e.manifest)+len(e.tombs))
 	for k, v := range e.manifest {
 		c := *v
 		m[k] = &c
 	}
+	for k, o := range e.tombs {
+		m[k] = &Entry{Path: k, Type: 'x', Origin: o}
+	}
 	return m
 }
 
-func (e *Engine) setManifest(p string, ent *Entry) {
+// setManifest records p as in step, last changed from origin; nil records
+// a deletion (a tombstone, so a rewind knows who deleted it).
+func (e *Engine) setManifest(p string, ent *Entry, origin string) {
 	if ent == nil {
 		delete(e.manifest, p)
+		e.tombs[p] = origin
 		return
 	}
 	c := *ent
 	c.Path = p
+	if origin == "" {
+		if old := e.manifest[p]; old != nil && old.Same(ent) {
+			origin = old.Origin // unchanged: keep who made it so
+		} else {
+			origin = "host"
+		}
+	}
+	c.Origin = origin
 	e.manifest[p] = &c
+	delete(e.tombs, p)
 }
 
 func (e *Engine) fail(p string, err error) {
@@ -242,7 +266,7 @@ func (e *Engine) decide(ctx context.Context, p string, b, h, g *Entry) func() {
 	delete(e.skipped, p)
 	switch {
 	case h.Same(g):
-		e.setManifest(p, h)
+		e.setManifest(p, h, "")
 		delete(e.held, p)
 		delete(e.pending, p)
 		return nil
@@ -287,7 +311,7 @@ func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
 		e.fail(p, err)
 		return nil
 	}
-	e.setManifest(p, h)
+	e.setManifest(p, h, "host")
 	e.conflicts = append(e.conflicts, Conflict{Path: p, Copy: cp, Time: e.opts.Now().UTC()})
 	return nil
 }
@@ -330,14 +354,14 @@ func (e *Engine) applyToHost(ctx context.Context, p string, cur, g *Entry) func(
 				// sync sees it on both sides again.
 				return
 			}
-			e.setManifest(p, nil)
+			e.setManifest(p, nil, "guest")
 		}
 	}
 	if err := e.replace(ctx, e.guest, e.host, p, cur, g); err != nil {
 		e.fail(p, err)
 		return nil
 	}
-	e.setManifest(p, g)
+	e.setManifest(p, g, "guest")
 	return nil
 }
 
@@ -385,7 +409,7 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 				}
 				return
 			}
-			e.setManifest(p, nil)
+			e.setManifest(p, nil, "host")
 		}
 	}
 	if _, ok := e.guest.(BatchSide); ok && (cur == nil || cur.Type == h.Type && h.Type != 'd') {
@@ -397,7 +421,7 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 		e.fail(p, err)
 		return nil
 	}
-	e.setManifest(p, h)
+	e.setManifest(p, h, "host")
 	return nil
 }
 
@@ -419,7 +443,7 @@ func (e *Engine) flushBatch(ctx context.Context) {
 				e.fail(p, failed[p])
 			}
 		default:
-			e.setManifest(p, it.Entry)
+			e.setManifest(p, it.Entry, "host")
 		}
 	}
 }
@@ -579,6 +603,80 @@ func (e *Engine) Discard(ctx context.Context, paths []string) ([]string, error) 
 		deletes[i]()
 	}
 	return paths, nil
+}
+
+// Rewind brings the host folder back to the state the guest's workspace
+// now holds (it was just restored from a checkpoint). The engine's manifest
+// is the one from just before the rewind. For each path: if the host still
+// matches the manifest and the last change there came from the guest (an
+// edit, or a deletion), the agent made it: the host goes back to the
+// guest's version. Otherwise the user changed it (synced or not): the
+// user's version stays, goes into the guest, and is reported as a
+// conflict when the checkpoint held something else.
+func (e *Engine) Rewind(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h, err := e.host.Scan(ctx, nil)
+	if err != nil {
+		return err
+	}
+	g, err := e.guest.Scan(ctx, nil)
+	if err != nil {
+		return err
+	}
+	all := map[string]bool{}
+	for _, m := range []map[string]*Entry{h, g, e.manifest} {
+		for p := range m {
+			all[p] = true
+		}
+	}
+	for p := range e.tombs {
+		all[p] = true
+	}
+	var order []string
+	for p := range all {
+		if !e.Excluded(p) {
+			order = append(order, p)
+		}
+	}
+	slices.SortFunc(order, func(a, b string) int {
+		if ra, rb := gitRank(a), gitRank(b); ra != rb {
+			return ra - rb
+		}
+		return strings.Compare(a, b)
+	})
+	var deletes []func()
+	e.batch = e.batch[:0]
+	for _, p := range order {
+		m, hp, gp := e.manifest[p], h[p], g[p]
+		agentMade := hp.Same(m) && ((m != nil && m.Origin != "host") || (m == nil && e.tombs[p] != "host"))
+		switch {
+		case hp.Same(gp):
+			e.setManifest(p, gp, "")
+		case agentMade:
+			// Back to the checkpoint on the host, whatever the policy on
+			// held files: these are the host's own earlier contents.
+			if del := e.applyToHost(ctx, p, hp, gp); del != nil {
+				deletes = append(deletes, del)
+			}
+		default:
+			if gp != nil && !(gp.Type == 'd' && hp != nil && hp.Type == 'd') {
+				e.conflicts = append(e.conflicts, Conflict{Path: p, Copy: "(kept your version over the checkpoint's)", Time: e.opts.Now().UTC()})
+			}
+			if del := e.toGuest(ctx, p, gp, hp); del != nil {
+				deletes = append(deletes, del)
+			}
+		}
+	}
+	e.flushBatch(ctx)
+	for i := len(deletes) - 1; i >= 0; i-- {
+		deletes[i]()
+	}
+	e.lastSync = time.Now()
+	if e.onChange != nil {
+		e.onChange(e.manifestCopy())
+	}
+	return nil
 }
 
 // Manifest returns a copy of the manifest.

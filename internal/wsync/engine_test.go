@@ -275,3 +275,76 @@ func TestManifestAcrossRestart(t *testing.T) {
 		t.Fatal("host edits were mistaken for the agent's")
 	}
 }
+
+func copyTree(t *testing.T, src, dst string) {
+	t.Helper()
+	os.RemoveAll(dst)
+	filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
+		rel, _ := filepath.Rel(src, p)
+		target := filepath.Join(dst, rel)
+		switch {
+		case fi.IsDir():
+			os.MkdirAll(target, fi.Mode().Perm())
+		case fi.Mode()&os.ModeSymlink != 0:
+			l, _ := os.Readlink(p)
+			os.Symlink(l, target)
+		default:
+			b, _ := os.ReadFile(p)
+			os.WriteFile(target, b, fi.Mode().Perm())
+		}
+		return nil
+	})
+}
+
+func TestRewindMerge(t *testing.T) {
+	p := newPair(t, Options{})
+	write(t, p.host, "kept.txt", "base")
+	write(t, p.host, "agent-edits.txt", "base")
+	write(t, p.host, "agent-deletes.txt", "base")
+	write(t, p.host, "user-edits.txt", "base")
+	write(t, p.host, "user-deletes.txt", "base")
+	p.sync(t)
+	// Checkpoint: the guest's disk.
+	snap := filepath.Join(t.TempDir(), "snap")
+	copyTree(t, p.guest, snap)
+
+	write(t, p.guest, "agent-edits.txt", "agent")
+	os.Remove(filepath.Join(p.guest, "agent-deletes.txt"))
+	write(t, p.guest, "agent-adds.txt", "agent")
+	write(t, p.host, "user-edits.txt", "user, synced")
+	os.Remove(filepath.Join(p.host, "user-deletes.txt"))
+	p.sync(t)
+	write(t, p.host, "user-unsynced.txt", "user, not yet synced")
+	pre := p.e.Manifest()
+
+	// Rewind: the guest's disk goes back; the host folder is merged.
+	copyTree(t, snap, p.guest)
+	e := p.engine(t, pre, Options{})
+	if err := e.Rewind(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checks := map[string]string{
+		"kept.txt":          "base",
+		"agent-edits.txt":   "base",
+		"agent-deletes.txt": "base",
+		"user-edits.txt":    "user, synced",
+		"user-unsynced.txt": "user, not yet synced",
+	}
+	for f, want := range checks {
+		if got := read(p.host, f); got != want {
+			t.Errorf("host %s = %q, want %q", f, got, want)
+		}
+		if got := read(p.guest, f); got != want {
+			t.Errorf("guest %s = %q, want %q", f, got, want)
+		}
+	}
+	if exists(p.host, "agent-adds.txt") || exists(p.guest, "agent-adds.txt") {
+		t.Error("a file the agent added after the checkpoint survived the rewind")
+	}
+	if exists(p.host, "user-deletes.txt") || exists(p.guest, "user-deletes.txt") {
+		t.Error("a file the user deleted after the checkpoint came back")
+	}
+	if len(e.Status().Conflicts) == 0 {
+		t.Error("the user's edit over the checkpoint was not reported")
+	}
+}

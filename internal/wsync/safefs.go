@@ -89,6 +89,10 @@ type Entry struct {
 	Hash string      `json:"hash,omitempty"` // sha256 of a file's content
 	Link string      `json:"link,omitempty"` // a symlink's text
 	Big  bool        `json:"big,omitempty"`  // over the size cap: not synced
+	// Origin is the side the last change came from ("guest" or "host"),
+	// kept in the manifest for rewinds: the agent's changes go back, the
+	// user's stay. A manifest entry of Type 'x' is a deletion.
+	Origin string `json:"origin,omitempty"`
 }
 
 // Same reports whether two entries have the same content.

@@ -33,9 +33,10 @@ type Agent struct {
 	poweroff    func()
 	startup     time.Duration
 
-	mu     sync.Mutex
-	procs  map[string]*proc
-	hashes *wsHashes
+	mu       sync.Mutex
+	procs    map[string]*proc
+	hashes   *wsHashes
+	cgroupFD int // the workload cgroup, 0 when none
 }
 
 // Config configures an Agent.
@@ -117,6 +118,18 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 		a.handleWSScan(s, &req)
 	case guest.OpWSOp:
 		a.handleWSOp(s, &req)
+	case guest.OpFreeze, guest.OpThaw:
+		if err := a.freeze(req.Op == guest.OpFreeze); err != nil {
+			a.respondError(s, err)
+			return
+		}
+		a.respond(s, guest.Response{})
+	case guest.OpRestored:
+		if err := a.restored(&req); err != nil {
+			a.respondError(s, err)
+			return
+		}
+		a.respond(s, guest.Response{})
 	case guest.OpWSPut:
 		a.handleWSPut(s, &req)
 	case guest.OpWSWatch:

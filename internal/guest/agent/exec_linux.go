@@ -263,6 +263,11 @@ func (a *Agent) startProc(p *proc, req *guest.ExecRequest) error {
 		return fmt.Errorf("exec: working directory %s does not exist", dir)
 	}
 	attr := &os.ProcAttr{Dir: dir, Env: env, Sys: &syscall.SysProcAttr{}}
+	if a.cgroupFD > 0 {
+		// Born in the workload cgroup (clone3 CLONE_INTO_CGROUP): no window
+		// in which a new process escapes a freeze.
+		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = true, a.cgroupFD
+	}
 	if os.Getuid() == 0 {
 		attr.Sys.Credential = &syscall.Credential{Uid: uint32(u.uid), Gid: uint32(u.gid), Groups: u.groups}
 	} else if u.uid != os.Getuid() {

@@ -130,7 +130,9 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		if strings.Contains(s.ConsoleLog, ",") {
 			return nil, fmt.Errorf("qemu: console log path %q contains a comma", s.ConsoleLog)
 		}
-		a = append(a, "-chardev", "file,id=console,path="+s.ConsoleLog, "-serial", "chardev:console")
+		// Appended: a restored machine continues the same log. The
+		// supervisor starts a fresh one at each start.
+		a = append(a, "-chardev", "file,id=console,path="+s.ConsoleLog+",append=on", "-serial", "chardev:console")
 	} else {
 		a = append(a, "-serial", "none")
 	}

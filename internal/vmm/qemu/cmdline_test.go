@@ -119,7 +119,7 @@ func TestArgsDevices(t *testing.T) {
 		t.Errorf("drives = %q", drives)
 	}
 	chardevs := values(args, "-chardev")
-	want := []string{"socket,id=qmp,fd=4", "socket,id=agent,fd=5", "file,id=console,path=/sb/console.log"}
+	want := []string{"socket,id=qmp,fd=4", "socket,id=agent,fd=5", "file,id=console,path=/sb/console.log,append=on"}
 	if !slices.Equal(chardevs, want) {
 		t.Errorf("chardevs = %q, want %q", chardevs, want)
 	}

@@ -210,7 +210,15 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 
 	// Descriptors 3, 4, 5 (and 6) in QEMU, in ExtraFiles order.
 	extra := []*os.File{ram, qmpQemu, agentQemu}
+	if opts.PrepareRAM != nil {
+		if err := opts.PrepareRAM(ram); err != nil {
+			return fail(fmt.Errorf("prepare guest RAM: %w", err))
+		}
+	}
 	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), QMPFd: 4, AgentFd: 5}
+	if opts.Incoming {
+		o.Incoming = "defer"
+	}
 	if d.accel == vmm.TCG && spec.Arch == vmspec.AMD64 && vmspec.HostArch() == vmspec.AMD64 {
 		o.TSCkHz = HostTSCkHz()
 	}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/sandbox"
+)
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d KiB", n>>10)
+}
+
+func checkpointCmd() *cobra.Command {
+	var message string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "checkpoint NAME",
+		Short: "Save the whole running machine (RAM, devices, disks, workspace) to rewind to",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sb, err := runningSandbox(m, args[0])
+			if err != nil {
+				return err
+			}
+			meta, err := sandbox.NewClient(sb).Checkpoint(cmd.Context(), message)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(meta)
+			}
+			fmt.Printf("%s  paused %.0f ms, total %.0f ms, %s RAM\n", meta.ID, meta.PauseMillis, meta.TotalMillis, humanBytes(meta.RAMBytes))
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&message, "message", "m", "", "what this checkpoint is")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	rm := &cobra.Command{
+		Use:   "rm NAME ID...",
+		Short: "Delete checkpoints",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sb, err := m.Open(args[0])
+			if err != nil {
+				return err
+			}
+			for _, id := range args[1:] {
+				if sb.Alive() {
+					err = sandbox.NewClient(sb).DeleteCheckpoint(cmd.Context(), id)
+				} else {
+					err = sandbox.DeleteCheckpoint(sb, id)
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Println(id)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(rm)
+	return cmd
+}
+
+func checkpointsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "checkpoints NAME",
+		Short: "List a sandbox's checkpoints as a tree",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sb, err := m.Open(args[0])
+			if err != nil {
+				return err
+			}
+			list, err := sb.Checkpoints().List()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if list == nil {
+					list = []*checkpoint.Meta{}
+				}
+				return printJSON(list)
+			}
+			if len(list) == 0 {
+				fmt.Println("(no checkpoints: 'kosa8 checkpoint " + args[0] + "' takes one)")
+				return nil
+			}
+			cur := sb.Status().Checkpoint
+			children := map[string][]*checkpoint.Meta{}
+			ids := map[string]bool{}
+			for _, c := range list {
+				ids[c.ID] = true
+			}
+			var roots []*checkpoint.Meta
+			for _, c := range list {
+				if c.Parent == "" || !ids[c.Parent] {
+					roots = append(roots, c)
+				} else {
+					children[c.Parent] = append(children[c.Parent], c)
+				}
+			}
+			var show func(c *checkpoint.Meta, depth int)
+			show = func(c *checkpoint.Meta, depth int) {
+				mark := " "
+				if c.ID == cur {
+					mark = "*"
+				}
+				msg := c.Message
+				if c.Kind != "manual" {
+					msg = strings.TrimSpace("[" + c.Kind + "] " + msg)
+				}
+				fmt.Printf("%s %s%s  %s  %-8s  %s\n", mark, strings.Repeat("  ", depth), c.ID, c.Created.Local().Format(time.DateTime), humanBytes(c.RAMBytes), sanitize(msg, false))
+				for _, k := range children[c.ID] {
+					show(k, depth+1)
+				}
+			}
+			for _, r := range roots {
+				show(r, 0)
+			}
+			fmt.Fprintln(os.Stderr, "(* the checkpoint the sandbox now descends from)")
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func rewindCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "rewind NAME ID",
+		Short: "Return the machine and the workspace to a checkpoint (the state just before is saved as one)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			sb, err := runningSandbox(m, args[0])
+			if err != nil {
+				return err
+			}
+			p := newProgress(os.Stderr)
+			p.Step("rewinding " + args[0] + " to " + args[1])
+			res, err := sandbox.NewClient(sb).Rewind(cmd.Context(), args[1])
+			p.Done()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(res)
+			}
+			fmt.Printf("rewound to %s in %.0f ms; the state before is checkpoint %s\n", res.To, res.Millis, res.Saved.ID)
+			if res.ColdBoot {
+				fmt.Fprintln(os.Stderr, "kosa8: the checkpoint was saved by another QEMU build: booted from its disks (processes were not restored)")
+			}
+			for _, c := range res.Conflicts {
+				fmt.Printf("  kept your version: %s\n", sanitize(c.Path, false))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func pauseCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "pause NAME...",
+		Short: "Write running sandboxes out to disk and free their memory ('kosa8 resume' continues them)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := manager()
+			if err != nil {
+				return err
+			}
+			for _, name := range args {
+				sb, err := runningSandbox(m, name)
+				if err != nil {
+					return err
+				}
+				if err := sandbox.NewClient(sb).Pause(cmd.Context()); err != nil {
+					return err
+				}
+				if err := sb.WaitStopped(cmd.Context()); err != nil {
+					return err
+				}
+				fmt.Println(name)
+			}
+			return nil
+		},
+	}
+}

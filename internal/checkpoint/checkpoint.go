@@ -1,0 +1,229 @@
+// Package checkpoint keeps a sandbox's checkpoints on disk.
+//
+// # Layout
+//
+//	SANDBOX/checkpoints/ID/           one checkpoint, visible only once complete
+//	    meta.json                     Meta (below); written last
+//	    ram                           guest RAM, sparse (holes where the guest never wrote)
+//	    devices                       QEMU's device state (a migration stream without RAM)
+//	    workspace-manifest.json       the workspace sync's manifest at the checkpoint
+//	SANDBOX/checkpoints/.tmp-ID/      a checkpoint being written (removed if a crash left it)
+//	SANDBOX/disks/                    disk layers: a checkpoint names the frozen layer of each
+//	                                  disk; later layers are qcow2 overlays on it
+//
+// IDs are time-ordered (YYYYMMDD-HHMMSS-xxxx). Meta is JSON with a version;
+// a reader refuses versions it does not know.
+package checkpoint
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Version of meta.json.
+const Version = 1
+
+// Meta describes a checkpoint.
+type Meta struct {
+	Version int       `json:"version"`
+	ID      string    `json:"id"`
+	Parent  string    `json:"parent,omitempty"`
+	Created time.Time `json:"created"`
+	Message string    `json:"message,omitempty"`
+	Kind    string    `json:"kind"` // manual, pre-rewind, pause, auto
+	// QEMU is the build that saved it (version line); a different build may
+	// not load the device state.
+	QEMU      string `json:"qemu"`
+	Arch      string `json:"arch"`
+	MemoryMiB int    `json:"memory_mib"`
+	// Disks maps a disk's id to its frozen layer (relative to the sandbox
+	// directory) and format.
+	Disks map[string]Disk `json:"disks"`
+	// Sizes and times.
+	RAMBytes    int64   `json:"ram_bytes"` // data actually stored
+	DeviceBytes int64   `json:"device_bytes"`
+	PauseMillis float64 `json:"pause_ms"`
+	TotalMillis float64 `json:"total_ms"`
+}
+
+// Disk is one frozen disk layer.
+type Disk struct {
+	Path   string `json:"path"`
+	Format string `json:"format"`
+}
+
+// Files in a checkpoint directory.
+const (
+	MetaFile     = "meta.json"
+	RAMFile      = "ram"
+	DevicesFile  = "devices"
+	ManifestFile = "workspace-manifest.json"
+)
+
+var idRE = regexp.MustCompile(`^[0-9]{8}-[0-9]{6}-[0-9a-f]{4}$`)
+
+// NewID returns a fresh, time-ordered id.
+func NewID() string {
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	return time.Now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b)
+}
+
+// Store is a sandbox's checkpoint directory.
+type Store struct{ Dir string }
+
+// ErrNotFound: no checkpoint with that id.
+var ErrNotFound = errors.New("no such checkpoint")
+
+// Path names a checkpoint's directory.
+func (s Store) Path(id string) string { return filepath.Join(s.Dir, id) }
+
+// Begin makes a temporary directory for a new checkpoint.
+func (s Store) Begin(id string) (string, error) {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return "", err
+	}
+	tmp := filepath.Join(s.Dir, ".tmp-"+id)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return "", err
+	}
+	return tmp, nil
+}
+
+// Commit writes meta into tmp, syncs everything and renames tmp into place:
+// a checkpoint is visible only once complete.
+func (s Store) Commit(tmp string, m *Meta) error {
+	m.Version = Version
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, MetaFile), b, 0o600); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(tmp)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := syncFile(filepath.Join(tmp, e.Name())); err != nil {
+			return err
+		}
+	}
+	if err := syncFile(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, s.Path(m.ID)); err != nil {
+		return err
+	}
+	return syncFile(s.Dir)
+}
+
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// Abort removes a checkpoint that will not be completed.
+func (s Store) Abort(tmp string) { os.RemoveAll(tmp) }
+
+// Sweep removes what a crash left half-written.
+func (s Store) Sweep() {
+	dirs, _ := filepath.Glob(filepath.Join(s.Dir, ".tmp-*"))
+	for _, d := range dirs {
+		os.RemoveAll(d)
+	}
+}
+
+// maxMeta bounds meta.json.
+const maxMeta = 1 << 20
+
+// Load reads a checkpoint's metadata.
+func (s Store) Load(id string) (*Meta, error) {
+	if !idRE.MatchString(id) {
+		return nil, fmt.Errorf("%w: %q is not a checkpoint id", ErrNotFound, id)
+	}
+	f, err := os.Open(filepath.Join(s.Path(id), MetaFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s ('kosa8 checkpoints NAME' lists them)", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxMeta))
+	if err != nil {
+		return nil, err
+	}
+	return ParseMeta(b)
+}
+
+// ParseMeta decodes and checks meta.json.
+func ParseMeta(b []byte) (*Meta, error) {
+	var m Meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("checkpoint metadata: %w", err)
+	}
+	if m.Version != Version {
+		return nil, fmt.Errorf("checkpoint metadata version %d is not supported (this kosa8 reads %d)", m.Version, Version)
+	}
+	if !idRE.MatchString(m.ID) {
+		return nil, fmt.Errorf("checkpoint metadata: bad id %q", m.ID)
+	}
+	for id, d := range m.Disks {
+		if d.Path == "" || filepath.IsAbs(d.Path) || strings.Contains(d.Path, "..") || (d.Format != "qcow2" && d.Format != "raw") {
+			return nil, fmt.Errorf("checkpoint metadata: bad disk %s %+v", id, d)
+		}
+	}
+	return &m, nil
+}
+
+// List returns the checkpoints, oldest first.
+func (s Store) List() ([]*Meta, error) {
+	entries, err := os.ReadDir(s.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*Meta
+	for _, e := range entries {
+		if !e.IsDir() || !idRE.MatchString(e.Name()) {
+			continue
+		}
+		if m, err := s.Load(e.Name()); err == nil {
+			out = append(out, m)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Meta) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// Delete removes a checkpoint (not the disk layers, which later layers
+// may be built on; see the sandbox's disk GC).
+func (s Store) Delete(id string) error {
+	if _, err := s.Load(id); err != nil {
+		return err
+	}
+	// Out of sight first, then gone.
+	trash := filepath.Join(s.Dir, ".tmp-del-"+id)
+	if err := os.Rename(s.Path(id), trash); err != nil {
+		return err
+	}
+	return os.RemoveAll(trash)
+}

@@ -1,0 +1,96 @@
+package checkpoint
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCommitListDelete(t *testing.T) {
+	s := Store{Dir: filepath.Join(t.TempDir(), "checkpoints")}
+	id := NewID()
+	tmp, err := s.Begin(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := s.List(); len(l) != 0 {
+		t.Fatal("an uncommitted checkpoint is listed")
+	}
+	os.WriteFile(filepath.Join(tmp, RAMFile), []byte("ram"), 0o600)
+	if err := s.Commit(tmp, &Meta{ID: id, Kind: "manual", Disks: map[string]Disk{"root": {Path: "disks/root-1.qcow2", Format: "qcow2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.List()
+	if err != nil || len(l) != 1 || l[0].ID != id {
+		t.Fatalf("list: %v %v", l, err)
+	}
+	// A crash mid-way leaves a .tmp-* directory: swept, never listed.
+	s.Begin(NewID())
+	s.Sweep()
+	if m, _ := filepath.Glob(filepath.Join(s.Dir, ".tmp-*")); len(m) != 0 {
+		t.Fatalf("not swept: %v", m)
+	}
+	if err := s.Delete(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Load(id); err == nil {
+		t.Fatal("deleted checkpoint loads")
+	}
+}
+
+func TestParseMetaRejects(t *testing.T) {
+	cases := map[string]string{
+		"version":  `{"version":2,"id":"20260101-000000-abcd"}`,
+		"id":       `{"version":1,"id":"../../etc"}`,
+		"abs disk": `{"version":1,"id":"20260101-000000-abcd","disks":{"root":{"path":"/etc/passwd","format":"raw"}}}`,
+		"up disk":  `{"version":1,"id":"20260101-000000-abcd","disks":{"root":{"path":"../x","format":"raw"}}}`,
+		"format":   `{"version":1,"id":"20260101-000000-abcd","disks":{"root":{"path":"d","format":"vmdk"}}}`,
+		"not json": `{`,
+	}
+	for name, in := range cases {
+		if _, err := ParseMeta([]byte(in)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := (Store{Dir: t.TempDir()}).Load("../x"); err == nil || !strings.Contains(err.Error(), "not a checkpoint id") {
+		t.Errorf("bad id: %v", err)
+	}
+}
+
+func FuzzParseMeta(f *testing.F) {
+	f.Add([]byte(`{"version":1,"id":"20260101-000000-abcd","disks":{"root":{"path":"disks/r.qcow2","format":"qcow2"}}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseMeta(b)
+		if err != nil {
+			return
+		}
+		for _, d := range m.Disks {
+			if filepath.IsAbs(d.Path) || strings.Contains(d.Path, "..") {
+				t.Fatalf("accepted disk path %q", d.Path)
+			}
+		}
+	})
+}
+
+func TestCopySparse(t *testing.T) {
+	dir := t.TempDir()
+	src, _ := os.Create(filepath.Join(dir, "src"))
+	src.Truncate(64 << 20)
+	src.WriteAt(bytes.Repeat([]byte("a"), 5000), 1<<20)
+	src.WriteAt([]byte("tail"), 64<<20-4)
+	dst, _ := os.Create(filepath.Join(dir, "dst"))
+	n, err := CopySparse(dst, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n > 2<<20 {
+		t.Fatalf("copied %d bytes of a file with 5 KB of data", n)
+	}
+	a, _ := os.ReadFile(src.Name())
+	b, _ := os.ReadFile(dst.Name())
+	if !bytes.Equal(a, b) {
+		t.Fatal("copy differs")
+	}
+}

@@ -1,0 +1,95 @@
+package checkpoint
+
+import (
+	"errors"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// CopySparse copies the data of src into dst (both sized alike), skipping
+// the holes: a guest's RAM file has data only where the guest wrote, and
+// free-page reporting punches holes where it freed. It returns the bytes
+// of data copied.
+func CopySparse(dst, src *os.File) (int64, error) {
+	st, err := src.Stat()
+	if err != nil {
+		return 0, err
+	}
+	size := st.Size()
+	if err := dst.Truncate(size); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 4<<20)
+	var total int64
+	off := int64(0)
+	sfd := int(src.Fd())
+	for off < size {
+		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // no data after off
+		}
+		if err != nil {
+			// No SEEK_DATA here: copy everything.
+			return copyAll(dst, src, size, buf)
+		}
+		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
+		if err != nil {
+			hole = size
+		}
+		for pos := data; pos < hole; {
+			n := int(min(int64(len(buf)), hole-pos))
+			k, err := src.ReadAt(buf[:n], pos)
+			if k > 0 {
+				if _, werr := dst.WriteAt(buf[:k], pos); werr != nil {
+					return total, werr
+				}
+				pos += int64(k)
+				total += int64(k)
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				return total, err
+			}
+			if k == 0 {
+				break
+			}
+		}
+		off = hole
+	}
+	return total, nil
+}
+
+func copyAll(dst, src *os.File, size int64, buf []byte) (int64, error) {
+	var total int64
+	for pos := int64(0); pos < size; {
+		n := int(min(int64(len(buf)), size-pos))
+		k, err := src.ReadAt(buf[:n], pos)
+		if k > 0 {
+			// Zeros stay holes in the copy.
+			if !allZero(buf[:k]) {
+				if _, werr := dst.WriteAt(buf[:k], pos); werr != nil {
+					return total, werr
+				}
+				total += int64(k)
+			}
+			pos += int64(k)
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,520 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
+	"github.com/kosa8/kosa8/internal/vmspec"
+	"github.com/kosa8/kosa8/internal/wsync"
+)
+
+const (
+	disksFile      = "disks.json" // the disk layers QEMU writes to now
+	checkpointsDir = "checkpoints"
+	disksDir       = "disks"
+)
+
+// Checkpoints is the sandbox's checkpoint store.
+func (s *Sandbox) Checkpoints() checkpoint.Store {
+	return checkpoint.Store{Dir: s.Path(checkpointsDir)}
+}
+
+// activeDisks are the layers new writes go to (paths relative to the
+// sandbox directory).
+func (s *Sandbox) activeDisks() map[string]checkpoint.Disk {
+	m := map[string]checkpoint.Disk{}
+	if err := readJSON(s.Path(disksFile), &m); err == nil && len(m) > 0 {
+		return m
+	}
+	m["root"] = checkpoint.Disk{Path: RootDisk, Format: "qcow2"}
+	if s.Config.Workspace != nil {
+		m["ws"] = checkpoint.Disk{Path: WorkspaceDisk, Format: "raw"}
+	}
+	return m
+}
+
+func (s *Sandbox) saveActiveDisks(m map[string]checkpoint.Disk) error {
+	return writeJSONAtomic(s.Path(disksFile), m)
+}
+
+func (s *supervisor) disks() []vmspec.Disk {
+	var out []vmspec.Disk
+	act := s.sb.activeDisks()
+	for _, id := range []string{"root", "ws"} {
+		if d, ok := act[id]; ok {
+			out = append(out, vmspec.Disk{ID: id, Path: s.sb.Path(d.Path), Format: d.Format})
+		}
+	}
+	return out
+}
+
+// launch starts QEMU and connects to the agent: a cold boot, or (restore
+// set) a restore of the checkpoint's RAM and devices.
+func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) error {
+	netEnd, err := s.net.attachLink()
+	if err != nil {
+		return err
+	}
+	spec := *s.spec
+	spec.Disks = s.disks()
+	opts := vmm.StartOptions{Stderr: logWriter{s.log}, Net: netEnd}
+	var ramSrc *os.File
+	if restore != nil {
+		opts.Incoming = true
+		ramSrc, err = os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.RAMFile))
+		if err != nil {
+			netEnd.Close()
+			return err
+		}
+		defer ramSrc.Close()
+		opts.PrepareRAM = func(ram *os.File) error {
+			// Copied into fresh shared memory rather than mapped
+			// copy-on-write: the next checkpoint can then skip RAM in the
+			// migration stream again (x-ignore-shared).
+			_, err := checkpoint.CopySparse(ram, ramSrc)
+			return err
+		}
+	}
+	mach, err := s.drv.Start(ctx, &spec, opts)
+	netEnd.Close() // QEMU has its own copy; ours would hide QEMU's exit from the stack
+	if err != nil {
+		return err
+	}
+	m := mach.(*qemu.Machine)
+	s.clientMu.Lock()
+	s.machine = m
+	s.clientMu.Unlock()
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-m.Done():
+			cancel() // QEMU died: stop waiting for it
+		case <-lctx.Done():
+		}
+	}()
+	if restore != nil {
+		dev, err := os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.DevicesFile))
+		if err != nil {
+			return err
+		}
+		err = m.LoadDevices(lctx, dev)
+		dev.Close()
+		if err != nil {
+			return fmt.Errorf("load the checkpoint's device state: %w", err)
+		}
+		if err := m.Resume(lctx); err != nil {
+			return err
+		}
+	}
+	client, err := guest.Connect(lctx, m.Agent())
+	if err != nil {
+		select {
+		case <-m.Done():
+			return fmt.Errorf("the VM stopped while booting: %v%s", m.Wait(context.Background()), consoleTail(s.sb.Path(ConsoleLog)))
+		default:
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return fmt.Errorf("the guest agent did not answer%s", consoleTail(s.sb.Path(ConsoleLog)))
+		}
+		return err
+	}
+	if restore != nil {
+		entropy := make([]byte, 64)
+		_, _ = rand.Read(entropy)
+		if err := client.Restored(lctx, entropy, time.Now()); err != nil {
+			return fmt.Errorf("restored guest: %w", err)
+		}
+	} else if err := client.SetTime(lctx, time.Now()); err != nil {
+		s.log.Warn("set guest clock", "err", err)
+	}
+	s.setClient(client)
+	return nil
+}
+
+// setClient replaces the agent client and wakes those waiting for it.
+func (s *supervisor) setClient(c *guest.Client) {
+	s.clientMu.Lock()
+	s.client = c
+	close(s.clientCh)
+	s.clientCh = make(chan struct{})
+	s.clientMu.Unlock()
+}
+
+// nextClient waits for the client after old (a rewind in progress).
+func (s *supervisor) nextClient(ctx context.Context, old *guest.Client) (*guest.Client, error) {
+	for {
+		s.clientMu.Lock()
+		c, ch := s.client, s.clientCh
+		s.clientMu.Unlock()
+		if c != old {
+			return c, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (s *supervisor) currentMachine() *qemu.Machine {
+	s.clientMu.Lock()
+	defer s.clientMu.Unlock()
+	return s.machine
+}
+
+func (s *supervisor) currentClient() *guest.Client {
+	s.clientMu.Lock()
+	defer s.clientMu.Unlock()
+	return s.client
+}
+
+// prepareRestore branches new disk layers off a checkpoint for a start
+// that resumes it. It returns nil when the checkpoint's device state cannot
+// be loaded by this QEMU: then the start is a cold boot from its disks.
+func (s *supervisor) prepareRestore(id string) (*checkpoint.Meta, error) {
+	target, err := s.sb.Checkpoints().Load(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.branchDisks(target, checkpoint.NewID()); err != nil {
+		return nil, err
+	}
+	s.setStatus(func(st *Status) { st.Checkpoint = id })
+	if target.QEMU != "" && s.qemuVersion != "" && target.QEMU != s.qemuVersion {
+		s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "saved", target.QEMU, "now", s.qemuVersion)
+		return nil, nil
+	}
+	return target, nil
+}
+
+// branchDisks puts new overlays on a checkpoint's frozen disk layers and
+// makes them the active disks.
+func (s *supervisor) branchDisks(target *checkpoint.Meta, id string) error {
+	next := map[string]checkpoint.Disk{}
+	for diskID, d := range target.Disks {
+		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
+		if err := os.MkdirAll(s.sb.Path(disksDir), 0o700); err != nil {
+			return err
+		}
+		out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2",
+			"-o", "backing_file="+s.sb.Path(d.Path)+",backing_fmt="+d.Format+",lazy_refcounts=on",
+			s.sb.Path(overlay)).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("new disk layer: %v: %s", err, strings.TrimSpace(string(out)))
+		}
+		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
+	}
+	return s.sb.saveActiveDisks(next)
+}
+
+// checkpoint saves the whole running machine: the workloads are frozen and
+// the sync quiesced; the VM pauses while each disk's layer is frozen (new
+// writes go to a new overlay), the device state is saved and the RAM file
+// is copied; then it runs again. The checkpoint becomes visible only once
+// all of it is on disk.
+func (s *supervisor) checkpoint(ctx context.Context, message, kind string) (*checkpoint.Meta, error) {
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	return s.checkpointLocked(ctx, message, kind)
+}
+
+func (s *supervisor) checkpointLocked(ctx context.Context, message, kind string) (*checkpoint.Meta, error) {
+	store := s.sb.Checkpoints()
+	store.Sweep()
+	id := checkpoint.NewID()
+	tmp, err := store.Begin(id)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			store.Abort(tmp)
+		}
+	}()
+	start := time.Now()
+	if s.ws != nil && s.ws.engine != nil {
+		// Everything the guest wrote so far goes out first; then the sync
+		// holds still until the checkpoint is taken.
+		s.ws.syncNow(ctx, nil)
+		resume := s.ws.Pause()
+		defer resume()
+	}
+	client := s.currentClient()
+	if err := client.Freeze(ctx); err != nil {
+		s.log.Warn("freeze workloads", "err", err)
+	}
+	defer func() {
+		if err := client.Thaw(context.Background()); err != nil {
+			s.log.Warn("thaw workloads", "err", err)
+		}
+	}()
+	dev, err := os.OpenFile(filepath.Join(tmp, checkpoint.DevicesFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Close()
+	ram, err := os.OpenFile(filepath.Join(tmp, checkpoint.RAMFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer ram.Close()
+
+	m := s.currentMachine()
+	pauseStart := time.Now()
+	if err := m.Pause(ctx); err != nil {
+		return nil, err
+	}
+	resumed := false
+	resume := func() error {
+		if resumed {
+			return nil
+		}
+		resumed = true
+		return m.Resume(context.Background())
+	}
+	defer resume()
+	frozen := s.sb.activeDisks()
+	next := map[string]checkpoint.Disk{}
+	if err := os.MkdirAll(s.sb.Path(disksDir), 0o700); err != nil {
+		return nil, err
+	}
+	for diskID := range frozen {
+		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
+		if err := m.SnapshotDisk(ctx, diskID, s.sb.Path(overlay)); err != nil {
+			return nil, fmt.Errorf("snapshot disk %s: %w", diskID, err)
+		}
+		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
+		// Recorded at once: a crash after this point must restart on the
+		// new layer, which holds every write from now on.
+		cur := s.sb.activeDisks()
+		cur[diskID] = next[diskID]
+		if err := s.sb.saveActiveDisks(cur); err != nil {
+			return nil, err
+		}
+	}
+	if err := m.SaveDevices(ctx, dev); err != nil {
+		return nil, fmt.Errorf("save device state: %w", err)
+	}
+	ramBytes, err := checkpoint.CopySparse(ram, m.RAM())
+	if err != nil {
+		return nil, fmt.Errorf("copy guest RAM: %w", err)
+	}
+	if err := resume(); err != nil {
+		return nil, err
+	}
+	pause := time.Since(pauseStart)
+
+	if s.ws != nil && s.ws.engine != nil {
+		if err := writeJSONAtomic(filepath.Join(tmp, checkpoint.ManifestFile), s.ws.engine.Manifest()); err != nil {
+			return nil, err
+		}
+	}
+	devInfo, _ := dev.Stat()
+	st := s.getStatus()
+	meta := &checkpoint.Meta{
+		ID: id, Parent: st.Checkpoint, Created: time.Now().UTC(), Message: message, Kind: kind,
+		QEMU: s.qemuVersion, Arch: s.sb.Config.Arch, MemoryMiB: s.sb.Config.MemoryMiB,
+		Disks: frozen, RAMBytes: ramBytes, DeviceBytes: devInfo.Size(),
+		PauseMillis: float64(pause.Microseconds()) / 1000,
+	}
+	meta.TotalMillis = float64(time.Since(start).Microseconds()) / 1000
+	if err := store.Commit(tmp, meta); err != nil {
+		return nil, err
+	}
+	ok = true
+	s.setStatus(func(st *Status) { st.Checkpoint = id })
+	s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "saved", Name: id, Reason: message})
+	s.log.Info("checkpoint", "id", id, "pause_ms", meta.PauseMillis, "total_ms", meta.TotalMillis, "ram_mib", ramBytes>>20)
+	return meta, nil
+}
+
+// RewindResult reports a rewind.
+type RewindResult struct {
+	To        string           `json:"to"`
+	Saved     *checkpoint.Meta `json:"saved"` // the state just before the rewind
+	Millis    float64          `json:"ms"`
+	ColdBoot  bool             `json:"cold_boot,omitempty"`
+	Conflicts []wsync.Conflict `json:"conflicts,omitempty"`
+}
+
+// rewind returns the machine to a checkpoint: the state just before is
+// saved as a checkpoint first; QEMU restarts on new disk layers over the
+// checkpoint's, with its RAM and devices; the agent reseeds the RNG and
+// steps the clock before the workloads run; the host folder is merged back
+// (Engine.Rewind). The network policy and secrets stay as they are now.
+func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, error) {
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	target, err := s.sb.Checkpoints().Load(id)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	pre, err := s.checkpointLocked(ctx, "before rewind to "+id, "pre-rewind")
+	if err != nil {
+		return nil, fmt.Errorf("save the state before the rewind: %w", err)
+	}
+	var manifest map[string]*wsync.Entry
+	if s.ws != nil {
+		manifest = s.ws.engine.Manifest()
+		s.ws.detach()
+	}
+	old := s.currentMachine()
+	s.expectExit(old)
+	_ = old.Kill()
+	s.currentClient().Close()
+	restore := target
+	cold := false
+	if target.QEMU != "" && s.qemuVersion != "" && target.QEMU != s.qemuVersion {
+		s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "saved", target.QEMU, "now", s.qemuVersion)
+		restore, cold = nil, true
+	}
+	if err := s.branchDisks(target, checkpoint.NewID()); err != nil {
+		return nil, err
+	}
+	if err := s.launch(ctx, restore); err != nil {
+		return nil, fmt.Errorf("restore %s: %w", id, err)
+	}
+	res := &RewindResult{To: id, Saved: pre, ColdBoot: cold}
+	if s.ws != nil {
+		if err := s.ws.attach(ctx, s.currentClient(), manifest, true); err != nil {
+			return nil, fmt.Errorf("workspace after the rewind: %w", err)
+		}
+		res.Conflicts = s.ws.engine.Status().Conflicts
+	}
+	s.setStatus(func(st *Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
+	res.Millis = float64(time.Since(start).Microseconds()) / 1000
+	s.net.audit.Add(audit.Event{Kind: "rewind", Decision: "restored", Name: id, Reason: "state before kept as " + pre.ID})
+	s.log.Info("rewind", "to", id, "ms", res.Millis, "saved", pre.ID)
+	return res, nil
+}
+
+// expectExit marks a machine as being replaced: its exit is not the end of
+// the sandbox.
+func (s *supervisor) expectExit(m *qemu.Machine) {
+	s.replacing.Store(m)
+}
+
+// DeleteCheckpoint removes a checkpoint and the disk layers nothing uses
+// any more.
+func DeleteCheckpoint(sb *Sandbox, id string) error {
+	if err := sb.Checkpoints().Delete(id); err != nil {
+		return err
+	}
+	return gcDisks(sb)
+}
+
+// gcDisks removes disk layers that no checkpoint and no active disk
+// depends on.
+func gcDisks(sb *Sandbox) error {
+	keep := map[string]bool{}
+	var roots []string
+	for _, d := range sb.activeDisks() {
+		roots = append(roots, sb.Path(d.Path))
+	}
+	list, err := sb.Checkpoints().List()
+	if err != nil {
+		return err
+	}
+	for _, m := range list {
+		for _, d := range m.Disks {
+			roots = append(roots, sb.Path(d.Path))
+		}
+	}
+	for _, r := range roots {
+		chain, err := backingChain(r)
+		if err != nil {
+			return err // unsure what is used: delete nothing
+		}
+		for _, p := range chain {
+			keep[p] = true
+		}
+	}
+	files, _ := filepath.Glob(sb.Path(filepath.Join(disksDir, "*")))
+	for _, f := range files {
+		if !keep[f] {
+			os.Remove(f)
+		}
+	}
+	return nil
+}
+
+// backingChain lists a disk file and the files it is built on.
+func backingChain(path string) ([]string, error) {
+	out, err := exec.Command("qemu-img", "info", "-U", "--backing-chain", "--output=json", path).Output()
+	if err != nil {
+		return nil, fmt.Errorf("qemu-img info %s: %w", path, err)
+	}
+	var infos []struct {
+		Filename string `json:"filename"`
+	}
+	if err := json.Unmarshal(out, &infos); err != nil {
+		return nil, err
+	}
+	var chain []string
+	for _, i := range infos {
+		chain = append(chain, i.Filename)
+	}
+	return chain, nil
+}
+
+// DefaultMaxCheckpoints is how many checkpoints a sandbox keeps unless told.
+const DefaultMaxCheckpoints = 20
+
+// enforceRetention deletes the oldest checkpoints beyond the sandbox's
+// maximum, never the one the machine descends from.
+func (s *supervisor) enforceRetention() {
+	max := s.sb.Config.MaxCheckpoints
+	if max <= 0 {
+		max = DefaultMaxCheckpoints
+	}
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	list, err := s.sb.Checkpoints().List()
+	if err != nil {
+		return
+	}
+	cur := s.getStatus().Checkpoint
+	for i := 0; len(list)-i > max && i < len(list); i++ {
+		if list[i].ID == cur {
+			continue
+		}
+		if err := s.sb.Checkpoints().Delete(list[i].ID); err == nil {
+			s.log.Info("checkpoint removed (retention)", "id", list[i].ID)
+		}
+	}
+	_ = gcDisks(s.sb)
+}
+
+// autoCheckpoints takes a checkpoint every interval until ctx ends.
+func (s *supervisor) autoCheckpoints(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := s.checkpoint(ctx, "every "+every.String(), "auto"); err != nil && ctx.Err() == nil {
+				s.log.Warn("automatic checkpoint", "err", err)
+			}
+			s.enforceRetention()
+		}
+	}
+}

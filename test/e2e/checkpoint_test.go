@@ -1,0 +1,256 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const counter = `(nohup python3 -c '
+import time
+n = 0
+while True:
+    n += 1
+    open("/tmp/count.tmp", "w").write(str(n))
+    __import__("os").replace("/tmp/count.tmp", "/tmp/count")
+    time.sleep(0.1)
+' >/dev/null 2>&1 &)`
+
+type cpMeta struct {
+	ID          string  `json:"id"`
+	Parent      string  `json:"parent"`
+	Kind        string  `json:"kind"`
+	PauseMillis float64 `json:"pause_ms"`
+}
+
+func checkpointNow(t *testing.T, name, msg string) cpMeta {
+	t.Helper()
+	var m cpMeta
+	if err := json.Unmarshal([]byte(must(t, "checkpoint", name, "-m", msg, "--json").stdout), &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func count(t *testing.T, name string) int {
+	t.Helper()
+	r := must(t, "exec", name, "--", "cat", "/tmp/count")
+	n, err := strconv.Atoi(strings.TrimSpace(r.stdout))
+	if err != nil {
+		t.Fatalf("count: %q", r.stdout)
+	}
+	return n
+}
+
+func TestCheckpointAndRewind(t *testing.T) {
+	ws, _ := os.MkdirTemp(home, "cp-ws-")
+	os.WriteFile(filepath.Join(ws, "keep.txt"), []byte("original\n"), 0o644)
+	os.WriteFile(filepath.Join(ws, "doomed.txt"), []byte("will be deleted\n"), 0o644)
+	os.WriteFile(filepath.Join(ws, "user.txt"), []byte("v1\n"), 0o644)
+	name := "cp"
+	must(t, "create", name, "--workspace", ws)
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
+	must(t, "start", name)
+	must(t, "exec", name, "--", "sh", "-c", counter)
+	time.Sleep(1500 * time.Millisecond)
+
+	before := count(t, name)
+	c1 := checkpointNow(t, name, "first")
+	atC1 := count(t, name)
+	t.Logf("checkpoint %s paused %.0f ms", c1.ID, c1.PauseMillis)
+
+	// More work: the counter runs on, files change on both sides.
+	must(t, "exec", name, "--", "sh", "-c", "echo made-after > after.txt && rm doomed.txt")
+	waitHost(t, "after.txt", fileIs(filepath.Join(ws, "after.txt"), "made-after\n"))
+	waitHost(t, "doomed.txt deleted", gone(filepath.Join(ws, "doomed.txt")))
+	os.WriteFile(filepath.Join(ws, "user.txt"), []byte("v2 by the user\n"), 0o644)
+	time.Sleep(3 * time.Second)
+	later := count(t, name)
+	if later < atC1+15 {
+		t.Fatalf("the counter did not run on: %d then %d", atC1, later)
+	}
+
+	must(t, "rewind", name, c1.ID)
+	now := count(t, name)
+	if now < before || now >= later {
+		t.Fatalf("after rewind the counter is %d: want it to continue from the checkpoint (%d..%d), not from %d", now, before, atC1+10, later)
+	}
+	r := must(t, "exec", name, "--", "sh", "-c", "ls; cat user.txt")
+	if strings.Contains(r.stdout, "after.txt") || !strings.Contains(r.stdout, "doomed.txt") {
+		t.Fatalf("inside after rewind: %s", r.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(ws, "after.txt")); err == nil {
+		t.Fatal("a file made after the checkpoint is still on the host")
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "doomed.txt")); string(b) != "will be deleted\n" {
+		t.Fatal("a file deleted after the checkpoint is not back on the host")
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "user.txt")); string(b) != "v2 by the user\n" {
+		t.Fatalf("the user's edit after the checkpoint was lost: %q", b)
+	}
+	if !strings.Contains(r.stdout, "v2 by the user") {
+		t.Fatalf("the user's edit did not reach the rewound guest: %s", r.stdout)
+	}
+
+	// The state before the rewind was kept; rewind to it (newer), then back
+	// to the first (older) again.
+	var list []cpMeta
+	json.Unmarshal([]byte(must(t, "checkpoints", name, "--json").stdout), &list)
+	var pre cpMeta
+	for _, c := range list {
+		if c.Kind == "pre-rewind" {
+			pre = c
+		}
+	}
+	if pre.ID == "" {
+		t.Fatalf("no pre-rewind checkpoint: %+v", list)
+	}
+	must(t, "rewind", name, pre.ID)
+	if n := count(t, name); n < later {
+		t.Fatalf("after rewinding to the newer checkpoint the counter is %d, want at least %d", n, later)
+	}
+	if r := must(t, "exec", name, "--", "cat", "after.txt"); r.stdout != "made-after\n" {
+		t.Fatalf("the newer checkpoint's file: %q", r.stdout)
+	}
+	waitHost(t, "after.txt back on the host", fileIs(filepath.Join(ws, "after.txt"), "made-after\n"))
+
+	// Two rewinds to the same checkpoint: the RNG is reseeded each time.
+	var randoms []string
+	for i := 0; i < 2; i++ {
+		must(t, "rewind", name, c1.ID)
+		randoms = append(randoms, strings.TrimSpace(must(t, "exec", name, "--", "python3", "-c", "import os; print(os.urandom(16).hex())").stdout))
+	}
+	if randoms[0] == randoms[1] || len(randoms[0]) != 32 {
+		t.Fatalf("two rewinds gave the same random numbers: %v", randoms)
+	}
+	if log := must(t, "logs", name).stdout; strings.Count(log, "RNG reseeded") < 2 {
+		t.Fatalf("the agent did not report reseeding: %s", log)
+	}
+}
+
+func TestPauseResume(t *testing.T) {
+	name := "pausing"
+	must(t, "create", name)
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
+	must(t, "start", name)
+	must(t, "exec", name, "--", "sh", "-c", counter)
+	time.Sleep(1 * time.Second)
+	qemu := ls(t)[name].Status.QEMUPID
+	must(t, "pause", name)
+	e := ls(t)[name]
+	if e.State != "paused" {
+		t.Fatalf("state %q after pause", e.State)
+	}
+	if processRunning(qemu) {
+		t.Fatal("QEMU still runs: a paused sandbox must free the host's memory")
+	}
+	must(t, "start", name)
+	a := count(t, name)
+	time.Sleep(1 * time.Second)
+	b := count(t, name)
+	if a == 0 || b <= a {
+		t.Fatalf("the process did not survive pause and resume: %d then %d", a, b)
+	}
+	if a > 40 {
+		t.Fatalf("count %d after resume: it should continue from the pause (~10)", a)
+	}
+}
+
+func TestKillDuringCheckpoint(t *testing.T) {
+	name := "cpkill"
+	must(t, "create", name, "--memory", "1G")
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
+	must(t, "start", name)
+	must(t, "exec", name, "--", "sh", "-c", "echo kept > ~/f && head -c 300M /dev/urandom > /dev/shm/fill && sync")
+	c1 := checkpointNow(t, name, "good one")
+	pid := ls(t)[name].Status.SupervisorPID
+	// A second checkpoint, killed while it copies the RAM.
+	cmd := kosa8Cmd(t.Context(), "checkpoint", name)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(250 * time.Millisecond)
+	syscall.Kill(pid, syscall.SIGKILL)
+	cmd.Wait()
+	var list []cpMeta
+	json.Unmarshal([]byte(must(t, "checkpoints", name, "--json").stdout), &list)
+	found := false
+	for _, c := range list {
+		if c.ID == c1.ID {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("the earlier checkpoint is gone: %+v", list)
+	}
+	if st := ls(t)[name].State; st != "crashed" {
+		t.Fatalf("state %q", st)
+	}
+	must(t, "start", name)
+	if r := must(t, "exec", name, "--", "sh", "-c", "cat ~/f"); r.stdout != "kept\n" {
+		t.Fatalf("after restart: %q", r.stdout)
+	}
+	// The good checkpoint still rewinds.
+	must(t, "rewind", name, c1.ID)
+	if r := must(t, "exec", name, "--", "sh", "-c", "cat ~/f"); r.stdout != "kept\n" {
+		t.Fatalf("after rewind: %q", r.stdout)
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(ls(t)[name].Dir, "checkpoints", ".tmp-*"))
+	if len(leftovers) != 0 {
+		t.Fatalf("half-written checkpoints left: %v", leftovers)
+	}
+}
+
+func TestStreamReattachesAcrossRewind(t *testing.T) {
+	name := "stream"
+	must(t, "create", name)
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
+	must(t, "start", name)
+	cmd := kosa8Cmd(t.Context(), "exec", name, "--", "sh", "-c", "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo tick $i; sleep 0.2; done; echo finished")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) == 5 {
+			c := checkpointNow(t, name, "mid-stream")
+			go func() {
+				time.Sleep(time.Second)
+				run(t, "", "rewind", name, c.ID)
+			}()
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the streaming command failed across the rewind: %v (%d lines)", err, len(lines))
+	}
+	if lines[len(lines)-1] != "finished" {
+		t.Fatalf("the stream did not reach its end: last line %q", lines[len(lines)-1])
+	}
+	// Ticks after the checkpoint come again after the rewind.
+	seen := map[string]int{}
+	for _, l := range lines {
+		seen[l]++
+	}
+	repeated := 0
+	for _, n := range seen {
+		if n > 1 {
+			repeated++
+		}
+	}
+	if repeated == 0 {
+		t.Fatalf("no output repeated: was the stream re-attached to the rewound process? %s", fmt.Sprint(lines))
+	}
+}
