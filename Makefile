@@ -31,6 +31,7 @@ bench: build
 	$(GO) run ./bench -bin $(abspath $(BIN)) boot
 	$(GO) run ./bench -bin $(abspath $(BIN)) net
 	$(GO) run ./bench -bin $(abspath $(BIN)) ws
+	$(GO) run ./bench -bin $(abspath $(BIN)) cp
 
 clean:
 	rm -rf $(BIN)

@@ -46,8 +46,10 @@ func main() {
 		benchNet()
 	case "ws":
 		benchWS()
+	case "cp":
+		benchCP()
 	default:
-		must(fmt.Errorf("unknown benchmark %q: use boot, net or ws", flag.Arg(0)))
+		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws or cp", flag.Arg(0)))
 	}
 }
 

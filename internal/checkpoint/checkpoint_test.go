@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -92,5 +93,33 @@ func TestCopySparse(t *testing.T) {
 	b, _ := os.ReadFile(dst.Name())
 	if !bytes.Equal(a, b) {
 		t.Fatal("copy differs")
+	}
+}
+
+func TestCopyDataOverSpare(t *testing.T) {
+	dir := t.TempDir()
+	src, _ := os.Create(filepath.Join(dir, "src"))
+	src.Truncate(32 << 20)
+	src.WriteAt(bytes.Repeat([]byte("x"), 8192), 4<<20)
+	spare, _ := os.Create(filepath.Join(dir, "spare"))
+	if err := WriteZeros(spare, 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	exts, n, err := CopyData(spare, src)
+	if err != nil || n < 8192 || len(exts) == 0 {
+		t.Fatalf("copy: %v %d %v", exts, n, err)
+	}
+	if err := PunchHoles(spare, exts, 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(src.Name())
+	b, _ := os.ReadFile(spare.Name())
+	if !bytes.Equal(a, b) {
+		t.Fatal("content differs")
+	}
+	var st syscall.Stat_t
+	syscall.Stat(spare.Name(), &st)
+	if st.Blocks*512 > 4<<20 {
+		t.Fatalf("holes not punched: %d bytes allocated", st.Blocks*512)
 	}
 }

@@ -93,3 +93,90 @@ func allZero(b []byte) bool {
 	}
 	return true
 }
+
+// Extent is a range of a file that holds data: [Off, Off+Len).
+type Extent struct{ Off, Len int64 }
+
+// CopyData writes src's data extents into dst at the same offsets and
+// returns them. dst is not truncated: a prepared spare file (all zeros,
+// its pages already in the page cache) is overwritten where src has data,
+// which is many times faster than filling new pages; PunchHoles then
+// frees the rest.
+func CopyData(dst, src *os.File) ([]Extent, int64, error) {
+	st, err := src.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	size := st.Size()
+	buf := make([]byte, 4<<20)
+	var exts []Extent
+	var total int64
+	sfd := int(src.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		if err != nil {
+			return nil, total, err
+		}
+		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
+		if err != nil {
+			hole = size
+		}
+		for pos := data; pos < hole; {
+			n := int(min(int64(len(buf)), hole-pos))
+			k, err := src.ReadAt(buf[:n], pos)
+			if k > 0 {
+				if _, werr := dst.WriteAt(buf[:k], pos); werr != nil {
+					return nil, total, werr
+				}
+				pos += int64(k)
+				total += int64(k)
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				return nil, total, err
+			}
+			if k == 0 {
+				break
+			}
+		}
+		exts = append(exts, Extent{data, hole - data})
+		off = hole
+	}
+	return exts, total, nil
+}
+
+// PunchHoles frees the ranges of f (of size) outside exts, which hold
+// zeros: a checkpoint written over a spare file becomes sparse again.
+func PunchHoles(f *os.File, exts []Extent, size int64) error {
+	fd := int(f.Fd())
+	prev := int64(0)
+	punch := func(off, end int64) error {
+		if end <= off {
+			return nil
+		}
+		return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, end-off)
+	}
+	for _, e := range exts {
+		if err := punch(prev, e.Off); err != nil {
+			return err
+		}
+		prev = e.Off + e.Len
+	}
+	return punch(prev, size)
+}
+
+// WriteZeros fills f with size bytes of zeros: a spare for CopyData, its
+// pages in the page cache.
+func WriteZeros(f *os.File, size int64) error {
+	buf := make([]byte, 8<<20)
+	for off := int64(0); off < size; {
+		n := min(int64(len(buf)), size-off)
+		if _, err := f.WriteAt(buf[:n], off); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
 	"syscall"
@@ -147,6 +148,7 @@ func (s *supervisor) routes() http.Handler {
 		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p), Removed: n})
 	})
 	mux.HandleFunc("GET /v1/debug/memory", s.handleMemory)
+	mux.HandleFunc("POST /v1/debug/plain-migrate", s.handlePlainMigrate)
 	mux.HandleFunc("GET /v1/sync", func(w http.ResponseWriter, r *http.Request) {
 		if s.ws == nil {
 			writeJSON(w, http.StatusNotFound, apiError{"this sandbox has no workspace"})
@@ -262,6 +264,43 @@ func (s *supervisor) handleMemory(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(st.Size(), 10))
 	_, _ = io.Copy(w, io.NewSectionReader(ram, 0, st.Size()))
+}
+
+// PlainMigrate is the baseline a checkpoint is measured against: QEMU's
+// own migration of the whole machine, RAM included, to a file.
+type PlainMigrate struct {
+	PauseMillis float64 `json:"pause_ms"`
+	Bytes       int64   `json:"bytes"`
+}
+
+// handlePlainMigrate pauses the VM, migrates it whole (RAM in the stream)
+// to a scratch file, resumes it and reports the pause: the benchmark's
+// baseline. The file is deleted.
+func (s *supervisor) handlePlainMigrate(w http.ResponseWriter, r *http.Request) {
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	m := s.currentMachine()
+	f, err := os.CreateTemp(s.sb.Dir, ".plain-migrate-*")
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
+		return
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	start := time.Now()
+	err = m.Pause(r.Context())
+	if err == nil {
+		err = m.SaveAll(r.Context(), f)
+		if rerr := m.Resume(context.Background()); err == nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
+		return
+	}
+	st, _ := f.Stat()
+	writeJSON(w, http.StatusOK, PlainMigrate{PauseMillis: float64(time.Since(start).Microseconds()) / 1000, Bytes: st.Size()})
 }
 
 // maxRequestBody bounds JSON request bodies.

@@ -60,6 +60,8 @@ type supervisor struct {
 	qemuVersion string
 	cpMu        sync.Mutex // one checkpoint or rewind at a time
 	replacing   atomic.Pointer[qemu.Machine]
+	spareMu     sync.Mutex
+	spareReady  bool
 	clientMu    sync.Mutex
 	clientCh    chan struct{} // closed when s.client is replaced
 
@@ -137,6 +139,7 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 		s.setStatus(func(st *Status) { st.State, st.Error = Crashed, err.Error() })
 		return err
 	}
+	go s.prepareSpare()
 	if every := time.Duration(sb.Config.CheckpointEvery); every > 0 {
 		actx, cancel := context.WithCancel(ctx)
 		defer cancel()

@@ -85,3 +85,20 @@ func (m *Machine) waitMigration(ctx context.Context) error {
 		}
 	}
 }
+
+// SaveAll migrates the whole machine, RAM included, to w: QEMU's plain
+// migration, the baseline checkpoints are measured against.
+func (m *Machine) SaveAll(ctx context.Context, w *os.File) error {
+	if err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": false}},
+	}, nil); err != nil {
+		return err
+	}
+	if err := m.qmp.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "kosa8-migrate"}, w); err != nil {
+		return err
+	}
+	if err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:kosa8-migrate"}, nil); err != nil {
+		return err
+	}
+	return m.waitMigration(ctx)
+}
