@@ -119,59 +119,13 @@ func (m *matcher) couldStart(tail []byte, n int) bool {
 	return false
 }
 
-// replacingReader replaces patterns in a stream.
-type replacingReader struct {
-	src     io.Reader
-	m       *matcher
-	pending []byte
-	out     []byte
-	buf     []byte
-	eof     bool
-	err     error
-}
-
-func newReplacingReader(src io.Reader, pats, reps [][]byte) io.ReadCloser {
-	return &replacingReader{src: src, m: newMatcher(pats, reps), buf: make([]byte, 32<<10)}
-}
-
-func (r *replacingReader) Read(p []byte) (int, error) {
-	for len(r.out) == 0 {
-		if r.eof {
-			if r.err != nil {
-				return 0, r.err
-			}
-			return 0, io.EOF
-		}
-		n, err := r.src.Read(r.buf)
-		if err != nil {
-			r.eof = true
-			if !errors.Is(err, io.EOF) {
-				r.err = err
-			}
-		}
-		data := append(r.pending, r.buf[:n]...)
-		out, used, _ := r.m.scan(data, r.eof)
-		r.out = out
-		r.pending = append([]byte(nil), data[used:]...)
-	}
-	n := copy(p, r.out)
-	r.out = r.out[n:]
-	return n, nil
-}
-
-func (r *replacingReader) Close() error {
-	if c, ok := r.src.(io.Closer); ok {
-		return c.Close()
-	}
-	return nil
-}
-
 // errExfiltration is returned when a placeholder shows up where it may not.
 var errExfiltration = errors.New("placeholder in a place it may not go")
 
-// guardReader passes a stream through but fails, before passing it on, on
-// any bytes that would complete a pattern.
-type guardReader struct {
+// scanReader runs a stream through a matcher. With replacements it
+// replaces the patterns as they pass; without (a guard), it fails on the
+// first pattern before passing on any byte of it.
+type scanReader struct {
 	src     io.Reader
 	m       *matcher
 	pending []byte
@@ -179,14 +133,18 @@ type guardReader struct {
 	buf     []byte
 	eof     bool
 	err     error
-	tripped func()
+	tripped func() // a guard's: told when it fails
+}
+
+func newReplacingReader(src io.Reader, pats, reps [][]byte) io.ReadCloser {
+	return &scanReader{src: src, m: newMatcher(pats, reps), buf: make([]byte, 32<<10)}
 }
 
 func newGuardReader(src io.Reader, pats [][]byte, tripped func()) io.ReadCloser {
-	return &guardReader{src: src, m: newMatcher(pats, nil), buf: make([]byte, 32<<10), tripped: tripped}
+	return &scanReader{src: src, m: newMatcher(pats, nil), buf: make([]byte, 32<<10), tripped: tripped}
 }
 
-func (r *guardReader) Read(p []byte) (int, error) {
+func (r *scanReader) Read(p []byte) (int, error) {
 	for len(r.out) == 0 {
 		if r.eof {
 			if r.err != nil {
@@ -203,7 +161,7 @@ func (r *guardReader) Read(p []byte) (int, error) {
 		}
 		data := append(r.pending, r.buf[:n]...)
 		out, used, hit := r.m.scan(data, r.eof)
-		if hit {
+		if hit && r.m.reps == nil {
 			r.eof, r.err, r.out = true, errExfiltration, nil
 			if r.tripped != nil {
 				r.tripped()
@@ -218,7 +176,7 @@ func (r *guardReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (r *guardReader) Close() error {
+func (r *scanReader) Close() error {
 	if c, ok := r.src.(io.Closer); ok {
 		return c.Close()
 	}

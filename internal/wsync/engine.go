@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -123,26 +122,7 @@ func NewEngine(host, guest Side, manifest map[string]*Entry, opts Options, save 
 }
 
 // Excluded reports whether p stays on its side.
-func (e *Engine) Excluded(p string) bool {
-	parts := strings.Split(p, "/")
-	for _, pat := range e.opts.Exclude {
-		if strings.Contains(pat, "/") {
-			if ok, _ := path.Match(pat, p); ok {
-				return true
-			}
-			if strings.HasPrefix(p, strings.TrimSuffix(pat, "/")+"/") {
-				return true
-			}
-			continue
-		}
-		for _, c := range parts {
-			if ok, _ := path.Match(pat, c); ok {
-				return true
-			}
-		}
-	}
-	return false
-}
+func (e *Engine) Excluded(p string) bool { return matchAny(p, e.opts.Exclude) }
 
 // under reports whether p is one of roots or below one (nil roots: all).
 func under(p string, roots []string) bool {
@@ -170,31 +150,13 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 	if err != nil {
 		return fmt.Errorf("scan the guest workspace: %w", err)
 	}
-	all := map[string]bool{}
-	for p := range h {
-		all[p] = true
-	}
-	for p := range g {
-		all[p] = true
-	}
+	var known []string
 	for p := range e.manifest {
 		if under(p, paths) {
-			all[p] = true
+			known = append(known, p)
 		}
 	}
-	var order []string
-	for p := range all {
-		if !e.Excluded(p) {
-			order = append(order, p)
-		}
-	}
-	// Parents before children; within that, git's own order.
-	slices.SortFunc(order, func(a, b string) int {
-		if ra, rb := gitRank(a), gitRank(b); ra != rb {
-			return ra - rb
-		}
-		return strings.Compare(a, b)
-	})
+	order := e.order(h, g, known)
 	var deletes []func()
 	e.batch = e.batch[:0]
 	for _, p := range order {
@@ -218,6 +180,34 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 }
 
 // manifestCopy is the manifest as saved: entries plus tombstones.
+// order lists the paths of both scans and known, less the excluded ones,
+// parents before children and, within that, in git's own order.
+func (e *Engine) order(h, g map[string]*Entry, known []string) []string {
+	all := map[string]bool{}
+	for p := range h {
+		all[p] = true
+	}
+	for p := range g {
+		all[p] = true
+	}
+	for _, p := range known {
+		all[p] = true
+	}
+	var order []string
+	for p := range all {
+		if !e.Excluded(p) {
+			order = append(order, p)
+		}
+	}
+	slices.SortFunc(order, func(a, b string) int {
+		if ra, rb := gitRank(a), gitRank(b); ra != rb {
+			return ra - rb
+		}
+		return strings.Compare(a, b)
+	})
+	return order
+}
+
 func (e *Engine) manifestCopy() map[string]*Entry {
 	m := make(map[string]*Entry, len(e.manifest)+len(e.tombs))
 	for k, v := range e.manifest {
@@ -624,27 +614,14 @@ func (e *Engine) Rewind(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	all := map[string]bool{}
-	for _, m := range []map[string]*Entry{h, g, e.manifest} {
-		for p := range m {
-			all[p] = true
-		}
+	var known []string
+	for p := range e.manifest {
+		known = append(known, p)
 	}
 	for p := range e.tombs {
-		all[p] = true
+		known = append(known, p)
 	}
-	var order []string
-	for p := range all {
-		if !e.Excluded(p) {
-			order = append(order, p)
-		}
-	}
-	slices.SortFunc(order, func(a, b string) int {
-		if ra, rb := gitRank(a), gitRank(b); ra != rb {
-			return ra - rb
-		}
-		return strings.Compare(a, b)
-	})
+	order := e.order(h, g, known)
 	var deletes []func()
 	e.batch = e.batch[:0]
 	for _, p := range order {

@@ -42,10 +42,25 @@ func (h HoldRules) Held(p string) bool {
 			}
 		}
 	}
-	for _, pat := range h.Extra {
+	return matchAny(p, h.Extra)
+}
+
+// matchAny reports whether p matches one of pats: a pattern with a slash
+// is a path glob (and covers what is below a match), one without is
+// matched against every component of p.
+func matchAny(p string, pats []string) bool {
+	parts := strings.Split(p, "/")
+	for _, pat := range pats {
 		if strings.Contains(pat, "/") {
+			pat = strings.TrimSuffix(pat, "/")
 			if ok, _ := path.Match(pat, p); ok {
 				return true
+			}
+			// Below a matched directory.
+			for i := 1; i < len(parts); i++ {
+				if ok, _ := path.Match(pat, strings.Join(parts[:i], "/")); ok {
+					return true
+				}
 			}
 			continue
 		}

@@ -214,12 +214,7 @@ func (a *Agent) handleWSOp(s net.Conn, req *guest.Request) {
 			err = os.Chmod(full, op.Mode.Perm())
 		}
 	case "symlink":
-		tmp := full + ".kosa8-link"
-		_ = os.Remove(tmp)
-		if err = os.Symlink(op.Link, tmp); err == nil {
-			_ = os.Lchown(tmp, u.uid, u.gid)
-			err = os.Rename(tmp, full)
-		}
+		err = replaceSymlink(full, op.Link, u)
 	case "remove":
 		err = os.Remove(full)
 		if errors.Is(err, os.ErrNotExist) {
@@ -233,6 +228,18 @@ func (a *Agent) handleWSOp(s net.Conn, req *guest.Request) {
 		return
 	}
 	a.respond(s, guest.Response{})
+}
+
+// replaceSymlink makes full a link to target, owned by u, replacing what
+// is there in one rename.
+func replaceSymlink(full, target string, u *user) error {
+	tmp := full + ".kosa8-link"
+	_ = os.Remove(tmp)
+	if err := os.Symlink(target, tmp); err != nil {
+		return err
+	}
+	_ = os.Lchown(tmp, u.uid, u.gid)
+	return os.Rename(tmp, full)
 }
 
 // ensureParents creates the directories between root and full's parent,
@@ -404,12 +411,7 @@ func (a *Agent) handleWSPut(s net.Conn, req *guest.Request) {
 			}
 		case 'l':
 			if perr == nil {
-				tmp := full + ".kosa8-link"
-				_ = os.Remove(tmp)
-				if perr = os.Symlink(it.Link, tmp); perr == nil {
-					_ = os.Lchown(tmp, u.uid, u.gid)
-					perr = os.Rename(tmp, full)
-				}
+				perr = replaceSymlink(full, it.Link, u)
 			}
 		case 'f':
 			// The content follows in any case; read it all even after an error.

@@ -22,43 +22,34 @@ func (m *Machine) SnapshotDisk(ctx context.Context, id, overlay string) error {
 	}, nil)
 }
 
-// ignoreShared makes migration skip RAM in shared memory: the host copies
-// the RAM file itself, and the stream carries device state only (tens of
-// kilobytes, milliseconds).
-func (m *Machine) ignoreShared(ctx context.Context) error {
-	return m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}},
-	}, nil)
-}
-
-// SaveDevices writes the device state to w. The guest must be paused.
-// QEMU's sandbox forbids exec: migration, so the stream goes through a
-// descriptor passed over QMP.
-func (m *Machine) SaveDevices(ctx context.Context, w *os.File) error {
-	if err := m.ignoreShared(ctx); err != nil {
+// migrateFD runs an outgoing ("migrate") or incoming ("migrate-incoming")
+// migration through f, passed over QMP: QEMU's sandbox forbids exec:
+// migration. With ignoreShared the stream skips RAM in shared memory: the
+// host copies the RAM file itself, and the stream carries device state only
+// (tens of kilobytes, milliseconds).
+func (m *Machine) migrateFD(ctx context.Context, cmd string, f *os.File, ignoreShared bool) error {
+	if err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}},
+	}, nil); err != nil {
 		return err
 	}
-	if err := m.qmp.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "kosa8-migrate"}, w); err != nil {
+	if err := m.qmp.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "kosa8-migrate"}, f); err != nil {
 		return err
 	}
-	if err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:kosa8-migrate"}, nil); err != nil {
+	if err := m.qmp.Execute(ctx, cmd, map[string]any{"uri": "fd:kosa8-migrate"}, nil); err != nil {
 		return err
 	}
 	return m.waitMigration(ctx)
+}
+
+// SaveDevices writes the device state to w. The guest must be paused.
+func (m *Machine) SaveDevices(ctx context.Context, w *os.File) error {
+	return m.migrateFD(ctx, "migrate", w, true)
 }
 
 // LoadDevices reads device state from r into a machine started Incoming.
 func (m *Machine) LoadDevices(ctx context.Context, r *os.File) error {
-	if err := m.ignoreShared(ctx); err != nil {
-		return err
-	}
-	if err := m.qmp.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "kosa8-migrate"}, r); err != nil {
-		return err
-	}
-	if err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:kosa8-migrate"}, nil); err != nil {
-		return err
-	}
-	return m.waitMigration(ctx)
+	return m.migrateFD(ctx, "migrate-incoming", r, true)
 }
 
 func (m *Machine) waitMigration(ctx context.Context) error {
@@ -89,16 +80,5 @@ func (m *Machine) waitMigration(ctx context.Context) error {
 // SaveAll migrates the whole machine, RAM included, to w: QEMU's plain
 // migration, the baseline checkpoints are measured against.
 func (m *Machine) SaveAll(ctx context.Context, w *os.File) error {
-	if err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": false}},
-	}, nil); err != nil {
-		return err
-	}
-	if err := m.qmp.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "kosa8-migrate"}, w); err != nil {
-		return err
-	}
-	if err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:kosa8-migrate"}, nil); err != nil {
-		return err
-	}
-	return m.waitMigration(ctx)
+	return m.migrateFD(ctx, "migrate", w, false)
 }
