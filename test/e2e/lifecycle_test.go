@@ -221,10 +221,14 @@ func TestSupervisorKillLeavesNoOrphan(t *testing.T) {
 	if err := syscall.Kill(e.Status.SupervisorPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	// QEMU's parent-death signal fires when the supervisor thread that
+	// started it exits, which can be before the last of the supervisor's
+	// threads lets go of its files (and its lock): wait for both.
 	deadline := time.Now().Add(10 * time.Second)
-	for processRunning(e.Status.QEMUPID) {
+	for processRunning(e.Status.QEMUPID) || processRunning(e.Status.SupervisorPID) {
 		if time.Now().After(deadline) {
-			t.Fatalf("QEMU (pid %d) still running 10 s after its supervisor was killed", e.Status.QEMUPID)
+			t.Fatalf("QEMU (pid %d, running %v) or its supervisor (pid %d, running %v) still up 10 s after the kill",
+				e.Status.QEMUPID, processRunning(e.Status.QEMUPID), e.Status.SupervisorPID, processRunning(e.Status.SupervisorPID))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
