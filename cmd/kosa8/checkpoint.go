@@ -45,7 +45,11 @@ func checkpointCmd() *cobra.Command {
 			if asJSON {
 				return printJSON(meta)
 			}
-			fmt.Printf("%s  paused %.0f ms, total %.0f ms, %s RAM\n", meta.ID, meta.PauseMillis, meta.TotalMillis, humanBytes(meta.RAMBytes))
+			fmt.Printf("%s  paused %.0f ms, total %.0f ms, %s RAM", meta.ID, meta.PauseMillis, meta.TotalMillis, humanBytes(meta.RAMBytes))
+			if u, err := sb.Usage(); err == nil {
+				fmt.Printf(", %s on disk (all %d checkpoints: %s)", humanBytes(u.PerCheckpoint[meta.ID]), len(u.PerCheckpoint), humanBytes(u.Checkpoints))
+			}
+			fmt.Println()
 			return nil
 		},
 	}
@@ -101,11 +105,20 @@ func checkpointsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			usage, err := sb.Usage()
+			if err != nil {
+				return err
+			}
 			if asJSON {
-				if list == nil {
-					list = []*checkpoint.Meta{}
+				type entry struct {
+					*checkpoint.Meta
+					DiskBytes int64 `json:"disk_bytes"` // allocated on the host: its files and the disk layers it froze
 				}
-				return printJSON(list)
+				out := []entry{}
+				for _, c := range list {
+					out = append(out, entry{c, usage.PerCheckpoint[c.ID]})
+				}
+				return printJSON(out)
 			}
 			if len(list) == 0 {
 				fmt.Println("(no checkpoints: 'kosa8 checkpoint " + args[0] + "' takes one)")
@@ -135,7 +148,7 @@ func checkpointsCmd() *cobra.Command {
 				if c.Kind != "manual" {
 					msg = strings.TrimSpace("[" + c.Kind + "] " + msg)
 				}
-				fmt.Printf("%s %s%s  %s  %-8s  %s\n", mark, strings.Repeat("  ", depth), c.ID, c.Created.Local().Format(time.DateTime), humanBytes(c.RAMBytes), sanitize(msg, false))
+				fmt.Printf("%s %s%s  %s  %-9s  %s\n", mark, strings.Repeat("  ", depth), c.ID, c.Created.Local().Format(time.DateTime), humanBytes(usage.PerCheckpoint[c.ID]), sanitize(msg, false))
 				for _, k := range children[c.ID] {
 					show(k, depth+1)
 				}
@@ -143,7 +156,9 @@ func checkpointsCmd() *cobra.Command {
 			for _, r := range roots {
 				show(r, 0)
 			}
-			fmt.Fprintln(os.Stderr, "(* the checkpoint the sandbox now descends from)")
+			fmt.Printf("%d checkpoints, %s on disk; spare RAM file %s, live disk layers %s; sandbox total %s\n",
+				len(list), humanBytes(usage.Checkpoints), humanBytes(usage.Spare), humanBytes(usage.Active), humanBytes(usage.Total))
+			fmt.Fprintln(os.Stderr, "(* the checkpoint the sandbox now descends from; sizes are host disk space, RAM and frozen disk layers)")
 			return nil
 		},
 	}

@@ -156,7 +156,7 @@ func PunchHoles(f *os.File, exts []Extent, size int64) error {
 		if end <= off {
 			return nil
 		}
-		return unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, end-off)
+		return punchHole(fd, off, end-off)
 	}
 	for _, e := range exts {
 		if err := punch(prev, e.Off); err != nil {

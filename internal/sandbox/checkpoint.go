@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/audit"
@@ -233,7 +234,36 @@ func (s *supervisor) checkpoint(ctx context.Context, message, kind string) (*che
 	return s.checkpointLocked(ctx, message, kind)
 }
 
+// checkpointLocked takes a checkpoint; on failure it removes only its own
+// files and the machine runs on as before. A full disk says so, with what
+// to do.
 func (s *supervisor) checkpointLocked(ctx context.Context, message, kind string) (*checkpoint.Meta, error) {
+	meta, err := s.takeCheckpoint(ctx, message, kind)
+	if err != nil {
+		s.log.Warn("checkpoint failed", "err", err)
+		if diskFull(err, s.sb.Path(checkpointsDir)) {
+			err = fmt.Errorf("not enough disk space for a checkpoint in %s (%w): delete old checkpoints ('kosa8 checkpoints %s', 'kosa8 checkpoint rm %s ID') or free space; the sandbox runs on unchanged",
+				s.sb.Dir, err, s.sb.Config.Name, s.sb.Config.Name)
+		}
+	}
+	return meta, err
+}
+
+// diskFull tells whether err came from a full disk: ENOSPC or EDQUOT, or
+// an error from QEMU (which loses the errno) while dir's filesystem has
+// almost no space left.
+func diskFull(err error, dir string) bool {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return true
+	}
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) != nil {
+		return false
+	}
+	return int64(st.Bavail)*int64(st.Bsize) < 16<<20
+}
+
+func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string) (*checkpoint.Meta, error) {
 	store := s.sb.Checkpoints()
 	store.Sweep()
 	id := checkpoint.NewID()
@@ -578,4 +608,61 @@ func (s *supervisor) takeSpare(dst string) bool {
 	}
 	s.spareReady = false
 	return os.Rename(s.sb.Path(filepath.Join(checkpointsDir, spareFile)), dst) == nil
+}
+
+// CheckpointUsage is the host disk space a sandbox's checkpoints take.
+type CheckpointUsage struct {
+	// PerCheckpoint: the checkpoint's own files (RAM, devices, manifest)
+	// plus the disk layers it froze, in allocated bytes.
+	PerCheckpoint map[string]int64 `json:"per_checkpoint"`
+	Checkpoints   int64            `json:"checkpoints_bytes"` // all checkpoints
+	Spare         int64            `json:"spare_bytes"`       // the spare RAM file waiting for the next one
+	Active        int64            `json:"active_bytes"`      // the disk layers the machine writes to now
+	Total         int64            `json:"total_bytes"`       // the whole sandbox directory
+}
+
+// Usage measures the space the sandbox's checkpoints take on the host.
+// Sizes are allocated blocks, so sparse RAM and disk files count for what
+// they hold, not their length.
+func (s *Sandbox) Usage() (*CheckpointUsage, error) {
+	list, err := s.Checkpoints().List()
+	if err != nil {
+		return nil, err
+	}
+	u := &CheckpointUsage{PerCheckpoint: map[string]int64{}}
+	for _, m := range list {
+		n := allocatedTree(s.Checkpoints().Path(m.ID))
+		for _, d := range m.Disks {
+			n += allocated(s.Path(d.Path))
+		}
+		u.PerCheckpoint[m.ID] = n
+		u.Checkpoints += n
+	}
+	u.Spare = allocated(s.Path(filepath.Join(checkpointsDir, spareFile)))
+	for _, d := range s.activeDisks() {
+		u.Active += allocated(s.Path(d.Path))
+	}
+	u.Total = allocatedTree(s.Dir)
+	return u, nil
+}
+
+// allocated is the space a file takes on disk (0 if it is not there).
+func allocated(path string) int64 {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		return 0
+	}
+	return int64(st.Blocks) * 512
+}
+
+// allocatedTree sums allocated over a directory tree, never following links.
+func allocatedTree(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			n += allocated(p)
+		}
+		return nil
+	})
+	return n
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kosa8/kosa8/internal/egress"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/netstack"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
 )
 
 // Files of the network, in the sandbox's directory.
@@ -220,12 +221,10 @@ func startNetwork(sb *Sandbox, configDir string, log *slog.Logger) (*network, er
 // restored guest's cached addresses still mean the same names.
 func (n *network) attachLink() (*os.File, error) {
 	n.detachLink()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	hostEnd, qemuEnd, err := qemu.SocketPair("net")
 	if err != nil {
 		return nil, err
 	}
-	hostEnd := os.NewFile(uintptr(fds[0]), "net-host")
-	qemuEnd := os.NewFile(uintptr(fds[1]), "net-qemu")
 	conn, err := net.FileConn(hostEnd)
 	hostEnd.Close()
 	if err != nil {

@@ -197,12 +197,12 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		return fail(err)
 	}
 	cleanup = append(cleanup, func() { ram.Close() })
-	qmpHost, qmpQemu, err := socketPair("qmp")
+	qmpHost, qmpQemu, err := SocketPair("qmp")
 	if err != nil {
 		return fail(err)
 	}
 	cleanup = append(cleanup, func() { qmpHost.Close(); qmpQemu.Close() })
-	agentHost, agentQemu, err := socketPair("agent")
+	agentHost, agentQemu, err := SocketPair("agent")
 	if err != nil {
 		return fail(err)
 	}
@@ -299,13 +299,21 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	return m, nil
 }
 
-func socketPair(name string) (*os.File, *os.File, error) {
+// SocketPair makes a connected pair of unix stream sockets, both
+// close-on-exec (set under the fork lock, so no child started meanwhile
+// inherits them, on systems without SOCK_CLOEXEC too): the host's end and
+// the one to hand to QEMU.
+func SocketPair(name string) (*os.File, *os.File, error) {
+	syscall.ForkLock.RLock()
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fds[0])
+		syscall.CloseOnExec(fds[1])
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		return nil, nil, fmt.Errorf("socketpair for %s: %w", name, err)
 	}
-	syscall.CloseOnExec(fds[0])
-	syscall.CloseOnExec(fds[1])
 	return os.NewFile(uintptr(fds[0]), name+"-host"), os.NewFile(uintptr(fds[1]), name+"-qemu"), nil
 }
 
