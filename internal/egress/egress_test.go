@@ -414,3 +414,43 @@ func TestDNSOverTCP(t *testing.T) {
 		}
 	}
 }
+
+// Dropped packets are logged, at most once per kind and destination per
+// window, so that a flood cannot rotate the audit log away.
+func TestDroppedPacketsLoggedBounded(t *testing.T) {
+	g, logPath := newGateway(t, nil, fakeResolver{}, nil)
+	ping := netip.MustParseAddr("1.1.1.1")
+	for i := 0; i < 1000; i++ {
+		g.HandleDropped("icmp", ping)
+	}
+	g.HandleDropped("ipv6", netip.MustParseAddr("2606:4700::1111"))
+	g.HandleUDP(netstackFlow("10.0.2.15:5353", "8.8.8.8:53"))
+	// A window later the next one is logged with the count it stood for.
+	g.dropMu.Lock()
+	g.drops["icmp 1.1.1.1"].logged = time.Now().Add(-2 * dropWindow)
+	g.dropMu.Unlock()
+	g.HandleDropped("icmp", ping)
+
+	evs, err := audit.Read(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, e := range evs {
+		if e.Decision != "deny" {
+			t.Errorf("a dropped packet logged as %q", e.Decision)
+		}
+		kinds = append(kinds, e.Kind+" "+e.Dest)
+	}
+	want := []string{"icmp 1.1.1.1", "ipv6 2606:4700::1111", "udp 8.8.8.8:53", "icmp 1.1.1.1"}
+	if strings.Join(kinds, ",") != strings.Join(want, ",") {
+		t.Fatalf("logged %v, want %v", kinds, want)
+	}
+	if !strings.Contains(evs[3].Reason, "999 more") {
+		t.Fatalf("the entry after the window does not count the suppressed ones: %q", evs[3].Reason)
+	}
+}
+
+func netstackFlow(src, dst string) netstack.Flow {
+	return netstack.Flow{Src: netip.MustParseAddrPort(src), Dst: netip.MustParseAddrPort(dst)}
+}

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +62,9 @@ type Gateway struct {
 	names *NameMap
 	log   *slog.Logger
 	own   atomic.Pointer[[]netip.Prefix] // the host's own addresses
+
+	dropMu sync.Mutex
+	drops  map[string]*dropCount // rate limit of dropped-packet entries
 }
 
 // New returns a gateway.
@@ -272,7 +276,63 @@ func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error))
 
 // HandleUDP implements netstack.Handler: UDP other than DNS is dropped.
 func (g *Gateway) HandleUDP(flow netstack.Flow) {
-	g.audit(audit.Event{Kind: "udp", Dest: flow.Dst.String(), Decision: "deny", Reason: "UDP other than DNS to the gateway is dropped"})
+	g.auditDrop(audit.Event{Kind: "udp", Dest: flow.Dst.String(), Decision: "deny", Reason: "UDP other than DNS to the gateway is dropped"})
+}
+
+// HandleDropped implements netstack.Handler: ICMP, IPv6 and other IP
+// protocols are dropped.
+func (g *Gateway) HandleDropped(proto string, dst netip.Addr) {
+	reason := "only TCP and DNS leave the sandbox"
+	switch proto {
+	case "icmp":
+		reason = "ICMP is not carried: " + reason
+	case "ipv6":
+		reason = "IPv6 is not carried: " + reason
+	}
+	dest := ""
+	if dst.IsValid() {
+		dest = dst.String()
+	}
+	g.auditDrop(audit.Event{Kind: proto, Dest: dest, Decision: "deny", Reason: reason})
+}
+
+// auditDrop logs a dropped packet, at most once per kind and destination
+// per dropWindow: a guest flooding packets cannot flood the audit log (and
+// rotate away what came before). The next entry counts what was not
+// logged meanwhile.
+func (g *Gateway) auditDrop(e audit.Event) {
+	key := e.Kind + " " + e.Dest
+	now := time.Now()
+	g.dropMu.Lock()
+	if g.drops == nil || len(g.drops) >= maxDropKeys {
+		g.drops = map[string]*dropCount{}
+	}
+	d := g.drops[key]
+	if d != nil && now.Sub(d.logged) < dropWindow {
+		d.suppressed++
+		g.dropMu.Unlock()
+		return
+	}
+	if d == nil {
+		d = &dropCount{}
+		g.drops[key] = d
+	}
+	if d.suppressed > 0 {
+		e.Reason += fmt.Sprintf(" (%d more since the last entry)", d.suppressed)
+	}
+	d.logged, d.suppressed = now, 0
+	g.dropMu.Unlock()
+	g.audit(e)
+}
+
+const (
+	dropWindow  = 10 * time.Second
+	maxDropKeys = 4096
+)
+
+type dropCount struct {
+	logged     time.Time
+	suppressed int
 }
 
 // serve carries an allowed connection. The upstream's bytes flow to the

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 
 	"gvisor.dev/gvisor/pkg/buffer"
@@ -74,11 +75,48 @@ type Handler interface {
 	// HandleUDP is told of UDP the stack drops (everything but DNS to the
 	// gateway).
 	HandleUDP(flow Flow)
+	// HandleDropped is told of the other packets the stack drops: proto
+	// is "icmp", "ipv6" or "ip-proto-N"; dst is where the guest sent it.
+	HandleDropped(proto string, dst netip.Addr)
+}
+
+// Dropped tells whether a guest's Ethernet frame is one the stack drops
+// without a word (ICMP, IPv6, IPv4 protocols other than TCP and UDP), and
+// what it was and where it went. ARP and malformed frames are not
+// reported.
+func Dropped(frame []byte) (proto string, dst netip.Addr, ok bool) {
+	if len(frame) < header.EthernetMinimumSize {
+		return "", netip.Addr{}, false
+	}
+	ip := frame[header.EthernetMinimumSize:]
+	switch header.Ethernet(frame).Type() {
+	case header.IPv6ProtocolNumber:
+		if len(ip) < header.IPv6MinimumSize {
+			return "ipv6", netip.Addr{}, true
+		}
+		a, _ := netip.AddrFromSlice(ip[24:40])
+		return "ipv6", a, true
+	case header.IPv4ProtocolNumber:
+		if len(ip) < header.IPv4MinimumSize {
+			return "", netip.Addr{}, false
+		}
+		a, _ := netip.AddrFromSlice(ip[16:20])
+		switch p := ip[9]; p {
+		case 6, 17: // TCP, UDP: decided elsewhere
+			return "", netip.Addr{}, false
+		case 1:
+			return "icmp", a, true
+		default:
+			return "ip-proto-" + strconv.Itoa(int(p)), a, true
+		}
+	}
+	return "", netip.Addr{}, false
 }
 
 // Stack is a running network for one guest.
 type Stack struct {
 	s    *stack.Stack
+	h    Handler
 	ep   *channel.Endpoint
 	link io.ReadWriteCloser
 	log  *slog.Logger
@@ -153,7 +191,7 @@ func New(link io.ReadWriteCloser, h Handler, log *slog.Logger) (*Stack, error) {
 	s.SetTransportProtocolHandler(udp.ProtocolNumber, ufwd.HandlePacket)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	st := &Stack{s: s, ep: ep, link: link, log: log, cancel: cancel}
+	st := &Stack{s: s, h: h, ep: ep, link: link, log: log, cancel: cancel}
 	st.wg.Add(2)
 	go st.readLoop()
 	go st.writeLoop(ctx)
@@ -197,6 +235,10 @@ func (st *Stack) readLoop() {
 		}
 		if _, err := io.ReadFull(link, buf[:n]); err != nil {
 			return
+		}
+		if proto, dst, drop := Dropped(buf[:n]); drop {
+			st.h.HandleDropped(proto, dst)
+			continue
 		}
 		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(append([]byte(nil), buf[:n]...))})
 		st.ep.InjectInbound(0, pkt) // the Ethernet endpoint reads the type from the frame

@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -16,6 +18,8 @@ type recorder struct {
 	tcp  []Flow
 	udp  []Flow
 	deny bool
+
+	dropped []string
 }
 
 func (r *recorder) HandleTCP(f Flow, accept func() (net.Conn, error)) {
@@ -32,6 +36,12 @@ func (r *recorder) HandleTCP(f Flow, accept func() (net.Conn, error)) {
 	}
 	defer c.Close()
 	_, _ = io.Copy(c, c) // echo
+}
+
+func (r *recorder) HandleDropped(proto string, dst netip.Addr) {
+	r.mu.Lock()
+	r.dropped = append(r.dropped, proto+" "+dst.String())
+	r.mu.Unlock()
 }
 
 func (r *recorder) HandleUDP(f Flow) {
@@ -166,5 +176,70 @@ func TestDialGuest(t *testing.T) {
 	b, _ := io.ReadAll(c)
 	if string(b) != "from guest" {
 		t.Fatalf("got %q", b)
+	}
+}
+
+// ICMP, IPv6 and other IP protocols from the guest are dropped and
+// reported; TCP, UDP and ARP are not reported as drops.
+func TestDroppedFramesReported(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostEnd, _ := net.FileConn(osFile(fds[0], "host"))
+	guestEnd, _ := net.FileConn(osFile(fds[1], "guest"))
+	defer guestEnd.Close()
+	rec := &recorder{}
+	st, err := New(hostEnd, rec, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	eth := func(typ uint16, payload []byte) []byte {
+		f := make([]byte, 14, 14+len(payload))
+		copy(f[0:6], []byte{0x52, 0x54, 0, 0, 0, 2})
+		copy(f[6:12], []byte{0x52, 0x54, 0, 0, 0, 1})
+		f[12], f[13] = byte(typ>>8), byte(typ)
+		return append(f, payload...)
+	}
+	ipv4 := func(proto byte, dst [4]byte) []byte {
+		h := make([]byte, 28)
+		h[0], h[9] = 0x45, proto
+		h[2], h[3] = 0, 28
+		h[8] = 64
+		copy(h[12:16], []byte{10, 0, 2, 15})
+		copy(h[16:20], dst[:])
+		return h
+	}
+	ipv6 := make([]byte, 48)
+	ipv6[0] = 0x60
+	copy(ipv6[24:40], netip.MustParseAddr("2606:4700::1111").AsSlice())
+	frames := [][]byte{
+		eth(0x0800, ipv4(1, [4]byte{1, 1, 1, 1})),  // ping
+		eth(0x86dd, ipv6),                          // IPv6
+		eth(0x0800, ipv4(47, [4]byte{8, 8, 8, 8})), // GRE
+		eth(0x0806, make([]byte, 28)),              // ARP: not a drop
+		eth(0x0800, ipv4(17, [4]byte{8, 8, 4, 4})), // UDP: decided elsewhere
+	}
+	for _, f := range frames {
+		var n [4]byte
+		n[0], n[1], n[2], n[3] = byte(len(f)>>24), byte(len(f)>>16), byte(len(f)>>8), byte(len(f))
+		if _, err := guestEnd.Write(append(n[:], f...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := "icmp 1.1.1.1,ipv6 2606:4700::1111,ip-proto-47 8.8.8.8"
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec.mu.Lock()
+		got := strings.Join(rec.dropped, ",")
+		rec.mu.Unlock()
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dropped frames reported: %q, want %q", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
