@@ -191,7 +191,14 @@ func rewindCmd() *cobra.Command {
 			if asJSON {
 				return printJSON(res)
 			}
-			fmt.Printf("rewound to %s in %.0f ms; the state before is checkpoint %s\n", res.To, res.Millis, res.Saved.ID)
+			if res.Saved != nil {
+				fmt.Printf("rewound to %s in %.0f ms; the state before is checkpoint %s\n", res.To, res.Millis, res.Saved.ID)
+			} else {
+				fmt.Printf("rewound to %s in %.0f ms\n", res.To, res.Millis)
+			}
+			if res.Warning != "" {
+				fmt.Fprintln(os.Stderr, "kosa8: warning: "+sanitize(res.Warning, false))
+			}
 			if res.ColdBoot {
 				fmt.Fprintln(os.Stderr, "kosa8: the checkpoint was saved by another QEMU build: booted from its disks (processes were not restored)")
 			}

@@ -3,12 +3,15 @@ package sandbox
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -89,7 +92,9 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) error
 			return err
 		}
 	}
+	t0 := time.Now()
 	mach, err := s.drv.Start(ctx, &spec, opts)
+	tStarted := time.Now()
 	netEnd.Close() // QEMU has its own copy; ours would hide QEMU's exit from the stack
 	if err != nil {
 		return err
@@ -121,6 +126,7 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) error
 			return err
 		}
 	}
+	tLoaded := time.Now()
 	client, err := guest.Connect(lctx, m.Agent())
 	if err != nil {
 		select {
@@ -136,9 +142,13 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) error
 	if restore != nil {
 		entropy := make([]byte, 64)
 		_, _ = rand.Read(entropy)
+		tConnected := time.Now()
 		if err := client.Restored(lctx, entropy, time.Now()); err != nil {
 			return fmt.Errorf("restored guest: %w", err)
 		}
+		ms := func(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
+		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", ms(t0, tStarted),
+			"devices_ms", ms(tStarted, tLoaded), "agent_ms", ms(tLoaded, tConnected), "reseed_ms", ms(tConnected, time.Now()))
 	} else if err := client.SetTime(lctx, time.Now()); err != nil {
 		s.log.Warn("set guest clock", "err", err)
 	}
@@ -206,21 +216,70 @@ func (s *supervisor) prepareRestore(id string) (*checkpoint.Meta, error) {
 // branchDisks puts new overlays on a checkpoint's frozen disk layers and
 // makes them the active disks.
 func (s *supervisor) branchDisks(target *checkpoint.Meta, id string) error {
+	if err := os.MkdirAll(s.sb.Path(disksDir), 0o700); err != nil {
+		return err
+	}
 	next := map[string]checkpoint.Disk{}
+	errs := make(chan error, len(target.Disks))
 	for diskID, d := range target.Disks {
 		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
-		if err := os.MkdirAll(s.sb.Path(disksDir), 0o700); err != nil {
-			return err
-		}
-		out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2",
-			"-o", "backing_file="+s.sb.Path(d.Path)+",backing_fmt="+d.Format+",lazy_refcounts=on",
-			s.sb.Path(overlay)).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("new disk layer: %v: %s", err, strings.TrimSpace(string(out)))
-		}
 		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
+		go func() { errs <- newOverlay(s.sb.Path(overlay), s.sb.Path(d.Path), d.Format) }()
+	}
+	var first error
+	for range target.Disks {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return first
 	}
 	return s.sb.saveActiveDisks(next)
+}
+
+// newOverlay makes an empty qcow2 layer over backing. The size is read
+// from backing here, so qemu-img need not open the backing chain (-u):
+// that open was most of the time a rewind spent on its disks.
+func newOverlay(path, backing, backingFormat string) error {
+	size, err := virtualSize(backing, backingFormat)
+	if err != nil {
+		return fmt.Errorf("new disk layer over %s: %w", backing, err)
+	}
+	out, err := exec.Command("qemu-img", "create", "-q", "-u", "-f", "qcow2",
+		"-o", "backing_file="+backing+",backing_fmt="+backingFormat+",lazy_refcounts=on",
+		path, strconv.FormatInt(size, 10)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("new disk layer: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// virtualSize is the size the guest sees of a raw or qcow2 disk file.
+func virtualSize(path, format string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	switch format {
+	case "raw":
+		st, err := f.Stat()
+		if err != nil {
+			return 0, err
+		}
+		return st.Size(), nil
+	case "qcow2":
+		var h [32]byte
+		if _, err := io.ReadFull(f, h[:]); err != nil {
+			return 0, fmt.Errorf("read qcow2 header: %w", err)
+		}
+		if string(h[:4]) != "QFI\xfb" {
+			return 0, fmt.Errorf("not a qcow2 file")
+		}
+		return int64(binary.BigEndian.Uint64(h[24:32])), nil
+	}
+	return 0, fmt.Errorf("unknown disk format %q", format)
 }
 
 // checkpoint saves the whole running machine: the workloads are frozen and
@@ -238,7 +297,14 @@ func (s *supervisor) checkpoint(ctx context.Context, message, kind string) (*che
 // files and the machine runs on as before. A full disk says so, with what
 // to do.
 func (s *supervisor) checkpointLocked(ctx context.Context, message, kind string) (*checkpoint.Meta, error) {
-	meta, err := s.takeCheckpoint(ctx, message, kind)
+	meta, _, err := s.checkpointFinal(ctx, message, kind, false)
+	return meta, err
+}
+
+// checkpointFinal is checkpointLocked, and with final set, a checkpoint of a
+// machine about to be replaced (see takeCheckpoint).
+func (s *supervisor) checkpointFinal(ctx context.Context, message, kind string, final bool) (*checkpoint.Meta, func() error, error) {
+	meta, finish, err := s.takeCheckpoint(ctx, message, kind, final)
 	if err != nil {
 		s.log.Warn("checkpoint failed", "err", err)
 		if diskFull(err, s.sb.Path(checkpointsDir)) {
@@ -246,7 +312,34 @@ func (s *supervisor) checkpointLocked(ctx context.Context, message, kind string)
 				s.sb.Dir, err, s.sb.Config.Name, s.sb.Config.Name)
 		}
 	}
-	return meta, err
+	return meta, finish, err
+}
+
+// canWriteOutLater tells whether a rewind may leave the outgoing machine's
+// RAM for later: the new machine's RAM fits on tmpfs beside it, and the
+// write-out cannot run out of disk (the spare is allocated already, or the
+// disk has room for the RAM in use and more).
+func (s *supervisor) canWriteOutLater() bool {
+	m := s.currentMachine()
+	if m == nil || m.RAM() == nil {
+		return false
+	}
+	size := int64(s.sb.Config.MemoryMiB) << 20
+	var st syscall.Statfs_t
+	if syscall.Fstatfs(int(m.RAM().Fd()), &st) != nil || int64(st.Bavail)*int64(st.Bsize) < size+64<<20 {
+		return false
+	}
+	s.spareMu.Lock()
+	spare := s.spareReady
+	s.spareMu.Unlock()
+	if spare {
+		return true
+	}
+	var fst syscall.Stat_t
+	if syscall.Fstat(int(m.RAM().Fd()), &fst) != nil || syscall.Statfs(s.sb.Path(checkpointsDir), &st) != nil {
+		return false
+	}
+	return int64(st.Bavail)*int64(st.Bsize) > int64(fst.Blocks)*512+256<<20
 }
 
 // diskFull tells whether err came from a full disk: ENOSPC or EDQUOT, or
@@ -263,17 +356,21 @@ func diskFull(err error, dir string) bool {
 	return int64(st.Bavail)*int64(st.Bsize) < 16<<20
 }
 
-func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string) (*checkpoint.Meta, error) {
+// takeCheckpoint saves the machine. With final set the machine is not
+// resumed (a rewind replaces it): the RAM is not copied during the pause;
+// the returned finish writes it out and commits the checkpoint, and must
+// be called once QEMU is gone (it holds its own descriptor of the RAM).
+func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, final bool) (meta *checkpoint.Meta, finish func() error, err error) {
 	store := s.sb.Checkpoints()
 	store.Sweep()
 	id := checkpoint.NewID()
 	tmp, err := store.Begin(id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ok := false
+	handedOver := false // to finish, which then owns tmp, ram and the RAM copy
 	defer func() {
-		if !ok {
+		if !handedOver {
 			store.Abort(tmp)
 		}
 	}()
@@ -289,30 +386,36 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string) (
 	if err := client.Freeze(ctx); err != nil {
 		s.log.Warn("freeze workloads", "err", err)
 	}
-	defer func() {
-		if err := client.Thaw(context.Background()); err != nil {
-			s.log.Warn("thaw workloads", "err", err)
-		}
-	}()
+	if !final {
+		defer func() {
+			if err := client.Thaw(context.Background()); err != nil {
+				s.log.Warn("thaw workloads", "err", err)
+			}
+		}()
+	}
 	dev, err := os.OpenFile(filepath.Join(tmp, checkpoint.DevicesFile), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer dev.Close()
 	ramPath := filepath.Join(tmp, checkpoint.RAMFile)
 	spare := s.takeSpare(ramPath)
 	ram, err := os.OpenFile(ramPath, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer ram.Close()
+	defer func() {
+		if !handedOver {
+			ram.Close()
+		}
+	}()
 
 	m := s.currentMachine()
 	pauseStart := time.Now()
 	if err := m.Pause(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	resumed := false
+	resumed := final
 	resume := func() error {
 		if resumed {
 			return nil
@@ -324,12 +427,12 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string) (
 	frozen := s.sb.activeDisks()
 	next := map[string]checkpoint.Disk{}
 	if err := os.MkdirAll(s.sb.Path(disksDir), 0o700); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for diskID := range frozen {
 		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
 		if err := m.SnapshotDisk(ctx, diskID, s.sb.Path(overlay)); err != nil {
-			return nil, fmt.Errorf("snapshot disk %s: %w", diskID, err)
+			return nil, nil, fmt.Errorf("snapshot disk %s: %w", diskID, err)
 		}
 		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
 		// Recorded at once: a crash after this point must restart on the
@@ -337,66 +440,129 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string) (
 		cur := s.sb.activeDisks()
 		cur[diskID] = next[diskID]
 		if err := s.sb.saveActiveDisks(cur); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if err := m.SaveDevices(ctx, dev); err != nil {
-		return nil, fmt.Errorf("save device state: %w", err)
-	}
-	var ramBytes int64
-	var extents []checkpoint.Extent
-	if spare {
-		extents, ramBytes, err = checkpoint.CopyData(ram, m.RAM())
-	} else {
-		ramBytes, err = checkpoint.CopySparse(ram, m.RAM())
-	}
-	if err != nil {
-		return nil, fmt.Errorf("copy guest RAM: %w", err)
-	}
-	if err := resume(); err != nil {
-		return nil, err
-	}
-	pause := time.Since(pauseStart)
-	if spare {
-		// Back to a sparse file: the spare was all zeros where the guest
-		// had none.
-		if err := checkpoint.PunchHoles(ram, extents, int64(s.sb.Config.MemoryMiB)<<20); err != nil {
-			s.log.Warn("punch holes in the checkpoint's RAM", "err", err)
-		}
-	}
-
-	if s.ws != nil && s.ws.engine != nil {
-		if err := writeJSONAtomic(filepath.Join(tmp, checkpoint.ManifestFile), s.ws.engine.Manifest()); err != nil {
-			return nil, err
-		}
+		return nil, nil, fmt.Errorf("save device state: %w", err)
 	}
 	devInfo, _ := dev.Stat()
-	st := s.getStatus()
-	meta := &checkpoint.Meta{
-		ID: id, Parent: st.Checkpoint, Created: time.Now().UTC(), Message: message, Kind: kind,
+	meta = &checkpoint.Meta{
+		ID: id, Parent: s.getStatus().Checkpoint, Created: time.Now().UTC(), Message: message, Kind: kind,
 		QEMU: s.qemuVersion, Arch: s.sb.Config.Arch, MemoryMiB: s.sb.Config.MemoryMiB,
-		Disks: frozen, RAMBytes: ramBytes, DeviceBytes: devInfo.Size(),
-		PauseMillis: float64(pause.Microseconds()) / 1000,
+		Disks: frozen, DeviceBytes: devInfo.Size(),
+	}
+	// copyRAM fills the checkpoint's RAM file from src and leaves it sparse.
+	copyRAM := func(src *os.File) error {
+		var extents []checkpoint.Extent
+		var err error
+		if spare {
+			extents, meta.RAMBytes, err = checkpoint.CopyData(ram, src)
+		} else {
+			meta.RAMBytes, err = checkpoint.CopySparse(ram, src)
+		}
+		if err != nil {
+			return fmt.Errorf("copy guest RAM: %w", err)
+		}
+		if spare {
+			// Back to a sparse file: the spare was all zeros where the
+			// guest had none.
+			if err := checkpoint.PunchHoles(ram, extents, int64(s.sb.Config.MemoryMiB)<<20); err != nil {
+				s.log.Warn("punch holes in the checkpoint's RAM", "err", err)
+			}
+		}
+		return nil
+	}
+	commit := func() error {
+		if err := store.Commit(tmp, meta); err != nil {
+			return err
+		}
+		go s.prepareSpare()
+		s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "saved", Name: id, Reason: message})
+		s.log.Info("checkpoint", "id", id, "kind", kind, "pause_ms", meta.PauseMillis, "total_ms", meta.TotalMillis, "ram_mib", meta.RAMBytes>>20)
+		return nil
+	}
+	writeManifest := func() error {
+		if s.ws == nil || s.ws.engine == nil {
+			return nil
+		}
+		return writeJSONAtomic(filepath.Join(tmp, checkpoint.ManifestFile), s.ws.engine.Manifest())
+	}
+
+	if final {
+		// The machine ends here: its RAM file is written out after QEMU
+		// is gone, out of the caller's way, from a descriptor of our own.
+		src, err := dupFile(m.RAM())
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := writeManifest(); err != nil {
+			src.Close()
+			return nil, nil, err
+		}
+		meta.PauseMillis = float64(time.Since(pauseStart).Microseconds()) / 1000
+		meta.TotalMillis = float64(time.Since(start).Microseconds()) / 1000
+		handedOver = true
+		finish = func() error {
+			defer ram.Close()
+			err := copyRAM(src)
+			src.Close()
+			if err == nil {
+				err = commit()
+			}
+			if err != nil {
+				store.Abort(tmp)
+				s.log.Error("write out checkpoint", "id", id, "err", err)
+				s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "failed", Name: id, Reason: err.Error()})
+			}
+			return err
+		}
+		return meta, finish, nil
+	}
+
+	if err := copyRAM(m.RAM()); err != nil {
+		return nil, nil, err
+	}
+	if err := resume(); err != nil {
+		return nil, nil, err
+	}
+	meta.PauseMillis = float64(time.Since(pauseStart).Microseconds()) / 1000
+	if err := writeManifest(); err != nil {
+		return nil, nil, err
 	}
 	meta.TotalMillis = float64(time.Since(start).Microseconds()) / 1000
-	if err := store.Commit(tmp, meta); err != nil {
-		return nil, err
+	if err := commit(); err != nil {
+		return nil, nil, err
 	}
-	ok = true
-	go s.prepareSpare()
 	s.setStatus(func(st *Status) { st.Checkpoint = id })
-	s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "saved", Name: id, Reason: message})
-	s.log.Info("checkpoint", "id", id, "pause_ms", meta.PauseMillis, "total_ms", meta.TotalMillis, "ram_mib", ramBytes>>20)
-	return meta, nil
+	return meta, nil, nil
+}
+
+// dupFile opens a second descriptor of f, close-on-exec.
+func dupFile(f *os.File) (*os.File, error) {
+	syscall.ForkLock.RLock()
+	fd, err := syscall.Dup(int(f.Fd()))
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
+	if err != nil {
+		return nil, fmt.Errorf("dup %s: %w", f.Name(), err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
 // RewindResult reports a rewind.
 type RewindResult struct {
-	To        string           `json:"to"`
-	Saved     *checkpoint.Meta `json:"saved"` // the state just before the rewind
-	Millis    float64          `json:"ms"`
-	ColdBoot  bool             `json:"cold_boot,omitempty"`
-	Conflicts []wsync.Conflict `json:"conflicts,omitempty"`
+	To     string           `json:"to"`
+	Saved  *checkpoint.Meta `json:"saved"` // the state just before the rewind
+	Millis float64          `json:"ms"`    // until the restored machine runs
+	// SavedMillis: until the state before is on disk too (its RAM is
+	// written out while the restored machine already runs).
+	SavedMillis float64          `json:"saved_ms,omitempty"`
+	Warning     string           `json:"warning,omitempty"`
+	ColdBoot    bool             `json:"cold_boot,omitempty"`
+	Conflicts   []wsync.Conflict `json:"conflicts,omitempty"`
 }
 
 // rewind returns the machine to a checkpoint: the state just before is
@@ -412,10 +578,23 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 		return nil, err
 	}
 	start := time.Now()
-	pre, err := s.checkpointLocked(ctx, "before rewind to "+id, "pre-rewind")
+	// The state before is saved without copying its RAM during the rewind:
+	// that RAM is written out once the restored machine runs.
+	pre, writeOut, err := s.checkpointFinal(ctx, "before rewind to "+id, "pre-rewind", s.canWriteOutLater())
 	if err != nil {
 		return nil, fmt.Errorf("save the state before the rewind: %w", err)
 	}
+	// Written out once the restored machine runs, and before the answer:
+	// what the answer names exists. On a failed rewind too.
+	flush := func() error {
+		if writeOut == nil {
+			return nil
+		}
+		w := writeOut
+		writeOut = nil
+		return w()
+	}
+	defer flush()
 	var manifest map[string]*wsync.Entry
 	if s.ws != nil {
 		manifest = s.ws.engine.Manifest()
@@ -431,12 +610,15 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 		s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "saved", target.QEMU, "now", s.qemuVersion)
 		restore, cold = nil, true
 	}
+	tSaved := time.Now()
 	if err := s.branchDisks(target, checkpoint.NewID()); err != nil {
 		return nil, err
 	}
+	tBranched := time.Now()
 	if err := s.launch(ctx, restore); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", id, err)
 	}
+	tLaunched := time.Now()
 	res := &RewindResult{To: id, Saved: pre, ColdBoot: cold}
 	if s.ws != nil {
 		if err := s.ws.attach(ctx, s.currentClient(), manifest, true); err != nil {
@@ -444,10 +626,21 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 		}
 		res.Conflicts = s.ws.engine.Status().Conflicts
 	}
+	ms := func(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
+	s.log.Info("rewind phases", "save_before_ms", ms(start, tSaved), "disks_ms", ms(tSaved, tBranched),
+		"restore_ms", ms(tBranched, tLaunched), "workspace_ms", ms(tLaunched, time.Now()))
 	s.setStatus(func(st *Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
 	res.Millis = float64(time.Since(start).Microseconds()) / 1000
+	if err := flush(); err != nil {
+		res.Saved = nil
+		res.Warning = "the state before the rewind could not be saved: " + err.Error()
+		s.net.audit.Add(audit.Event{Kind: "rewind", Decision: "restored", Name: id, Reason: res.Warning})
+		s.log.Warn("rewind", "to", id, "ms", res.Millis, "err", res.Warning)
+		return res, nil
+	}
+	res.SavedMillis = float64(time.Since(start).Microseconds()) / 1000
 	s.net.audit.Add(audit.Event{Kind: "rewind", Decision: "restored", Name: id, Reason: "state before kept as " + pre.ID})
-	s.log.Info("rewind", "to", id, "ms", res.Millis, "saved", pre.ID)
+	s.log.Info("rewind", "to", id, "ms", res.Millis, "saved", pre.ID, "saved_ms", res.SavedMillis)
 	return res, nil
 }
 

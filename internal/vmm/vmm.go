@@ -49,8 +49,9 @@ type StartOptions struct {
 	// Incoming starts the machine paused, waiting for its device state
 	// (Snapshotter.LoadDevices) instead of booting.
 	Incoming bool
-	// PrepareRAM, when set, fills the new RAM file before the VMM starts
-	// (a restore copies a checkpoint's RAM into it).
+	// PrepareRAM, when set, fills the new RAM file before the guest runs (a
+	// restore copies a checkpoint's RAM into it). With Incoming it may run
+	// while the VMM starts; Start returns only after it has finished.
 	PrepareRAM func(ram *os.File) error
 }
 

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -321,5 +322,73 @@ func TestFiles(t *testing.T) {
 	}
 	if _, err := c.ReadFile(ctx, filepath.Join(dir, "missing"), io.Discard); err == nil {
 		t.Error("missing file read")
+	}
+}
+
+// After a restore the guest's old session still reads the port when the
+// new host's HELLO arrives: the first HELLO must be answered, not eaten by
+// the old session (which would cost the host a retry interval).
+func TestFirstHelloEndsOldSession(t *testing.T) {
+	hostEnd, guestEnd := net.Pipe()
+	defer hostEnd.Close()
+	go func() { _ = ServeChannel(context.Background(), guestEnd, testAgent.Handle, testAgent.log) }()
+	h := newHandover(hostEnd)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c1, err := guest.Connect(ctx, h.take())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := h.take()
+	if err := guest.WriteControl(second, guest.Control{Kind: guest.Hello, Generation: 42}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		br := bufio.NewReader(second)
+		for {
+			c, err := guest.ReadControl(br)
+			if err != nil || (c.Kind == guest.Ack && c.Generation == 42) {
+				got <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("one HELLO after a live session got no ACK: the old session swallowed it")
+	}
+}
+
+func TestFrameCursor(t *testing.T) {
+	hdr := func(typ byte, length uint32) []byte {
+		return []byte{0, typ, 0, 0, 0, 0, 0, 1, byte(length >> 24), byte(length >> 16), byte(length >> 8), byte(length)}
+	}
+	var stream []byte
+	stream = append(stream, hdr(0, 5)...)
+	stream = append(stream, "KSA8!"...) // payload may hold anything
+	stream = append(stream, hdr(1, 1<<20)...)
+	stream = append(stream, hdr(2, 7)...) // ping: no payload
+	end := len(stream)
+	stream = append(stream, "KSA8 hello"...)
+	// Whole, and cut at every point: the same boundary is found.
+	for cut := 0; cut <= len(stream); cut++ {
+		var c frameCursor
+		got := c.feed(stream[:cut])
+		if got < 0 {
+			if i := c.feed(stream[cut:]); i >= 0 {
+				got = cut + i
+			}
+		}
+		if got != end {
+			t.Fatalf("cut at %d: boundary at %d, want %d", cut, got, end)
+		}
 	}
 }

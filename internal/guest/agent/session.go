@@ -97,13 +97,24 @@ func serveSession(ctx context.Context, br *bufio.Reader, w io.Writer, handle Str
 		}
 	}()
 	// Only this loop reads br, so when the session dies the bytes it did not
-	// take are known exactly and go back to the handshake scanner.
+	// take are known exactly and go back to the handshake scanner. It
+	// follows yamux's framing too: a byte that should start a frame header
+	// but is not version 0 is a new host's HELLO (after a restore the old
+	// session is still here), which ends the session at once instead of
+	// being swallowed by it, which would cost a HELLO interval.
+	var cur frameCursor
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := br.Read(buf)
 		if err != nil {
 			sess.Close()
 			return nil, err
+		}
+		if i := cur.feed(buf[:n]); i >= 0 {
+			_, _ = pw.Write(buf[:i])
+			sess.Close()
+			log.Info("session ended: the host started over")
+			return append([]byte(nil), buf[i:n]...), nil
 		}
 		m, werr := pw.Write(buf[:n])
 		if werr != nil {
@@ -124,3 +135,41 @@ type pipeConn struct {
 func (p *pipeConn) Read(b []byte) (int, error)  { return p.r.Read(b) }
 func (p *pipeConn) Write(b []byte) (int, error) { return p.w.Write(b) }
 func (p *pipeConn) Close() error                { return p.r.Close() }
+
+// frameCursor follows yamux frame boundaries in a byte stream: 12-byte
+// headers (version 0, type, flags, stream id, length) and, for data frames,
+// length bytes of payload.
+type frameCursor struct {
+	hdr     [12]byte
+	have    int    // header bytes seen so far
+	payload uint32 // payload bytes still to come
+}
+
+// feed advances over b and returns the offset of the first byte that
+// cannot be yamux (a header not starting with version 0), or -1.
+func (c *frameCursor) feed(b []byte) int {
+	for i := 0; i < len(b); {
+		if c.payload > 0 {
+			n := len(b) - i
+			if uint64(n) > uint64(c.payload) {
+				n = int(c.payload)
+			}
+			i += n
+			c.payload -= uint32(n)
+			continue
+		}
+		if c.have == 0 && b[i] != 0 {
+			return i
+		}
+		c.hdr[c.have] = b[i]
+		c.have++
+		i++
+		if c.have == len(c.hdr) {
+			c.have = 0
+			if c.hdr[1] == 0 { // data
+				c.payload = uint32(c.hdr[8])<<24 | uint32(c.hdr[9])<<16 | uint32(c.hdr[10])<<8 | uint32(c.hdr[11])
+			}
+		}
+	}
+	return -1
+}

@@ -210,10 +210,19 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 
 	// Descriptors 3, 4, 5 (and 6) in QEMU, in ExtraFiles order.
 	extra := []*os.File{ram, qmpQemu, agentQemu}
-	if opts.PrepareRAM != nil {
-		if err := opts.PrepareRAM(ram); err != nil {
-			return fail(fmt.Errorf("prepare guest RAM: %w", err))
-		}
+	// An incoming QEMU leaves guest RAM alone until the migration stream
+	// arrives (it does not even copy ROMs in), so the restore's RAM copy
+	// runs while QEMU starts; it ends before Start returns, and so before
+	// the device state is loaded.
+	prepared := make(chan error, 1)
+	if opts.PrepareRAM == nil {
+		prepared <- nil
+	} else if opts.Incoming {
+		go func() { prepared <- opts.PrepareRAM(ram) }()
+		// Never leave with the copy still writing into the file.
+		cleanup = append(cleanup, func() { <-prepared; prepared <- nil })
+	} else {
+		prepared <- opts.PrepareRAM(ram)
 	}
 	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), QMPFd: 4, AgentFd: 5}
 	if opts.Incoming {
@@ -257,6 +266,11 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 			err = fmt.Errorf("qemu exited: %w%s", err, m.stderr.Suffix())
 		}
 		m.waitErr = err
+		// The RAM file is unlinked: this was its last name, and guest RAM
+		// stays allocated on tmpfs while any descriptor is open. Whoever
+		// needs it after QEMU (a checkpoint written out later) holds a
+		// duplicate.
+		m.ram.Close()
 		close(m.done)
 	}()
 	if err := <-started; err != nil {
@@ -296,6 +310,11 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}
 	agentHost.Close()
 	m.agent = ac
+	if err := <-prepared; err != nil {
+		prepared <- nil
+		return fail(fmt.Errorf("prepare guest RAM: %w", err))
+	}
+	prepared <- nil
 	return m, nil
 }
 
