@@ -89,7 +89,8 @@ type Engine struct {
 	opts        Options
 
 	mu        sync.Mutex
-	batch     []PutItem // writes to the guest gathered during a sync
+	batch     []PutItem      // writes to the guest gathered during a sync
+	gitFailed map[string]int // git directory → lowest rank that failed this pass
 	manifest  map[string]*Entry
 	held      map[string]Change
 	pending   map[string]Change
@@ -122,7 +123,8 @@ func NewEngine(host, guest Side, manifest map[string]*Entry, opts Options, save 
 }
 
 // Excluded reports whether p stays on its side.
-func (e *Engine) Excluded(p string) bool { return matchAny(p, e.opts.Exclude) }
+// Git's lock files are always: they belong to a git process at work.
+func (e *Engine) Excluded(p string) bool { return isGitLock(p) || matchAny(p, e.opts.Exclude) }
 
 // under reports whether p is one of roots or below one (nil roots: all).
 func under(p string, roots []string) bool {
@@ -159,6 +161,7 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 	order := e.order(h, g, known)
 	var deletes []func()
 	e.batch = e.batch[:0]
+	e.gitFailed = map[string]int{}
 	for _, p := range order {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -347,8 +350,22 @@ func (e *Engine) applyToHost(ctx context.Context, p string, cur, g *Entry) func(
 			e.setManifest(p, nil, "guest")
 		}
 	}
+	// A repository goes out in git's order: once a step failed (git on the
+	// host holds a lock, say), its later steps wait for the next pass, so
+	// the host never has a ref to a missing object or an index ahead of
+	// its refs.
+	gitDir, rank := gitDirOf(p), gitRank(p)
+	if failed, ok := e.gitFailed[gitDir]; ok && gitDir != "" && failed < rank {
+		return nil
+	}
 	if err := e.replace(ctx, e.guest, e.host, p, cur, g); err != nil {
 		e.fail(p, err)
+		if failed, ok := e.gitFailed[gitDir]; gitDir != "" && (!ok || rank < failed) {
+			if e.gitFailed == nil {
+				e.gitFailed = map[string]int{}
+			}
+			e.gitFailed[gitDir] = rank
+		}
 		return nil
 	}
 	e.setManifest(p, g, "guest")
@@ -624,6 +641,7 @@ func (e *Engine) Rewind(ctx context.Context) error {
 	order := e.order(h, g, known)
 	var deletes []func()
 	e.batch = e.batch[:0]
+	e.gitFailed = map[string]int{}
 	for _, p := range order {
 		m, hp, gp := e.manifest[p], h[p], g[p]
 		agentMade := hp.Same(m) && ((m != nil && m.Origin != "host") || (m == nil && e.tombs[p] != "host"))

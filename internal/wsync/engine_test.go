@@ -348,3 +348,112 @@ func TestRewindMerge(t *testing.T) {
 		t.Error("the user's edit over the checkpoint was not reported")
 	}
 }
+
+// A commit made in the guest reaches the host repository in git's order and
+// under git's own lock files: while git on the host holds a ref's lock, the
+// ref and everything after it (the index) wait; objects go ahead; lock
+// files never cross.
+func TestGitCommitUnderHostLocks(t *testing.T) {
+	p := newPair(t, Options{})
+	for _, dir := range []string{p.host, p.guest} {
+		write(t, dir, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, dir, ".git/refs/heads/main", "aaaa\n")
+		write(t, dir, ".git/index", "index A")
+		write(t, dir, ".git/objects/aa/aa", "object A")
+	}
+	p.sync(t)
+
+	// The agent commits; its git is still at work (index.lock).
+	write(t, p.guest, ".git/objects/bb/bb", "object B")
+	write(t, p.guest, ".git/refs/heads/main", "bbbb\n")
+	write(t, p.guest, ".git/index", "index B")
+	write(t, p.guest, ".git/index.lock", "half-written index")
+	// Meanwhile git on the host holds the branch's lock.
+	write(t, p.host, ".git/refs/heads/main.lock", "host git at work")
+
+	ctx := context.Background()
+	if err := p.e.Sync(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(p.host, ".git/objects/bb/bb"); got != "object B" {
+		t.Fatalf("the new object did not go ahead: %q", got)
+	}
+	if got := read(p.host, ".git/refs/heads/main"); got != "aaaa\n" {
+		t.Fatalf("the ref was written under the host's lock: %q", got)
+	}
+	if got := read(p.host, ".git/index"); got != "index A" {
+		t.Fatalf("the index went ahead of its ref: %q", got)
+	}
+	if got := read(p.host, ".git/refs/heads/main.lock"); got != "host git at work" {
+		t.Fatalf("the host's lock file was touched: %q", got)
+	}
+	if exists(p.host, ".git/index.lock") {
+		t.Fatal("the guest's index.lock was synced to the host")
+	}
+	if errs := p.e.Status().Errors; len(errs) == 0 || !strings.Contains(strings.Join(errs, "\n"), "git is at work") {
+		t.Fatalf("the wait is not reported: %v", errs)
+	}
+
+	// Host git is done: the rest follows, and no lock of ours stays.
+	os.Remove(filepath.Join(p.host, ".git/refs/heads/main.lock"))
+	if err := p.e.Sync(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(p.host, ".git/refs/heads/main"); got != "bbbb\n" {
+		t.Fatalf("the ref after the lock was released: %q", got)
+	}
+	if got := read(p.host, ".git/index"); got != "index B" {
+		t.Fatalf("the index after the lock was released: %q", got)
+	}
+	for _, l := range []string{".git/refs/heads/main.lock", ".git/index.lock"} {
+		if exists(p.host, l) {
+			t.Fatalf("%s left on the host", l)
+		}
+	}
+	// The agent deletes a branch: under the lock too.
+	write(t, p.guest, ".git/refs/heads/topic", "cccc\n")
+	if err := p.e.Sync(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(p.guest, ".git/refs/heads/topic"))
+	write(t, p.host, ".git/refs/heads/topic.lock", "host git at work")
+	p.e.Sync(ctx, nil)
+	if got := read(p.host, ".git/refs/heads/topic"); got != "cccc\n" {
+		t.Fatalf("a ref was deleted under the host's lock: %q", got)
+	}
+	os.Remove(filepath.Join(p.host, ".git/refs/heads/topic.lock"))
+	p.e.Sync(ctx, nil)
+	if exists(p.host, ".git/refs/heads/topic") || exists(p.host, ".git/refs/heads/topic.lock") {
+		t.Fatal("the deleted branch (or our lock) is still on the host")
+	}
+}
+
+func TestGitPaths(t *testing.T) {
+	for _, c := range []struct {
+		p      string
+		dir    string
+		locked bool
+		lock   bool
+	}{
+		{"a/.git/refs/heads/main", "a/.git", true, false},
+		{".git/index", ".git", true, false},
+		{".git/index.lock", ".git", false, true},
+		{".git/objects/ab/cdef", ".git", false, false},
+		{".git/ORIG_HEAD", ".git", true, false},
+		{".git/config", ".git", true, false},
+		{".git/modules/lib/refs/heads/x", ".git/modules/lib", true, false},
+		{".git/modules/lib/index.lock", ".git/modules/lib", false, true},
+		{"src/index", "", false, false},
+		{"src/x.lock", "", false, false},
+	} {
+		if got := gitDirOf(c.p); got != c.dir {
+			t.Errorf("gitDirOf(%q) = %q, want %q", c.p, got, c.dir)
+		}
+		if got := gitLocked(c.p); got != c.locked {
+			t.Errorf("gitLocked(%q) = %v", c.p, got)
+		}
+		if got := isGitLock(c.p); got != c.lock {
+			t.Errorf("isGitLock(%q) = %v", c.p, got)
+		}
+	}
+}

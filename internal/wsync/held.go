@@ -188,16 +188,45 @@ func parseGitConfig(b []byte) (map[string][]string, bool) {
 	return out, sc.Err() == nil
 }
 
+// gitDirRest returns p's path inside its git directory ("refs/heads/main"
+// for "a/.git/refs/heads/main"; submodules' git directories under
+// .git/modules/NAME/ count as their own), or ok false outside one.
+func gitDirRest(p string) (rest string, ok bool) {
+	parts := strings.Split(p, "/")
+	k := slices.Index(parts, ".git")
+	if k < 0 {
+		return "", false
+	}
+	parts = parts[k+1:]
+	for len(parts) > 2 && parts[0] == "modules" {
+		parts = parts[2:]
+	}
+	return strings.Join(parts, "/"), true
+}
+
+// gitDirOf returns the git directory p is in ("a/.git", or
+// "a/.git/modules/NAME" for a submodule's), or "".
+func gitDirOf(p string) string {
+	parts := strings.Split(p, "/")
+	k := slices.Index(parts, ".git")
+	if k < 0 {
+		return ""
+	}
+	k++
+	for len(parts)-k > 2 && parts[k] == "modules" {
+		k += 2
+	}
+	return strings.Join(parts[:k], "/")
+}
+
 // gitRank orders the paths of a batch so that a repository on the host is
 // never half-written: objects before refs, refs before HEAD, HEAD before
 // the index, the index before the work tree.
 func gitRank(p string) int {
-	parts := strings.Split(p, "/")
-	k := slices.Index(parts, ".git")
-	if k < 0 {
+	rest, ok := gitDirRest(p)
+	if !ok {
 		return 5
 	}
-	rest := strings.Join(parts[k+1:], "/")
 	switch {
 	case strings.HasPrefix(rest, "objects/"):
 		return 0
@@ -209,4 +238,28 @@ func gitRank(p string) int {
 		return 4
 	}
 	return 1
+}
+
+// gitLocked tells whether git changes p only under a lock file (p + ".lock",
+// created exclusively, renamed over p): refs, HEAD and the like, the index,
+// packed-refs, config, shallow. Writes from the sandbox take the same lock,
+// so a git running on the host never sees them half-done, nor they its.
+func gitLocked(p string) bool {
+	rest, ok := gitDirRest(p)
+	if !ok || strings.HasSuffix(rest, ".lock") {
+		return false
+	}
+	switch {
+	case strings.HasPrefix(rest, "refs/"), rest == "HEAD", strings.HasSuffix(rest, "_HEAD") && !strings.Contains(rest, "/"),
+		rest == "index", rest == "packed-refs", rest == "config", rest == "shallow":
+		return true
+	}
+	return false
+}
+
+// isGitLock tells whether p is a lock file of git's: state of a git
+// process at work on one side, never synced to the other.
+func isGitLock(p string) bool {
+	_, ok := gitDirRest(p)
+	return ok && strings.HasSuffix(p, ".lock")
 }

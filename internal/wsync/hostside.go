@@ -95,6 +95,9 @@ func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Rea
 			return "", err
 		}
 	}
+	if gitLocked(p) {
+		return h.Root.WriteFileLocked(p, mode, r, h.Root.MaxFile)
+	}
 	return h.Root.WriteFile(p, mode, r, h.Root.MaxFile)
 }
 
@@ -111,4 +114,9 @@ func (h *HostSide) Symlink(_ context.Context, p, target string) error {
 	return h.Root.Symlink(p, target)
 }
 
-func (h *HostSide) Remove(_ context.Context, p string) error { return h.Root.Remove(p) }
+func (h *HostSide) Remove(_ context.Context, p string) error {
+	if gitLocked(p) {
+		return h.Root.RemoveLocked(p)
+	}
+	return h.Root.Remove(p)
+}

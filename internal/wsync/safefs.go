@@ -251,16 +251,41 @@ func (r *Root) MkdirAll(rel string, mode fs.FileMode) error {
 // root, never with set-id or sticky bits. It returns the content's hash.
 // More than max bytes is an error (the file is not written).
 func (r *Root) WriteFile(rel string, mode fs.FileMode, src io.Reader, max int64) (string, error) {
+	return r.writeFile(rel, mode, src, max, false)
+}
+
+// ErrLocked: the file's lock file exists; whoever holds it (git on the
+// host) is changing the file. Try again later.
+var ErrLocked = errors.New("locked")
+
+// WriteFileLocked is WriteFile under git's lock protocol: the temporary
+// file is rel + ".lock", created exclusively, so a git process at work on
+// the same file is never overwritten (ErrLocked) and never sees it
+// half-written.
+func (r *Root) WriteFileLocked(rel string, mode fs.FileMode, src io.Reader, max int64) (string, error) {
+	return r.writeFile(rel, mode, src, max, true)
+}
+
+func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64, locked bool) (string, error) {
 	pfd, name, err := r.parent(rel)
 	if err != nil {
 		return "", err
 	}
 	defer unix.Close(pfd)
 	tmp := fmt.Sprintf(".%s.kosa8-%d", name, time.Now().UnixNano())
+	if locked {
+		tmp = name + ".lock"
+	}
 	if len(tmp) > MaxNameLen {
+		if locked {
+			return "", fmt.Errorf("%w: %s: no room for a lock file name", ErrBadPath, rel)
+		}
 		tmp = fmt.Sprintf(".kosa8-%d", time.Now().UnixNano())
 	}
 	fd, err := unix.Openat(pfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode.Perm()))
+	if locked && err == unix.EEXIST {
+		return "", fmt.Errorf("%s: %w (%s exists: git is at work in this repository on the host; retried on the next pass)", rel, ErrLocked, tmp)
+	}
 	if err != nil {
 		return "", &fs.PathError{Op: "create", Path: rel, Err: err}
 	}
@@ -311,6 +336,36 @@ func (r *Root) Symlink(rel, target string) error {
 	if err := unix.Renameat(pfd, tmp, pfd, name); err != nil {
 		_ = unix.Unlinkat(pfd, tmp, 0)
 		return &fs.PathError{Op: "rename", Path: rel, Err: err}
+	}
+	return nil
+}
+
+// RemoveLocked deletes a file under git's lock protocol (see
+// WriteFileLocked): holding rel + ".lock" while it unlinks rel.
+func (r *Root) RemoveLocked(rel string) error {
+	pfd, name, err := r.parent(rel)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	defer unix.Close(pfd)
+	lock := name + ".lock"
+	if len(lock) > MaxNameLen {
+		return fmt.Errorf("%w: %s: no room for a lock file name", ErrBadPath, rel)
+	}
+	fd, err := unix.Openat(pfd, lock, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err == unix.EEXIST {
+		return fmt.Errorf("%s: %w (%s exists: git is at work in this repository on the host; retried on the next pass)", rel, ErrLocked, lock)
+	}
+	if err != nil {
+		return &fs.PathError{Op: "lock", Path: rel, Err: err}
+	}
+	unix.Close(fd)
+	defer unix.Unlinkat(pfd, lock, 0)
+	if err := unix.Unlinkat(pfd, name, 0); err != nil && err != unix.ENOENT {
+		return &fs.PathError{Op: "remove", Path: rel, Err: err}
 	}
 	return nil
 }
