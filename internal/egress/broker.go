@@ -178,6 +178,23 @@ func (g *Gateway) maskResponse(resp *http.Response, creds []*Credential) error {
 			resp.Header[k][i] = string(out)
 		}
 	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// A tunnel (WebSocket): its frames cannot be rewritten without
+		// breaking their lengths, so a credential seen in what the
+		// upstream sends ends the tunnel instead.
+		rwc, ok := resp.Body.(io.ReadWriteCloser)
+		if !ok {
+			return &refusal{kind: "broker", reason: "protocol switch without a tunnel"}
+		}
+		resp.Body = struct {
+			io.Reader
+			io.Writer
+			io.Closer
+		}{&secretTripwire{r: rwc, forms: sp, onHit: func() {
+			g.audit(audit.Event{Kind: "broker", Decision: "deny", Reason: "a credential appeared in a tunnel from its host: tunnel closed"})
+		}}, rwc, rwc}
+		return nil
+	}
 	body := resp.Body
 	switch strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding"))) {
 	case "", "identity":
@@ -262,7 +279,86 @@ func (g *Gateway) broker(guest net.Conn, gr *bufio.Reader, up *upstream, hello *
 			}
 			return tc, nil
 		},
-		onRequest:  func(r *http.Request) error { return g.checkRequest(r, up, true) },
+		onRequest: func(r *http.Request) error {
+			if r.Header.Get("Upgrade") != "" {
+				// Uncompressed frames, so that the tunnel's tripwire sees
+				// what passes.
+				r.Header.Del("Sec-WebSocket-Extensions")
+			}
+			return g.checkRequest(r, up, true)
+		},
 		onResponse: func(r *http.Response) error { return g.maskResponse(r, up.creds) },
 	})
+}
+
+// secretTripwire passes a stream through and fails it (for good) once any
+// of forms appears, also across read boundaries. Bytes that may be the
+// start of a form (at least tripwireHold of them) wait for what follows;
+// shorter starts pass, so an interactive stream never stalls on a byte or
+// two that happen to begin a key.
+type secretTripwire struct {
+	r     io.Reader
+	forms [][]byte
+	onHit func()
+	tail  []byte // the end of what was let through
+	held  []byte // may begin a form: not let through yet
+	out   []byte // let through, not read yet
+	err   error
+}
+
+const tripwireHold = 8
+
+func (t *secretTripwire) Read(p []byte) (int, error) {
+	for len(t.out) == 0 {
+		if t.err != nil {
+			return 0, t.err
+		}
+		buf := make([]byte, max(len(p), 4096))
+		n, err := t.r.Read(buf)
+		data := append(t.held, buf[:n]...)
+		t.held = nil
+		win := append(append([]byte(nil), t.tail...), data...)
+		for _, f := range t.forms {
+			if bytes.Contains(win, f) {
+				t.err, t.out = errExfiltration, nil
+				if t.onHit != nil {
+					t.onHit()
+				}
+				return 0, t.err
+			}
+		}
+		h := 0
+		if err == nil {
+			h = min(t.startOfForm(win), len(data))
+		} else {
+			t.err = err // what is left goes out, then the error
+		}
+		t.out, t.held = data[:len(data)-h], append([]byte(nil), data[len(data)-h:]...)
+		keep := 0
+		for _, f := range t.forms {
+			keep = max(keep, len(f)-1)
+		}
+		t.tail = append(t.tail, t.out...)
+		if len(t.tail) > keep {
+			t.tail = append([]byte(nil), t.tail[len(t.tail)-keep:]...)
+		}
+	}
+	n := copy(p, t.out)
+	t.out = t.out[n:]
+	return n, nil
+}
+
+// startOfForm is the length of the longest end of data (what passed and
+// what came) that begins a form, if at least tripwireHold long, else 0.
+func (t *secretTripwire) startOfForm(data []byte) int {
+	h := 0
+	for _, f := range t.forms {
+		for k := min(len(f)-1, len(data)); k >= tripwireHold && k > h; k-- {
+			if bytes.HasSuffix(data, f[:k]) {
+				h = k
+				break
+			}
+		}
+	}
+	return h
 }

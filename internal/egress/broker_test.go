@@ -91,6 +91,38 @@ func newBrokerEnv(t *testing.T, rules []string) *brokerEnv {
 		time.Sleep(1500 * time.Millisecond)
 		io.WriteString(w, "data: second\n\n")
 	})
+	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
+		// A WebSocket-like upgrade: after 101 the upstream echoes bytes in
+		// upper case, for as long as the tunnel stays open.
+		s.add(r, nil)
+		if r.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "upgrade expected", http.StatusBadRequest)
+			return
+		}
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		buf := make([]byte, 512)
+		for {
+			n, err := brw.Read(buf)
+			if err != nil {
+				return
+			}
+			if string(buf[:n]) == "leak" {
+				// The key, split across two writes.
+				conn.Write([]byte(apiKey[:10]))
+				time.Sleep(50 * time.Millisecond)
+				conn.Write([]byte(apiKey[10:]))
+				continue
+			}
+			if _, err := conn.Write(bytes.ToUpper(buf[:n])); err != nil {
+				return
+			}
+		}
+	})
 	// The upstream's certificates come from a CA of its own, which the
 	// broker is told to trust (as KOSA8_UPSTREAM_CA does on the host).
 	upCA, err := LoadOrCreateCA(t.TempDir(), "upstream")
@@ -332,5 +364,66 @@ func checkNoValue(t *testing.T, e *brokerEnv) {
 	}
 	if len(logFile) == 0 {
 		t.Fatal("empty audit log: the check above checks nothing")
+	}
+}
+
+// A WebSocket upgrade through the broker: the key goes into the upgrade
+// request, and the tunnel carries bytes both ways for as long as it lasts.
+func TestBrokerWebSocketUpgrade(t *testing.T) {
+	e := newBrokerEnv(t, nil)
+	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(e.ca.CertPEM())
+	raw, err := guestDial(t, e.g, netip.AddrPortFrom(syntheticFor(t, e.g, "api.test"), 443))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := tls.Client(raw, &tls.Config{RootCAs: roots, ServerName: "api.test", NextProtos: []string{"http/1.1"}})
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-api-key: %s\r\n\r\n", placeholder)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade answered %d\n%s", resp.StatusCode, e.logs)
+	}
+	if !strings.Contains(e.seen.all(), "key="+apiKey) {
+		t.Fatalf("the upgrade request did not carry the real key upstream: %s", e.seen.all())
+	}
+	for i, msg := range []string{"hello", "still open"} {
+		if i > 0 {
+			time.Sleep(300 * time.Millisecond) // the tunnel outlives the request that made it
+		}
+		if _, err := io.WriteString(conn, msg); err != nil {
+			t.Fatalf("write %q: %v", msg, err)
+		}
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(br, got); err != nil {
+			t.Fatalf("read the echo of %q: %v", msg, err)
+		}
+		if string(got) != strings.ToUpper(msg) {
+			t.Fatalf("echo %q, want %q", got, strings.ToUpper(msg))
+		}
+	}
+	// The upstream sends the real key down the tunnel: the tunnel ends
+	// before the whole key reaches the guest, and the audit log says so.
+	io.WriteString(conn, "leak")
+	rest, _ := io.ReadAll(br)
+	if bytes.Contains(rest, []byte(apiKey[:tripwireHold])) {
+		t.Fatalf("the start of the real key came through the tunnel: %q", rest)
+	}
+	evs, _ := audit.Read(e.logPath)
+	found := false
+	for _, ev := range evs {
+		found = found || strings.Contains(ev.Reason, "tunnel closed")
+	}
+	if !found {
+		t.Fatalf("no audit entry for the closed tunnel: %+v", evs)
 	}
 }

@@ -167,6 +167,7 @@ func (g *Gateway) proxy(conn net.Conn, spec proxySpec) error {
 		w.Header().Set("Connection", "close")
 		http.Error(w, "kosa8: "+rf.reason, http.StatusForbidden)
 	}
+	l := &oneConnListener{conn: conn, closed: make(chan struct{})}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host := r.Host
 		if h, _, err := net.SplitHostPort(host); err == nil {
@@ -186,17 +187,24 @@ func (g *Gateway) proxy(conn net.Conn, spec proxySpec) error {
 				return
 			}
 		}
-		rp.ServeHTTP(w, r)
+		hw := &hijackWatch{ResponseWriter: w}
+		rp.ServeHTTP(hw, r)
+		if hw.hijacked {
+			// An upgraded connection (WebSocket) was carried to its end
+			// inside ServeHTTP: the guest's connection is done.
+			l.Close()
+		}
 	})
-	var c net.Conn = conn
-	l := &oneConnListener{conn: c, closed: make(chan struct{})}
+
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 30 * time.Second,
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          log.New(io.Discard, "", 0),
 		ConnState: func(_ net.Conn, st http.ConnState) {
-			if st == http.StateClosed || st == http.StateHijacked {
+			// Not on StateHijacked: the handler is still carrying an
+			// upgraded connection then, and closes the listener itself.
+			if st == http.StateClosed {
 				l.Close()
 			}
 		},
@@ -227,3 +235,18 @@ func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, onRe
 func (g *Gateway) tlsConfigFor(name string, alpn []string) *tls.Config {
 	return &tls.Config{ServerName: name, RootCAs: g.cfg.UpstreamRoots, NextProtos: alpn, MinVersion: tls.VersionTLS12}
 }
+
+// hijackWatch notes whether the reverse proxy took the connection over (a
+// protocol switch).
+type hijackWatch struct {
+	http.ResponseWriter
+	hijacked bool
+}
+
+func (h *hijackWatch) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h.hijacked = true
+	return http.NewResponseController(h.ResponseWriter).Hijack()
+}
+
+// Unwrap lets http.ResponseController reach Flush and the rest.
+func (h *hijackWatch) Unwrap() http.ResponseWriter { return h.ResponseWriter }

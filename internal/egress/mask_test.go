@@ -128,3 +128,28 @@ func FuzzMask(f *testing.F) {
 		}
 	})
 }
+
+func TestSecretTripwire(t *testing.T) {
+	key := "sk-real-key-DO-NOT-LEAK-42"
+	forms := secretForms([]byte(key))
+	clean := "hello sk-real- world, sk-re almost, and " + key[:tripwireHold-1]
+	for cut := 1; cut < len(clean); cut++ {
+		tw := &secretTripwire{r: &chunked{s: clean, n: cut}, forms: forms}
+		got, err := io.ReadAll(tw)
+		if err != nil || string(got) != clean {
+			t.Fatalf("cut %d: clean stream changed: %q, %v", cut, got, err)
+		}
+	}
+	dirty := "data: " + key + " end"
+	for cut := 1; cut < len(dirty); cut++ {
+		hit := false
+		tw := &secretTripwire{r: &chunked{s: dirty, n: cut}, forms: forms, onHit: func() { hit = true }}
+		got, err := io.ReadAll(tw)
+		if !errors.Is(err, errExfiltration) || !hit {
+			t.Fatalf("cut %d: the key passed without a trip: %q, %v", cut, got, err)
+		}
+		if strings.Contains(string(got), key[:tripwireHold]) {
+			t.Fatalf("cut %d: the start of the key passed: %q", cut, got)
+		}
+	}
+}
