@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -31,6 +32,7 @@ var (
 	binDir = flag.String("bin", "bin", "directory with kosa8 and kosa8-agent")
 	runs   = flag.Int("n", 5, "boots per measurement")
 	execs  = flag.Int("execs", 300, "exec round trips")
+	cpu    = flag.String("cpuprofile", "", "write a CPU profile of the benchmark process here")
 )
 
 type row struct {
@@ -39,6 +41,12 @@ type row struct {
 
 func main() {
 	flag.Parse()
+	if *cpu != "" {
+		f, err := os.Create(*cpu)
+		must(err)
+		must(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
 	switch flag.Arg(0) {
 	case "", "boot":
 		benchBoot()

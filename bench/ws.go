@@ -125,6 +125,92 @@ func benchWS() {
 		row{"git status, 2,000-file repo, on the host", ms(pct(gitHost, 50)), "none", "baseline"},
 		row{"git status, same repo in the workspace", ms(pct(gitGuest, 50)), accel, fmt.Sprintf("%.1fx host (native ext4 in the guest; the CPU is emulated under tcg)", float64(pct(gitGuest, 50))/float64(pct(gitHost, 50)))},
 	)
+	rows = append(rows, compareVirtioFS(small, repo, gitHost, gitGuest, accel)...)
 	printTable("kosa8 workspace", rows, hostAccel())
-	fmt.Println("\nNot measured here: the same inside a virtiofs share (virtiofsd is not wired up in this build).")
+}
+
+// compareVirtioFS runs an untar, git status and a build on the host, in
+// the workspace of the sandbox bench-lat (host folder small, which holds
+// repo), and in a VM that shares a folder over virtiofs instead.
+func compareVirtioFS(small, repo string, gitHost, gitGuest []time.Duration, accel string) []row {
+	fmt.Fprintln(os.Stderr, "untar and build: host, workspace disk, virtiofs...")
+	work, err := os.MkdirTemp("", "kosa8-bench-work-")
+	must(err)
+	defer os.RemoveAll(work)
+	src := filepath.Join(work, "src")
+	makeTree(src, 2000, 10000)
+	tarball := filepath.Join(work, "t.tar")
+	timeCmd("tar", "-C", src, "-cf", tarball, ".")
+	py := filepath.Join(work, "py")
+	makePyProject(py, 300)
+	const runs = 3
+	clearPyc := "find %s -name __pycache__ -prune -exec rm -rf {} +"
+
+	var untarHost, buildHost []time.Duration
+	for i := 0; i < runs; i++ {
+		dst := filepath.Join(work, fmt.Sprintf("untar%d", i))
+		must(os.MkdirAll(dst, 0o755))
+		untarHost = append(untarHost, timeCmd("tar", "-C", dst, "-xf", tarball))
+		timeCmd("sh", "-c", fmt.Sprintf(clearPyc, py))
+		buildHost = append(buildHost, timeCmd("python3", "-m", "compileall", "-q", py))
+	}
+
+	// The workspace: the tarball and project reach the guest through the
+	// sync; the tarball is read from the guest's own disk, as on the host.
+	timeCmd("cp", tarball, filepath.Join(small, "t.tar"))
+	timeCmd("cp", "-a", py, filepath.Join(small, "py"))
+	kosa8("sync", "now", "bench-lat")
+	kosa8("exec", "bench-lat", "--", "cp", filepath.Join(small, "t.tar"), "/var/tmp/t.tar")
+	var untarWS, buildWS []time.Duration
+	for i := 0; i < runs; i++ {
+		dst := filepath.Join(small, fmt.Sprintf("untar%d", i))
+		untarWS = append(untarWS, parseNS(kosa8("exec", "bench-lat", "--", "sh", "-c", timed(fmt.Sprintf("mkdir -p %s && tar -C %s -xf /var/tmp/t.tar", dst, dst)))))
+		pyDir := filepath.Join(small, "py")
+		buildWS = append(buildWS, parseNS(kosa8("exec", "bench-lat", "--", "sh", "-c", fmt.Sprintf(clearPyc, pyDir)+"; "+timed("python3 -m compileall -q "+pyDir))))
+	}
+	rows := []row{
+		{"untar 2,000 files / 20 MB, on the host", ms(pct(untarHost, 50)), "none", "baseline"},
+		{"untar, in the workspace", ms(pct(untarWS, 50)), accel, xHost(pct(untarWS, 50), pct(untarHost, 50))},
+		{"build (python3 -m compileall, 300 modules), on the host", ms(pct(buildHost, 50)), "none", "baseline (no Go toolchain in the guest image)"},
+		{"build, in the workspace", ms(pct(buildWS, 50)), accel, xHost(pct(buildWS, 50), pct(buildHost, 50))},
+	}
+
+	shared := filepath.Join(work, "shared")
+	must(os.MkdirAll(shared, 0o755))
+	timeCmd("cp", "-a", repo, filepath.Join(shared, "repo"))
+	timeCmd("cp", "-a", py, filepath.Join(shared, "py"))
+	timeCmd("cp", tarball, filepath.Join(shared, "t.tar"))
+	v, err := startVFS(shared)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "virtiofs comparison skipped:", err)
+		return append(rows, row{"virtiofs comparison", "not run", accel, err.Error()})
+	}
+	defer v.stop()
+	vrun := func(script string) string {
+		out, err := v.run("root", script)
+		must(err)
+		return out
+	}
+	vrun("cp /mnt/vfs/t.tar /var/tmp/t.tar && git config --global --add safe.directory '*'")
+	var untarVFS, buildVFS, gitVFS []time.Duration
+	for i := 0; i < runs; i++ {
+		dst := fmt.Sprintf("/mnt/vfs/untar%d", i)
+		untarVFS = append(untarVFS, parseNS(vrun(timed(fmt.Sprintf("mkdir -p %s && tar -C %s -xf /var/tmp/t.tar", dst, dst)))))
+		buildVFS = append(buildVFS, parseNS(vrun(fmt.Sprintf(clearPyc, "/mnt/vfs/py")+"; "+timed("python3 -m compileall -q /mnt/vfs/py"))))
+	}
+	for i := 0; i < 5; i++ {
+		gitVFS = append(gitVFS, parseNS(vrun(timed("git -C /mnt/vfs/repo status --porcelain >/dev/null"))))
+	}
+	vs := func(d, ws time.Duration) string {
+		return fmt.Sprintf("%.1fx the workspace disk", float64(d)/float64(ws))
+	}
+	return append(rows,
+		row{"untar, in a virtiofs share", ms(pct(untarVFS, 50)), accel, vs(pct(untarVFS, 50), pct(untarWS, 50))},
+		row{"build, in a virtiofs share", ms(pct(buildVFS, 50)), accel, vs(pct(buildVFS, 50), pct(buildWS, 50))},
+		row{"git status, 2,000-file repo, in a virtiofs share", ms(pct(gitVFS, 50)), accel, vs(pct(gitVFS, 50), pct(gitGuest, 50))},
+	)
+}
+
+func xHost(d, host time.Duration) string {
+	return fmt.Sprintf("%.1fx host", float64(d)/float64(host))
 }

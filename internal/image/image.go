@@ -180,6 +180,9 @@ func (s Store) List() ([]*Image, error) {
 	return out, nil
 }
 
+// initramfsVersion changes with what BuildInitramfs lays out.
+const initramfsVersion = 2
+
 // Initramfs returns the initramfs for this image and the agent binary at
 // agentPath, building it on first use.
 func (img *Image) Initramfs(agentPath string) (string, error) {
@@ -187,12 +190,14 @@ func (img *Image) Initramfs(agentPath string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("kosa8-agent: %w", err)
 	}
+	// Named by what goes in: the agent, the modules, the layout's version.
 	h := sha256.New()
 	_, err = io.Copy(h, f)
 	f.Close()
 	if err != nil {
 		return "", err
 	}
+	fmt.Fprintf(h, "\x00initramfs v%d\x00%s", initramfsVersion, strings.Join(GuestModules, ","))
 	dir := filepath.Join(img.Dir, "initramfs")
 	p := filepath.Join(dir, hex.EncodeToString(h.Sum(nil))[:16]+".cpio")
 	if _, err := os.Stat(p); err == nil {

@@ -20,6 +20,8 @@ var GuestModules = []string{
 	"virtio_console", "virtio_blk", "failover", "net_failover", "virtio_net",
 	"virtio_rng", "virtio_balloon",
 	"ext4",
+	// For the benchmarks' virtiofs comparison only (see vmspec.VirtioFS).
+	"fuse", "virtiofs",
 }
 
 // moduleName normalises a module or file name: the kernel treats '-' and '_'

@@ -38,6 +38,17 @@ type Spec struct {
 	AgentPort string `json:"agent_port"`
 	// Net attaches the one NIC to a stream socket served by the host.
 	Net *Net `json:"net,omitempty"`
+	// VirtioFS attaches folders served by virtiofsd. Only the benchmarks
+	// use it, to measure the workspace disk against a shared folder:
+	// kosa8 never shares a host folder into a sandbox.
+	VirtioFS []VirtioFS `json:"virtiofs,omitempty"`
+}
+
+// VirtioFS is a vhost-user-fs device: Tag is what the guest mounts,
+// Socket the virtiofsd socket that serves it.
+type VirtioFS struct {
+	Tag    string `json:"tag"`
+	Socket string `json:"socket"`
 }
 
 // Disk is a block device, in the order the guest sees them (vda, vdb, …).

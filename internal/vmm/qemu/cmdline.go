@@ -146,6 +146,19 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		}
 		a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive="+d.ID)
 	}
+	if len(s.VirtioFS) > 0 {
+		// virtiofsd speaks only modern virtio; virtio-mmio is legacy unless
+		// told otherwise.
+		a = append(a, "-global", "virtio-mmio.force-legacy=false")
+	}
+	for i, fs := range s.VirtioFS {
+		if strings.ContainsAny(fs.Socket+fs.Tag, ",=") || fs.Tag == "" || fs.Socket == "" {
+			return nil, fmt.Errorf("qemu: virtiofs tag %q / socket %q: empty or with ',' or '='", fs.Tag, fs.Socket)
+		}
+		id := "vfs" + strconv.Itoa(i)
+		a = append(a, "-chardev", "socket,id="+id+",path="+fs.Socket,
+			"-device", "vhost-user-fs-device,chardev="+id+",tag="+fs.Tag)
+	}
 	if s.Net != nil && o.NetFd > 2 {
 		a = append(a,
 			"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str="+strconv.Itoa(o.NetFd),

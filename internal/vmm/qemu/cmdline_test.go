@@ -218,3 +218,26 @@ func TestChooseAccel(t *testing.T) {
 		})
 	}
 }
+
+func TestArgsVirtioFS(t *testing.T) {
+	s := spec(vmspec.AMD64)
+	if args, _ := Args(s, opts(vmm.TCG)); slices.Contains(values(args, "-device"), "vhost-user-fs-device") {
+		t.Fatal("a virtiofs device without asking for one")
+	}
+	s.VirtioFS = []vmspec.VirtioFS{{Tag: "bench", Socket: "/tmp/vfs.sock"}}
+	args, err := Args(s, opts(vmm.TCG))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(values(args, "-chardev"), "socket,id=vfs0,path=/tmp/vfs.sock") ||
+		!slices.Contains(values(args, "-device"), "vhost-user-fs-device,chardev=vfs0,tag=bench") ||
+		!slices.Contains(values(args, "-global"), "virtio-mmio.force-legacy=false") {
+		t.Fatalf("virtiofs args: %q", args)
+	}
+	for _, bad := range []vmspec.VirtioFS{{Tag: "a,b", Socket: "/s"}, {Tag: "t", Socket: "/s,x=y"}, {Tag: "", Socket: "/s"}} {
+		s.VirtioFS = []vmspec.VirtioFS{bad}
+		if _, err := Args(s, opts(vmm.TCG)); err == nil {
+			t.Errorf("accepted %+v", bad)
+		}
+	}
+}
