@@ -299,12 +299,14 @@ func createSandbox(ctx context.Context, m *sandbox.Manager, f *createFlags) (*sa
 // startSandbox starts the sandbox's supervisor, detached, and waits for it
 // to report the guest ready.
 func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*sandbox.Status, error) {
-	return startSandboxFrom(ctx, sb, quiet, "")
+	return startSandboxFrom(ctx, sb, quiet, "", false)
 }
 
 // startSandboxFrom starts the supervisor, resuming checkpoint restore when
 // set.
-func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, restore string) (*sandbox.Status, error) {
+// startSandboxFrom starts a sandbox's supervisor: a cold boot, or with
+// restore a checkpoint's machine; rewind merges the host folder back to it.
+func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, restore string, rewind bool) (*sandbox.Status, error) {
 	if sb.Alive() {
 		return nil, fmt.Errorf("%w: %s", sandbox.ErrRunning, sb.Config.Name)
 	}
@@ -329,6 +331,9 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 	args := []string{"supervise", "--ready-fd", "3", "--agent", agent}
 	if restore != "" {
 		args = append(args, "--restore", restore)
+		if rewind {
+			args = append(args, "--rewind")
+		}
 	}
 	cmd := exec.Command(self, append(args, sb.Config.Name)...)
 	cmd.Stdin = nil

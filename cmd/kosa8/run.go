@@ -135,12 +135,20 @@ func createCmd() *cobra.Command {
 
 func startCmd() *cobra.Command {
 	var cold bool
+	var from string
 	cmd := &cobra.Command{
 		Use:     "start NAME...",
 		Aliases: []string{"resume"},
 		Short:   "Start stopped sandboxes (a paused one continues where it was)",
-		Args:    cobra.MinimumNArgs(1),
+		Long: `Start stopped sandboxes. A paused sandbox continues where it was; others boot
+from their disks. --from ID (or --from latest) starts the machine saved in a
+checkpoint instead, processes and memory included (after a host reboot, say); the
+disks as they were are kept as a checkpoint first, so nothing is lost.`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cold && from != "" {
+				return errors.New("--cold and --from exclude each other")
+			}
 			m, err := manager()
 			if err != nil {
 				return err
@@ -150,22 +158,57 @@ func startCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				restore := ""
-				if st := sb.Status(); st.State == sandbox.Paused && !cold {
+				restore, rewind := "", false
+				st := sb.Status()
+				if st.State == sandbox.Paused && !cold {
 					restore = st.Checkpoint
 				}
-				st, err := startSandboxFrom(cmd.Context(), sb, false, restore)
+				if from != "" {
+					if restore, err = resolveCheckpoint(sb, from); err != nil {
+						return err
+					}
+					if st.State != sandbox.Paused || restore != st.Checkpoint {
+						saved, err := sandbox.SaveDisks(sb, "disks before start --from "+restore)
+						if err != nil {
+							return fmt.Errorf("keep %s's disks before starting it from %s: %w", name, restore, err)
+						}
+						fmt.Fprintf(os.Stderr, "kosa8: %s's disks as they were are kept as checkpoint %s\n", name, saved.ID)
+						rewind = true
+					}
+				}
+				st2, err := startSandboxFrom(cmd.Context(), sb, false, restore, rewind)
 				if err != nil {
 					return fmt.Errorf("start %s: %w", name, err)
 				}
-				warnTCG(st)
+				warnTCG(st2)
 				fmt.Println(name)
 			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&cold, "cold", false, "boot a paused sandbox from its disks instead of resuming its memory")
+	cmd.Flags().StringVar(&from, "from", "", "start the machine saved in this checkpoint (an id, or latest)")
 	return cmd
+}
+
+// resolveCheckpoint turns an id or "latest" into a checkpoint id of sb.
+func resolveCheckpoint(sb *sandbox.Sandbox, ref string) (string, error) {
+	if ref != "latest" {
+		if _, err := sb.Checkpoints().Load(ref); err != nil {
+			return "", fmt.Errorf("%w %q of %s ('kosa8 checkpoints %s' lists them)", err, ref, sb.Config.Name, sb.Config.Name)
+		}
+		return ref, nil
+	}
+	list, err := sb.Checkpoints().List()
+	if err != nil {
+		return "", err
+	}
+	for i := len(list) - 1; i >= 0; i-- {
+		if !list[i].DisksOnly {
+			return list[i].ID, nil
+		}
+	}
+	return "", fmt.Errorf("%s has no checkpoint with a machine in it to start from", sb.Config.Name)
 }
 
 func execCmd() *cobra.Command {

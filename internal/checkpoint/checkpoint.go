@@ -40,7 +40,10 @@ type Meta struct {
 	Parent  string    `json:"parent,omitempty"`
 	Created time.Time `json:"created"`
 	Message string    `json:"message,omitempty"`
-	Kind    string    `json:"kind"` // manual, pre-rewind, pause, auto
+	Kind    string    `json:"kind"` // manual, pre-rewind, pause, auto, disks
+	// DisksOnly: a stopped machine's disks, without RAM or device state;
+	// restoring it boots from its disks.
+	DisksOnly bool `json:"disks_only,omitempty"`
 	// QEMU is the build that saved it (version line); a different build may
 	// not load the device state.
 	QEMU      string `json:"qemu"`

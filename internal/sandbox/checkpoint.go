@@ -206,6 +206,9 @@ func (s *supervisor) prepareRestore(id string) (*checkpoint.Meta, error) {
 		return nil, err
 	}
 	s.setStatus(func(st *Status) { st.Checkpoint = id })
+	if target.DisksOnly {
+		return nil, nil
+	}
 	if target.QEMU != "" && s.qemuVersion != "" && target.QEMU != s.qemuVersion {
 		s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "saved", target.QEMU, "now", s.qemuVersion)
 		return nil, nil
@@ -538,6 +541,55 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	return meta, nil, nil
 }
 
+// SaveDisks keeps a stopped sandbox's disks as a checkpoint (no RAM, no
+// devices: restoring it boots from them), so that starting it from an
+// older checkpoint loses nothing. Its layers are frozen; the next start
+// writes to new ones on top.
+func SaveDisks(sb *Sandbox, message string) (*checkpoint.Meta, error) {
+	// The supervisor's lock: no start can begin meanwhile.
+	lock, err := lockSupervisor(sb.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", err, sb.Config.Name)
+	}
+	defer lock.Close()
+	store := sb.Checkpoints()
+	store.Sweep()
+	id := checkpoint.NewID()
+	tmp, err := store.Begin(id)
+	if err != nil {
+		return nil, err
+	}
+	frozen := sb.activeDisks()
+	if err := os.MkdirAll(sb.Path(disksDir), 0o700); err != nil {
+		store.Abort(tmp)
+		return nil, err
+	}
+	next := map[string]checkpoint.Disk{}
+	for diskID, d := range frozen {
+		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
+		if err := newOverlay(sb.Path(overlay), sb.Path(d.Path), d.Format); err != nil {
+			store.Abort(tmp)
+			return nil, err
+		}
+		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
+	}
+	st := sb.Status()
+	meta := &checkpoint.Meta{
+		ID: id, Parent: st.Checkpoint, Created: time.Now().UTC(), Message: message, Kind: "disks", DisksOnly: true,
+		Arch: sb.Config.Arch, MemoryMiB: sb.Config.MemoryMiB, Disks: frozen,
+	}
+	if err := store.Commit(tmp, meta); err != nil {
+		store.Abort(tmp)
+		return nil, err
+	}
+	// Only now: until the checkpoint exists, the old layers stay the live ones.
+	if err := sb.saveActiveDisks(next); err != nil {
+		_ = store.Delete(id) // its layers must not be written to
+		return nil, err
+	}
+	return meta, nil
+}
+
 // dupFile opens a second descriptor of f, close-on-exec.
 func dupFile(f *os.File) (*os.File, error) {
 	syscall.ForkLock.RLock()
@@ -606,7 +658,9 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 	s.currentClient().Close()
 	restore := target
 	cold := false
-	if target.QEMU != "" && s.qemuVersion != "" && target.QEMU != s.qemuVersion {
+	if target.DisksOnly {
+		restore, cold = nil, true
+	} else if target.QEMU != "" && s.qemuVersion != "" && target.QEMU != s.qemuVersion {
 		s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "saved", target.QEMU, "now", s.qemuVersion)
 		restore, cold = nil, true
 	}

@@ -325,7 +325,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		if s.ws, err = openWorkspace(s.sb, m.Paths.Home, s.log); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
-		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.loadManifest(), restore != nil && o.Rewind); err != nil {
+		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.loadManifest(), o.Restore != "" && o.Rewind); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
 	}

@@ -303,3 +303,49 @@ func TestCheckpointDiskFull(t *testing.T) {
 		t.Fatalf("after rewinding to the checkpoint taken before the disk filled: %q", r.stdout)
 	}
 }
+
+// A stopped sandbox (after a host reboot, say) starts from a checkpoint,
+// processes and memory included; the disks it had are kept as a checkpoint
+// of their own, which a rewind boots from.
+func TestStartFromCheckpoint(t *testing.T) {
+	name := sandbox(t, "cpfrom")
+	must(t, "exec", name, "--", "sh", "-c", counter+" && echo one > ~/f && sync")
+	time.Sleep(500 * time.Millisecond)
+	checkpointNow(t, name, "with the counter")
+	must(t, "exec", name, "--", "sh", "-c", "echo two > ~/f && sync")
+	must(t, "stop", name)
+
+	r := must(t, "start", "--from", "latest", name)
+	if !strings.Contains(r.stderr, "kept as checkpoint") {
+		t.Fatalf("start --from does not say where the disks went:\n%s", r)
+	}
+	a := count(t, name) // the counter is running again: memory came back
+	time.Sleep(time.Second)
+	if b := count(t, name); b <= a {
+		t.Fatalf("the restored counter does not run: %d then %d", a, b)
+	}
+	if r := must(t, "exec", name, "--", "sh", "-c", "cat ~/f"); r.stdout != "one\n" {
+		t.Fatalf("the disk after start --from: %q", r.stdout)
+	}
+	var list []struct {
+		ID        string `json:"id"`
+		DisksOnly bool   `json:"disks_only"`
+	}
+	json.Unmarshal([]byte(must(t, "checkpoints", name, "--json").stdout), &list)
+	disks := ""
+	for _, c := range list {
+		if c.DisksOnly {
+			disks = c.ID
+		}
+	}
+	if disks == "" {
+		t.Fatalf("no disks-only checkpoint: %+v", list)
+	}
+	must(t, "rewind", name, disks)
+	if r := must(t, "exec", name, "--", "sh", "-c", "cat ~/f"); r.stdout != "two\n" {
+		t.Fatalf("after a rewind to the disks kept by start --from: %q", r.stdout)
+	}
+	if r := run(t, "", "start", "--from", "nosuch", name); r.code == 0 || !strings.Contains(r.stderr, "no such checkpoint") {
+		t.Fatalf("start --from an unknown checkpoint:\n%s", r)
+	}
+}
