@@ -272,22 +272,21 @@ func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64,
 		return "", err
 	}
 	defer unix.Close(pfd)
-	tmp := fmt.Sprintf(".%s.kosa8-%d", name, time.Now().UnixNano())
+	var fd int
+	var tmp string
 	if locked {
-		tmp = name + ".lock"
-	}
-	if len(tmp) > MaxNameLen {
-		if locked {
-			return "", fmt.Errorf("%w: %s: no room for a lock file name", ErrBadPath, rel)
+		if fd, tmp, err = takeLock(pfd, rel, name, uint32(mode.Perm())); err != nil {
+			return "", err
 		}
-		tmp = fmt.Sprintf(".kosa8-%d", time.Now().UnixNano())
-	}
-	fd, err := unix.Openat(pfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode.Perm()))
-	if locked && err == unix.EEXIST {
-		return "", fmt.Errorf("%s: %w (%s exists: git is at work in this repository on the host; retried on the next pass)", rel, ErrLocked, tmp)
-	}
-	if err != nil {
-		return "", &fs.PathError{Op: "create", Path: rel, Err: err}
+	} else {
+		tmp = fmt.Sprintf(".%s.kosa8-%d", name, time.Now().UnixNano())
+		if len(tmp) > MaxNameLen {
+			tmp = fmt.Sprintf(".kosa8-%d", time.Now().UnixNano())
+		}
+		fd, err = unix.Openat(pfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode.Perm()))
+		if err != nil {
+			return "", &fs.PathError{Op: "create", Path: rel, Err: err}
+		}
 	}
 	f := os.NewFile(uintptr(fd), tmp)
 	ok := false
@@ -340,6 +339,23 @@ func (r *Root) Symlink(rel, target string) error {
 	return nil
 }
 
+// takeLock creates name's lock file in the directory pfd, exclusively, as
+// git does.
+func takeLock(pfd int, rel, name string, mode uint32) (int, string, error) {
+	lock := name + ".lock"
+	if len(lock) > MaxNameLen {
+		return -1, "", fmt.Errorf("%w: %s: no room for a lock file name", ErrBadPath, rel)
+	}
+	fd, err := unix.Openat(pfd, lock, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	if err == unix.EEXIST {
+		return -1, "", fmt.Errorf("%s: %w (%s exists: git is at work in this repository on the host; retried on the next pass)", rel, ErrLocked, lock)
+	}
+	if err != nil {
+		return -1, "", &fs.PathError{Op: "lock", Path: rel, Err: err}
+	}
+	return fd, lock, nil
+}
+
 // RemoveLocked deletes a file under git's lock protocol (see
 // WriteFileLocked): holding rel + ".lock" while it unlinks rel.
 func (r *Root) RemoveLocked(rel string) error {
@@ -351,16 +367,9 @@ func (r *Root) RemoveLocked(rel string) error {
 		return err
 	}
 	defer unix.Close(pfd)
-	lock := name + ".lock"
-	if len(lock) > MaxNameLen {
-		return fmt.Errorf("%w: %s: no room for a lock file name", ErrBadPath, rel)
-	}
-	fd, err := unix.Openat(pfd, lock, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err == unix.EEXIST {
-		return fmt.Errorf("%s: %w (%s exists: git is at work in this repository on the host; retried on the next pass)", rel, ErrLocked, lock)
-	}
+	fd, lock, err := takeLock(pfd, rel, name, 0o600)
 	if err != nil {
-		return &fs.PathError{Op: "lock", Path: rel, Err: err}
+		return err
 	}
 	unix.Close(fd)
 	defer unix.Unlinkat(pfd, lock, 0)

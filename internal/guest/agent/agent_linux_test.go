@@ -243,11 +243,17 @@ type sessionEnd struct {
 func (s *sessionEnd) Read(b []byte) (int, error) { return s.r.Read(b) }
 func (s *sessionEnd) Close() error               { return s.r.Close() }
 
-func TestNewGenerationOnSameStream(t *testing.T) {
+// servedPipe serves the channel on a pipe whose host end a handover
+// shares out.
+func servedPipe(t *testing.T) (*handover, net.Conn) {
 	hostEnd, guestEnd := net.Pipe()
-	defer hostEnd.Close()
+	t.Cleanup(func() { hostEnd.Close() })
 	go func() { _ = ServeChannel(context.Background(), guestEnd, testAgent.Handle, testAgent.log) }()
-	h := newHandover(hostEnd)
+	return newHandover(hostEnd), hostEnd
+}
+
+func TestNewGenerationOnSameStream(t *testing.T) {
+	h, hostEnd := servedPipe(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	first := h.take()
@@ -329,10 +335,7 @@ func TestFiles(t *testing.T) {
 // new host's HELLO arrives: the first HELLO must be answered, not eaten by
 // the old session (which would cost the host a retry interval).
 func TestFirstHelloEndsOldSession(t *testing.T) {
-	hostEnd, guestEnd := net.Pipe()
-	defer hostEnd.Close()
-	go func() { _ = ServeChannel(context.Background(), guestEnd, testAgent.Handle, testAgent.log) }()
-	h := newHandover(hostEnd)
+	h, _ := servedPipe(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c1, err := guest.Connect(ctx, h.take())
