@@ -146,9 +146,8 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) error
 		if err := client.Restored(lctx, entropy, time.Now()); err != nil {
 			return fmt.Errorf("restored guest: %w", err)
 		}
-		ms := func(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
-		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", ms(t0, tStarted),
-			"devices_ms", ms(tStarted, tLoaded), "agent_ms", ms(tLoaded, tConnected), "reseed_ms", ms(tConnected, time.Now()))
+		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", msBetween(t0, tStarted),
+			"devices_ms", msBetween(tStarted, tLoaded), "agent_ms", msBetween(tLoaded, tConnected), "reseed_ms", msBetween(tConnected, time.Now()))
 	} else if err := client.SetTime(lctx, time.Now()); err != nil {
 		s.log.Warn("set guest clock", "err", err)
 	}
@@ -446,9 +445,11 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 			return nil, nil, err
 		}
 	}
+	tDisks := time.Now()
 	if err := m.SaveDevices(ctx, dev); err != nil {
 		return nil, nil, fmt.Errorf("save device state: %w", err)
 	}
+	tDevices := time.Now()
 	devInfo, _ := dev.Stat()
 	meta = &checkpoint.Meta{
 		ID: id, Parent: s.getStatus().Checkpoint, Created: time.Now().UTC(), Message: message, Kind: kind,
@@ -526,6 +527,8 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	if err := copyRAM(m.RAM()); err != nil {
 		return nil, nil, err
 	}
+	s.log.Info("checkpoint pause", "disks_ms", msBetween(pauseStart, tDisks), "devices_ms", msBetween(tDisks, tDevices),
+		"ram_ms", msBetween(tDevices, time.Now()), "spare", spare)
 	if err := resume(); err != nil {
 		return nil, nil, err
 	}
@@ -680,9 +683,8 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 		}
 		res.Conflicts = s.ws.engine.Status().Conflicts
 	}
-	ms := func(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
-	s.log.Info("rewind phases", "save_before_ms", ms(start, tSaved), "disks_ms", ms(tSaved, tBranched),
-		"restore_ms", ms(tBranched, tLaunched), "workspace_ms", ms(tLaunched, time.Now()))
+	s.log.Info("rewind phases", "save_before_ms", msBetween(start, tSaved), "disks_ms", msBetween(tSaved, tBranched),
+		"restore_ms", msBetween(tBranched, tLaunched), "workspace_ms", msBetween(tLaunched, time.Now()))
 	s.setStatus(func(st *Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
 	res.Millis = float64(time.Since(start).Microseconds()) / 1000
 	if err := flush(); err != nil {
@@ -913,3 +915,6 @@ func allocatedTree(dir string) int64 {
 	})
 	return n
 }
+
+// msBetween is b-a in milliseconds, for the log.
+func msBetween(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
