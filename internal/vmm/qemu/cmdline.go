@@ -51,7 +51,11 @@ func consoleDevice(arch vmspec.Arch) string {
 func kernelCmdline(s *vmspec.Spec, o Options) string {
 	c := "console=" + consoleDevice(s.Arch)
 	if s.Arch == vmspec.AMD64 && o.Accel == vmm.TCG && o.TSCkHz > 0 {
-		c += " tsc_early_khz=" + strconv.Itoa(o.TSCkHz)
+		// Emulated vCPUs read the host's TSC, but the kernel's sync check
+		// between them fails under TCG, marks the TSC unstable and falls
+		// back to jiffies: a clock that lost half a second per minute of
+		// load. The microvm has no HPET or PM timer to fall back on.
+		c += " tsc_early_khz=" + strconv.Itoa(o.TSCkHz) + " tsc=reliable"
 	}
 	return strings.TrimSpace(c + " " + s.Cmdline)
 }

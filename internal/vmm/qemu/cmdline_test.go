@@ -149,7 +149,7 @@ func TestTSCOnlyUnderTCGOnX86(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := strings.Contains(value(t, args, "-append", 0), "tsc_early_khz=2096016")
+		got := strings.Contains(value(t, args, "-append", 0), "tsc_early_khz=2096016 tsc=reliable")
 		if got != tc.want {
 			t.Errorf("%s/%s: tsc_early_khz present = %v, want %v", tc.arch, tc.accel, got, tc.want)
 		}
