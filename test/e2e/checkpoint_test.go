@@ -310,7 +310,8 @@ func TestCheckpointDiskFull(t *testing.T) {
 func TestStartFromCheckpoint(t *testing.T) {
 	name := sandbox(t, "cpfrom")
 	must(t, "exec", name, "--", "sh", "-c", counter+" && echo one > ~/f && sync")
-	time.Sleep(500 * time.Millisecond)
+	// Python takes its time to start under TCG: checkpoint a counter that counts.
+	must(t, "exec", name, "--", "sh", "-c", "for i in $(seq 200); do [ -e /tmp/count ] && exit 0; sleep 0.1; done; exit 1")
 	checkpointNow(t, name, "with the counter")
 	must(t, "exec", name, "--", "sh", "-c", "echo two > ~/f && sync")
 	must(t, "stop", name)
