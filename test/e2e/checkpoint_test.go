@@ -179,6 +179,9 @@ func TestKillDuringCheckpoint(t *testing.T) {
 	time.Sleep(250 * time.Millisecond)
 	syscall.Kill(pid, syscall.SIGKILL)
 	cmd.Wait()
+	for deadline := time.Now().Add(10 * time.Second); processRunning(pid) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	var list []cpMeta
 	json.Unmarshal([]byte(must(t, "checkpoints", name, "--json").stdout), &list)
 	found := false
