@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -130,7 +131,42 @@ connections at once, running or not.`,
 	}
 	logc.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	logc.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new events")
-	cmd.AddCommand(allow, deny, ls, logc)
+	blocked := &cobra.Command{
+		Use:   "blocked NAME",
+		Short: "List the hosts the sandbox asked for and was refused, to allow with 'net allow'",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			pol, err := sb.LoadPolicy()
+			if err != nil {
+				return err
+			}
+			events, err := audit.Read(sb.Path(sandbox.AuditLog))
+			if err != nil {
+				return err
+			}
+			list := sandbox.BlockedHosts(events, pol)
+			if asJSON {
+				return printJSON(list)
+			}
+			if len(list) == 0 {
+				fmt.Println("(nothing blocked that the allow-list still refuses)")
+				return nil
+			}
+			var rules []string
+			for _, b := range list {
+				fmt.Printf("%-40s %5d×  last %s\n", sanitize(b.Rule, false), b.Count, b.Last.Local().Format(time.DateTime))
+				rules = append(rules, sanitize(b.Rule, false)) // normalised host names: no shell metacharacters
+			}
+			fmt.Fprintf(os.Stderr, "allow with: kosa8 net allow %s %s\n", args[0], strings.Join(rules, " "))
+			return nil
+		},
+	}
+	blocked.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(allow, deny, ls, logc, blocked)
 	return cmd
 }
 

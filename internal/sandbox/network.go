@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -439,4 +440,65 @@ func NetCmdline() string {
 // ReadAudit reads the sandbox's audit log.
 func (s *Sandbox) ReadAudit() ([]audit.Event, error) {
 	return audit.Read(filepath.Join(s.Dir, AuditLog))
+}
+
+// Blocked is a host the guest asked for and was refused, still refused by
+// the allow-list as it is now: a candidate for 'kosa8 net allow'.
+type Blocked struct {
+	Host  string    `json:"host"`
+	Port  uint16    `json:"port,omitempty"` // 0: only looked up in DNS
+	Rule  string    `json:"rule"`           // what 'kosa8 net allow' would take
+	Count int       `json:"count"`
+	Last  time.Time `json:"last"`
+}
+
+// BlockedHosts gathers the DNS lookups and connections by name that events
+// record as denied and pol still denies, most recent first.
+func BlockedHosts(events []audit.Event, pol *netpolicy.Policy) []Blocked {
+	byKey := map[string]*Blocked{}
+	for _, e := range events {
+		if e.Decision != "deny" || e.Name == "" || (e.Kind != "dns" && e.Kind != "tcp") {
+			continue
+		}
+		host, err := netpolicy.NormalizeHost(e.Name)
+		if err != nil {
+			continue
+		}
+		var port uint16
+		if e.Kind == "tcp" {
+			ap, err := netip.ParseAddrPort(e.Dest)
+			if err != nil {
+				continue
+			}
+			port = ap.Port()
+		}
+		if port == 0 && pol.AllowsName(host).Allow || port != 0 && pol.Decide(host, port).Allow {
+			continue // allowed since, or refused for another reason
+		}
+		key := host + ":" + strconv.Itoa(int(port))
+		b := byKey[key]
+		if b == nil {
+			rule := host
+			if port != 0 && port != 80 && port != 443 {
+				rule += ":" + strconv.Itoa(int(port))
+			}
+			b = &Blocked{Host: host, Port: port, Rule: rule}
+			byKey[key] = b
+		}
+		b.Count++
+		if e.Time.After(b.Last) {
+			b.Last = e.Time
+		}
+	}
+	out := make([]Blocked, 0, len(byKey))
+	for _, b := range byKey {
+		out = append(out, *b)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Last.Equal(out[j].Last) {
+			return out[i].Last.After(out[j].Last)
+		}
+		return out[i].Rule < out[j].Rule
+	})
+	return out
 }

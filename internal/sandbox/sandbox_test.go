@@ -4,13 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/netpolicy"
 )
 
 func TestValidateName(t *testing.T) {
@@ -190,5 +194,37 @@ func TestCmdline(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("cmdline %q lacks %q", got, want)
 		}
+	}
+}
+
+func TestBlockedHosts(t *testing.T) {
+	pol, err := netpolicy.Parse([]string{"github.com", "db.internal.test:5432"}, netpolicy.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	events := []audit.Event{
+		{Time: at(1), Kind: "dns", Name: "registry.npmjs.org", Decision: "deny"},
+		{Time: at(2), Kind: "dns", Name: "Registry.NPMjs.org", Decision: "deny"},
+		{Time: at(3), Kind: "tcp", Name: "github.com", Dest: "198.18.0.5:22", Decision: "deny"},
+		{Time: at(4), Kind: "dns", Name: "github.com", Decision: "deny"},                         // allowed since
+		{Time: at(5), Kind: "tcp", Name: "github.com", Dest: "198.18.0.5:443", Decision: "deny"}, // allowed now: another reason
+		{Time: at(6), Kind: "dns", Name: "pypi.org", Decision: "allow"},
+		{Time: at(7), Kind: "exfiltration", Name: "kosa8-ph-x.evil.test", Decision: "deny"},
+		{Time: at(8), Kind: "tcp", Dest: "1.2.3.4:443", Decision: "deny"}, // raw address: no name
+		{Time: at(9), Kind: "tcp", Name: "db.internal.test", Dest: "198.18.0.9:5433", Decision: "deny"},
+	}
+	got := BlockedHosts(events, pol)
+	var rules []string
+	for _, b := range got {
+		rules = append(rules, fmt.Sprintf("%s×%d", b.Rule, b.Count))
+	}
+	want := []string{"db.internal.test:5433×1", "github.com:22×1", "registry.npmjs.org×2"}
+	if strings.Join(rules, " ") != strings.Join(want, " ") {
+		t.Fatalf("blocked = %v, want %v", rules, want)
+	}
+	if !got[2].Last.Equal(at(2)) || got[2].Port != 0 {
+		t.Fatalf("registry entry: %+v", got[2])
 	}
 }

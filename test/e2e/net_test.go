@@ -240,6 +240,14 @@ s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(5);s.sendto(q,("1
 		if !hasEvent(readAudit(t, name), func(e auditEvent) bool { return e.Kind == "udp" && e.Dest == "8.8.8.8:53" && e.Decision == "deny" }) {
 			t.Fatal("the dropped UDP datagram is not in the audit log")
 		}
+		// An ICMP echo (a raw socket, as root inside): dropped and logged.
+		r = sh(`sudo python3 -c 'import socket;s=socket.socket(socket.AF_INET,socket.SOCK_RAW,socket.IPPROTO_ICMP);s.sendto(b"\x08\x00\xf7\xff\x00\x00\x00\x00",("1.1.1.1",0));s.settimeout(2);s.recvfrom(100)'`)
+		if r.code == 0 {
+			t.Fatalf("an ICMP echo got an answer:\n%s", r)
+		}
+		if !hasEvent(readAudit(t, name), func(e auditEvent) bool { return e.Kind == "icmp" && e.Dest == "1.1.1.1" && e.Decision == "deny" }) {
+			t.Fatal("the dropped ICMP echo is not in the audit log")
+		}
 	})
 	t.Run("the gateway is no way to the host", func(t *testing.T) {
 		r := sh(fmt.Sprintf("curl -sS -m 10 http://192.168.127.1:%d/", srv.httpPort))
@@ -282,6 +290,18 @@ s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(5);s.sendto(q,("1
 		out := must(t, "net", "log", name).stdout
 		if !strings.Contains(out, "denied.test") || !strings.Contains(out, "allowed.test") {
 			t.Errorf("net log output lacks entries:\n%s", out)
+		}
+		// What was refused and still is: the hosts to approve.
+		var blocked []struct{ Host, Rule string }
+		if err := json.Unmarshal([]byte(must(t, "net", "blocked", name, "--json").stdout), &blocked); err != nil {
+			t.Fatal(err)
+		}
+		var hosts []string
+		for _, b := range blocked {
+			hosts = append(hosts, b.Host)
+		}
+		if !hasString(hosts, "denied.test") || !hasString(hosts, "late.test") || hasString(hosts, "allowed.test") {
+			t.Errorf("net blocked: %v", hosts)
 		}
 	})
 }
