@@ -71,7 +71,7 @@ func startVFS(dir string) (*vfsMachine, error) {
 		return nil, fmt.Errorf("qemu-img: %v: %s", err, out)
 	}
 	sock := filepath.Join(tmp, "vfs.sock")
-	v.fsd = exec.Command(bin, "--socket-path="+sock, "-o", "source="+dir, "-o", "cache=auto")
+	v.fsd = exec.Command(bin, "--socket-path="+sock, "-o", "source="+dir, "-o", "cache=auto", "-o", "log_level=warn")
 	v.fsd.Stderr = os.Stderr
 	if err := v.fsd.Start(); err != nil {
 		v.stop()
