@@ -70,6 +70,12 @@ func setupHome() (string, func()) {
 	must(err)
 	os.Setenv("KOSA8_HOME", home)
 	os.Setenv("KOSA8_CONFIG", filepath.Join(home, "config"))
+	// Sandboxes made without --workspace take the current folder: an
+	// empty one, not whatever folder the benchmark was started in (the
+	// repository, whose first copy would be timed as boot).
+	cwd := filepath.Join(home, "empty-project")
+	must(os.MkdirAll(cwd, 0o755))
+	must(os.Chdir(cwd))
 	return home, func() { os.RemoveAll(home) }
 }
 
