@@ -657,6 +657,14 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 	}
 	old := s.currentMachine()
 	s.expectExit(old)
+	// If no machine replaces it, the sandbox ends as crashed ('kosa8 start'
+	// boots it again; 'start --from' restores a checkpoint), rather than
+	// waiting for a machine that never comes.
+	defer func() {
+		if s.currentMachine() == old {
+			s.replacing.CompareAndSwap(old, nil)
+		}
+	}()
 	_ = old.Kill()
 	s.currentClient().Close()
 	restore := target

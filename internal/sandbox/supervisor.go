@@ -163,14 +163,17 @@ wait:
 			break wait
 		case <-m.Done():
 			if s.replacing.Load() == m {
-				// A rewind killed it and starts the next one: wait for that.
-				for s.currentMachine() == m {
+				// A rewind killed it and starts the next one: wait for that,
+				// unless the rewind gives up (then this is the end).
+				for s.currentMachine() == m && s.replacing.Load() == m {
 					time.Sleep(20 * time.Millisecond)
 					if ctx.Err() != nil {
 						break wait
 					}
 				}
-				continue
+				if s.currentMachine() != m {
+					continue
+				}
 			}
 			exited = true
 			exitErr = m.Wait(context.Background())
