@@ -388,13 +388,14 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	if err := client.Freeze(ctx); err != nil {
 		s.log.Warn("freeze workloads", "err", err)
 	}
-	if !final {
-		defer func() {
-			if err := client.Thaw(context.Background()); err != nil {
-				s.log.Warn("thaw workloads", "err", err)
-			}
-		}()
-	}
+	defer func() {
+		if final && handedOver {
+			return // the machine ends frozen: a rewind replaces it
+		}
+		if err := client.Thaw(context.Background()); err != nil {
+			s.log.Warn("thaw workloads", "err", err)
+		}
+	}()
 	dev, err := os.OpenFile(filepath.Join(tmp, checkpoint.DevicesFile), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, nil, err
@@ -417,15 +418,15 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	if err := m.Pause(ctx); err != nil {
 		return nil, nil, err
 	}
-	resumed := final
+	resumed := false
 	resume := func() error {
-		if resumed {
+		if resumed || final && handedOver {
 			return nil
 		}
 		resumed = true
 		return m.Resume(context.Background())
 	}
-	defer resume()
+	defer resume() // on failure, final or not, the machine runs on
 	frozen := s.sb.activeDisks()
 	next := map[string]checkpoint.Disk{}
 	if err := os.MkdirAll(s.sb.Path(disksDir), 0o700); err != nil {
