@@ -237,6 +237,13 @@ func (w *workspace) mark(paths []string, all bool) {
 	}
 }
 
+// A pass starts once changes have paused for burstQuiet, or burstMax after
+// the first change at the latest.
+const (
+	burstQuiet = 100 * time.Millisecond
+	burstMax   = 600 * time.Millisecond
+)
+
 // loop syncs dirty paths shortly after they change (batching bursts), and
 // everything now and then.
 func (w *workspace) loop(ctx context.Context) {
@@ -250,7 +257,29 @@ func (w *workspace) loop(ctx context.Context) {
 		case <-full.C:
 			w.syncNow(ctx, nil)
 		case <-w.kick:
-			time.Sleep(50 * time.Millisecond) // let a burst finish
+			// Let a burst finish: wait for a quiet moment, but not for
+			// long, so edits still arrive within a second. Fewer, larger
+			// passes cost the guest less of its (emulated, under TCG) CPU
+			// while a build or an untar writes.
+			quiet := time.NewTimer(burstQuiet)
+			limit := time.NewTimer(burstMax)
+		burst:
+			for {
+				select {
+				case <-ctx.Done():
+					quiet.Stop()
+					limit.Stop()
+					return
+				case <-w.kick:
+					quiet.Reset(burstQuiet)
+				case <-quiet.C:
+					break burst
+				case <-limit.C:
+					break burst
+				}
+			}
+			quiet.Stop()
+			limit.Stop()
 			w.mu.Lock()
 			all := w.all
 			var paths []string
