@@ -167,7 +167,9 @@ func compareVirtioFS(small, repo string, gitHost, gitGuest []time.Duration, acce
 		dst := filepath.Join(small, fmt.Sprintf("untar%d", i))
 		untarWS = append(untarWS, parseNS(kosa8("exec", "bench-lat", "--", "sh", "-c", timed(fmt.Sprintf("mkdir -p %s && tar -C %s -xf /var/tmp/t.tar", dst, dst)))))
 		pyDir := filepath.Join(small, "py")
+		kosa8("sync", "now", "bench-lat") // each run starts with the sync caught up
 		buildWS = append(buildWS, parseNS(kosa8("exec", "bench-lat", "--", "sh", "-c", fmt.Sprintf(clearPyc, pyDir)+"; "+timed("python3 -m compileall -q "+pyDir))))
+		kosa8("sync", "now", "bench-lat")
 	}
 	// The same on the guest's root disk (ext4 on virtio-blk too, not
 	// synced): what the disk costs apart from the sync.
