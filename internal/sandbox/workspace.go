@@ -240,7 +240,7 @@ func (w *workspace) mark(paths []string, all bool) {
 // A pass starts once changes have paused for burstQuiet, or burstMax after
 // the first change at the latest.
 const (
-	burstQuiet = 100 * time.Millisecond
+	burstQuiet = 50 * time.Millisecond
 	burstMax   = 600 * time.Millisecond
 )
 
