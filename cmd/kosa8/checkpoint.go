@@ -30,11 +30,7 @@ func checkpointCmd() *cobra.Command {
 		Short: "Save the whole running machine (RAM, devices, disks, workspace) to rewind to",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
-			sb, err := runningSandbox(m, args[0])
+			sb, err := runningSandbox(args[0])
 			if err != nil {
 				return err
 			}
@@ -60,11 +56,7 @@ func checkpointCmd() *cobra.Command {
 		Short: "Delete checkpoints",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
-			sb, err := m.Open(args[0])
+			sb, err := openSandbox(args[0])
 			if err != nil {
 				return err
 			}
@@ -93,11 +85,7 @@ func checkpointsCmd() *cobra.Command {
 		Short: "List a sandbox's checkpoints as a tree",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
-			sb, err := m.Open(args[0])
+			sb, err := openSandbox(args[0])
 			if err != nil {
 				return err
 			}
@@ -173,11 +161,7 @@ func rewindCmd() *cobra.Command {
 		Short: "Return the machine and the workspace to a checkpoint (the state just before is saved as one)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
-			sb, err := runningSandbox(m, args[0])
+			sb, err := runningSandbox(args[0])
 			if err != nil {
 				return err
 			}
@@ -218,12 +202,8 @@ func pauseCmd() *cobra.Command {
 		Short: "Write running sandboxes out to disk and free their memory ('kosa8 resume' continues them)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
 			for _, name := range args {
-				sb, err := runningSandbox(m, name)
+				sb, err := runningSandbox(name)
 				if err != nil {
 					return err
 				}

@@ -16,11 +16,7 @@ func debugCmd() *cobra.Command {
 		Short: "Write the guest's RAM to stdout (the VM pauses while it is read)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
-			sb, err := runningSandbox(m, args[0])
+			sb, err := runningSandbox(args[0])
 			if err != nil {
 				return err
 			}

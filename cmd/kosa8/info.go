@@ -101,11 +101,7 @@ func inspectCmd() *cobra.Command {
 		Short: "Show a sandbox's settings and state as JSON",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
-			sb, err := m.Open(args[0])
+			sb, err := openSandbox(args[0])
 			if err != nil {
 				return err
 			}
@@ -131,11 +127,7 @@ func logsCmd() *cobra.Command {
 		Short: "Print a sandbox's console log (or its supervisor's)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
-			sb, err := m.Open(args[0])
+			sb, err := openSandbox(args[0])
 			if err != nil {
 				return err
 			}

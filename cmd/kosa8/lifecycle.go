@@ -408,9 +408,18 @@ func warnTCG(st *sandbox.Status) {
 	}
 }
 
+// openSandbox opens a sandbox by name.
+func openSandbox(name string) (*sandbox.Sandbox, error) {
+	m, err := manager()
+	if err != nil {
+		return nil, err
+	}
+	return m.Open(name)
+}
+
 // runningSandbox opens a sandbox that must be running.
-func runningSandbox(m *sandbox.Manager, name string) (*sandbox.Sandbox, error) {
-	sb, err := m.Open(name)
+func runningSandbox(name string) (*sandbox.Sandbox, error) {
+	sb, err := openSandbox(name)
 	if err != nil {
 		return nil, err
 	}

@@ -170,14 +170,6 @@ connections at once, running or not.`,
 	return cmd
 }
 
-func openSandbox(name string) (*sandbox.Sandbox, error) {
-	m, err := manager()
-	if err != nil {
-		return nil, err
-	}
-	return m.Open(name)
-}
-
 func editPolicy(sb *sandbox.Sandbox, f func(*netpolicy.Policy) error) ([]string, error) {
 	p, err := sb.LoadPolicy()
 	if err != nil {

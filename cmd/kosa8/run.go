@@ -221,11 +221,7 @@ func execCmd() *cobra.Command {
 		Example: "  kosa8 exec demo -- ls -la\n  kosa8 exec -it demo -- bash",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
-			sb, err := runningSandbox(m, args[0])
+			sb, err := runningSandbox(args[0])
 			if err != nil {
 				return err
 			}
@@ -266,11 +262,7 @@ func shellCmd() *cobra.Command {
 		Short: "Open an interactive login shell in a running sandbox",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := manager()
-			if err != nil {
-				return err
-			}
-			sb, err := runningSandbox(m, args[0])
+			sb, err := runningSandbox(args[0])
 			if err != nil {
 				return err
 			}

@@ -16,11 +16,7 @@ import (
 )
 
 func workspaceSandbox(name string) (*sandbox.Sandbox, error) {
-	m, err := manager()
-	if err != nil {
-		return nil, err
-	}
-	sb, err := runningSandbox(m, name)
+	sb, err := runningSandbox(name)
 	if err != nil {
 		return nil, err
 	}
