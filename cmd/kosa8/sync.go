@@ -61,40 +61,29 @@ func printSyncStatus(st *sandbox.SyncStatus, asJSON bool) error {
 func syncCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{Use: "sync", Short: "Show the workspace sync"}
-	status := &cobra.Command{
-		Use:   "status NAME",
-		Short: "Pending changes, held files, conflicts",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := workspaceSandbox(args[0])
-			if err != nil {
-				return err
-			}
-			st, err := sandbox.NewClient(sb).Sync(cmd.Context(), false)
-			if err != nil {
-				return err
-			}
-			return printSyncStatus(st, asJSON)
-		},
+	// sub is status (full false) or now (a whole pass first).
+	sub := func(use, short string, full bool) *cobra.Command {
+		c := &cobra.Command{
+			Use:   use,
+			Short: short,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				sb, err := workspaceSandbox(args[0])
+				if err != nil {
+					return err
+				}
+				st, err := sandbox.NewClient(sb).Sync(cmd.Context(), full)
+				if err != nil {
+					return err
+				}
+				return printSyncStatus(st, asJSON)
+			},
+		}
+		c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+		return c
 	}
-	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	now := &cobra.Command{
-		Use:   "now NAME",
-		Short: "Compare the whole folder with the sandbox now",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := workspaceSandbox(args[0])
-			if err != nil {
-				return err
-			}
-			st, err := sandbox.NewClient(sb).Sync(cmd.Context(), true)
-			if err != nil {
-				return err
-			}
-			return printSyncStatus(st, asJSON)
-		},
-	}
-	now.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	status := sub("status NAME", "Pending changes, held files, conflicts", false)
+	now := sub("now NAME", "Compare the whole folder with the sandbox now", true)
 	cmd.AddCommand(status, now)
 	return cmd
 }
