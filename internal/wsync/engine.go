@@ -170,8 +170,14 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 			deletes = append(deletes, del)
 		}
 	}
+	e.finishPass(ctx, deletes)
+	return nil
+}
+
+// finishPass ends a pass: the gathered guest writes go out, then the
+// deletions, children before their directories; the manifest is saved.
+func (e *Engine) finishPass(ctx context.Context, deletes []func()) {
 	e.flushBatch(ctx)
-	// Children go before their directories.
 	for i := len(deletes) - 1; i >= 0; i-- {
 		deletes[i]()
 	}
@@ -179,10 +185,8 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 	if e.onChange != nil {
 		e.onChange(e.manifestCopy())
 	}
-	return nil
 }
 
-// manifestCopy is the manifest as saved: entries plus tombstones.
 // order lists the paths of both scans and known, less the excluded ones,
 // parents before children and, within that, in git's own order.
 func (e *Engine) order(h, g map[string]*Entry, known []string) []string {
@@ -211,6 +215,7 @@ func (e *Engine) order(h, g map[string]*Entry, known []string) []string {
 	return order
 }
 
+// manifestCopy is the manifest as saved: entries plus tombstones.
 func (e *Engine) manifestCopy() map[string]*Entry {
 	m := make(map[string]*Entry, len(e.manifest)+len(e.tombs))
 	for k, v := range e.manifest {
@@ -663,14 +668,7 @@ func (e *Engine) Rewind(ctx context.Context) error {
 			}
 		}
 	}
-	e.flushBatch(ctx)
-	for i := len(deletes) - 1; i >= 0; i-- {
-		deletes[i]()
-	}
-	e.lastSync = time.Now()
-	if e.onChange != nil {
-		e.onChange(e.manifestCopy())
-	}
+	e.finishPass(ctx, deletes)
 	return nil
 }
 
