@@ -25,25 +25,32 @@ func (h *HostSide) Scan(ctx context.Context, paths []string) (map[string]*Entry,
 		return out, h.walk(ctx, ".", out)
 	}
 	for _, p := range paths {
-		if h.skip(p) {
-			continue
-		}
-		e, err := h.Root.Stat(p)
-		if err != nil {
-			h.report(p, err)
-			continue
-		}
-		if e == nil {
-			continue
-		}
-		out[p] = e
-		if e.Type == 'd' {
-			if err := h.walk(ctx, p, out); err != nil {
-				return nil, err
-			}
+		if err := h.visit(ctx, p, out); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// visit records p (unless skipped, gone or unreadable: reported) and,
+// for a directory, what is below it.
+func (h *HostSide) visit(ctx context.Context, p string, out map[string]*Entry) error {
+	if h.skip(p) {
+		return nil
+	}
+	e, err := h.Root.Stat(p)
+	if err != nil {
+		h.report(p, err)
+		return nil
+	}
+	if e == nil {
+		return nil
+	}
+	out[p] = e
+	if e.Type == 'd' {
+		return h.walk(ctx, p, out)
+	}
+	return nil
 }
 
 func (h *HostSide) report(p string, err error) {
@@ -66,22 +73,8 @@ func (h *HostSide) walk(ctx context.Context, dir string, out map[string]*Entry) 
 		if dir != "." {
 			p = path.Join(dir, n)
 		}
-		if h.skip(p) {
-			continue
-		}
-		e, err := h.Root.Stat(p)
-		if err != nil {
-			h.report(p, err)
-			continue
-		}
-		if e == nil {
-			continue
-		}
-		out[p] = e
-		if e.Type == 'd' {
-			if err := h.walk(ctx, p, out); err != nil {
-				return err
-			}
+		if err := h.visit(ctx, p, out); err != nil {
+			return err
 		}
 	}
 	return nil
