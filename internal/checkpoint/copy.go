@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 
@@ -23,39 +24,64 @@ func CopySparse(dst, src *os.File) (int64, error) {
 	}
 	buf := make([]byte, 4<<20)
 	var total int64
-	off := int64(0)
+	err = forEachData(src, size, func(off, end int64) error {
+		n, err := copyRange(dst, src, off, end, buf)
+		total += n
+		return err
+	})
+	if errors.Is(err, errNoSeekData) {
+		return copyAll(dst, src, size, buf)
+	}
+	return total, err
+}
+
+// errNoSeekData: the file system cannot say where a file's data is.
+var errNoSeekData = errors.New("SEEK_DATA not supported")
+
+// forEachData calls f for each range [off, end) of src (of size) that
+// holds data, in order.
+func forEachData(src *os.File, size int64, f func(off, end int64) error) error {
 	sfd := int(src.Fd())
-	for off < size {
+	for off := int64(0); off < size; {
 		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
-			break // no data after off
+			return nil // no data after off
 		}
 		if err != nil {
-			// No SEEK_DATA here: copy everything.
-			return copyAll(dst, src, size, buf)
+			return fmt.Errorf("%w: %v", errNoSeekData, err)
 		}
 		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
 		if err != nil {
 			hole = size
 		}
-		for pos := data; pos < hole; {
-			n := int(min(int64(len(buf)), hole-pos))
-			k, err := src.ReadAt(buf[:n], pos)
-			if k > 0 {
-				if _, werr := dst.WriteAt(buf[:k], pos); werr != nil {
-					return total, werr
-				}
-				pos += int64(k)
-				total += int64(k)
-			}
-			if err != nil && !errors.Is(err, io.EOF) {
-				return total, err
-			}
-			if k == 0 {
-				break
-			}
+		if err := f(data, hole); err != nil {
+			return err
 		}
 		off = hole
+	}
+	return nil
+}
+
+// copyRange copies [off, end) of src to the same offsets of dst through
+// buf and returns the bytes copied.
+func copyRange(dst, src *os.File, off, end int64, buf []byte) (int64, error) {
+	var total int64
+	for pos := off; pos < end; {
+		n := int(min(int64(len(buf)), end-pos))
+		k, err := src.ReadAt(buf[:n], pos)
+		if k > 0 {
+			if _, werr := dst.WriteAt(buf[:k], pos); werr != nil {
+				return total, werr
+			}
+			pos += int64(k)
+			total += int64(k)
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return total, err
+		}
+		if k == 0 {
+			break
+		}
 	}
 	return total, nil
 }
@@ -107,42 +133,17 @@ func CopyData(dst, src *os.File) ([]Extent, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	size := st.Size()
 	buf := make([]byte, 4<<20)
 	var exts []Extent
 	var total int64
-	sfd := int(src.Fd())
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			return nil, total, err
-		}
-		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
-		if err != nil {
-			hole = size
-		}
-		for pos := data; pos < hole; {
-			n := int(min(int64(len(buf)), hole-pos))
-			k, err := src.ReadAt(buf[:n], pos)
-			if k > 0 {
-				if _, werr := dst.WriteAt(buf[:k], pos); werr != nil {
-					return nil, total, werr
-				}
-				pos += int64(k)
-				total += int64(k)
-			}
-			if err != nil && !errors.Is(err, io.EOF) {
-				return nil, total, err
-			}
-			if k == 0 {
-				break
-			}
-		}
-		exts = append(exts, Extent{data, hole - data})
-		off = hole
+	err = forEachData(src, st.Size(), func(off, end int64) error {
+		n, err := copyRange(dst, src, off, end, buf)
+		total += n
+		exts = append(exts, Extent{off, end - off})
+		return err
+	})
+	if err != nil {
+		return nil, total, err
 	}
 	return exts, total, nil
 }
