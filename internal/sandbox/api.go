@@ -300,7 +300,7 @@ func (s *supervisor) handlePlainMigrate(w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	st, _ := f.Stat()
-	writeJSON(w, http.StatusOK, PlainMigrate{PauseMillis: float64(time.Since(start).Microseconds()) / 1000, Bytes: st.Size()})
+	writeJSON(w, http.StatusOK, PlainMigrate{PauseMillis: msSince(start), Bytes: st.Size()})
 }
 
 // maxRequestBody bounds JSON request bodies.

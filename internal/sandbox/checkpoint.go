@@ -218,26 +218,33 @@ func (s *supervisor) prepareRestore(id string) (*checkpoint.Meta, error) {
 // branchDisks puts new overlays on a checkpoint's frozen disk layers and
 // makes them the active disks.
 func (s *supervisor) branchDisks(target *checkpoint.Meta, id string) error {
-	if err := os.MkdirAll(s.sb.Path(disksDir), 0o700); err != nil {
+	next, err := s.sb.newOverlays(target.Disks, id)
+	if err != nil {
 		return err
 	}
+	return s.sb.saveActiveDisks(next)
+}
+
+// newOverlays makes an empty qcow2 layer over each of layers (in
+// parallel), named for id, and returns them.
+func (sb *Sandbox) newOverlays(layers map[string]checkpoint.Disk, id string) (map[string]checkpoint.Disk, error) {
+	if err := os.MkdirAll(sb.Path(disksDir), 0o700); err != nil {
+		return nil, err
+	}
 	next := map[string]checkpoint.Disk{}
-	errs := make(chan error, len(target.Disks))
-	for diskID, d := range target.Disks {
+	errs := make(chan error, len(layers))
+	for diskID, d := range layers {
 		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
 		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
-		go func() { errs <- newOverlay(s.sb.Path(overlay), s.sb.Path(d.Path), d.Format) }()
+		go func() { errs <- newOverlay(sb.Path(overlay), sb.Path(d.Path), d.Format) }()
 	}
 	var first error
-	for range target.Disks {
+	for range layers {
 		if err := <-errs; err != nil && first == nil {
 			first = err
 		}
 	}
-	if first != nil {
-		return first
-	}
-	return s.sb.saveActiveDisks(next)
+	return next, first
 }
 
 // newOverlay makes an empty qcow2 layer over backing. The size is read
@@ -505,8 +512,8 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 			src.Close()
 			return nil, nil, err
 		}
-		meta.PauseMillis = float64(time.Since(pauseStart).Microseconds()) / 1000
-		meta.TotalMillis = float64(time.Since(start).Microseconds()) / 1000
+		meta.PauseMillis = msSince(pauseStart)
+		meta.TotalMillis = msSince(start)
 		handedOver = true
 		finish = func() error {
 			defer ram.Close()
@@ -533,11 +540,11 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	if err := resume(); err != nil {
 		return nil, nil, err
 	}
-	meta.PauseMillis = float64(time.Since(pauseStart).Microseconds()) / 1000
+	meta.PauseMillis = msSince(pauseStart)
 	if err := writeManifest(); err != nil {
 		return nil, nil, err
 	}
-	meta.TotalMillis = float64(time.Since(start).Microseconds()) / 1000
+	meta.TotalMillis = msSince(start)
 	if err := commit(); err != nil {
 		return nil, nil, err
 	}
@@ -564,18 +571,10 @@ func SaveDisks(sb *Sandbox, message string) (*checkpoint.Meta, error) {
 		return nil, err
 	}
 	frozen := sb.activeDisks()
-	if err := os.MkdirAll(sb.Path(disksDir), 0o700); err != nil {
+	next, err := sb.newOverlays(frozen, id)
+	if err != nil {
 		store.Abort(tmp)
 		return nil, err
-	}
-	next := map[string]checkpoint.Disk{}
-	for diskID, d := range frozen {
-		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
-		if err := newOverlay(sb.Path(overlay), sb.Path(d.Path), d.Format); err != nil {
-			store.Abort(tmp)
-			return nil, err
-		}
-		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
 	}
 	st := sb.Status()
 	meta := &checkpoint.Meta{
@@ -695,7 +694,7 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 	s.log.Info("rewind phases", "save_before_ms", msBetween(start, tSaved), "disks_ms", msBetween(tSaved, tBranched),
 		"restore_ms", msBetween(tBranched, tLaunched), "workspace_ms", msBetween(tLaunched, time.Now()))
 	s.setStatus(func(st *Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
-	res.Millis = float64(time.Since(start).Microseconds()) / 1000
+	res.Millis = msSince(start)
 	if err := flush(); err != nil {
 		res.Saved = nil
 		res.Warning = "the state before the rewind could not be saved: " + err.Error()
@@ -703,7 +702,7 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 		s.log.Warn("rewind", "to", id, "ms", res.Millis, "err", res.Warning)
 		return res, nil
 	}
-	res.SavedMillis = float64(time.Since(start).Microseconds()) / 1000
+	res.SavedMillis = msSince(start)
 	s.net.audit.Add(audit.Event{Kind: "rewind", Decision: "restored", Name: id, Reason: "state before kept as " + pre.ID})
 	s.log.Info("rewind", "to", id, "ms", res.Millis, "saved", pre.ID, "saved_ms", res.SavedMillis)
 	return res, nil
@@ -925,5 +924,8 @@ func allocatedTree(dir string) int64 {
 	return n
 }
 
-// msBetween is b-a in milliseconds, for the log.
+// msBetween is b-a in milliseconds, for the log and reports.
 func msBetween(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
+
+// msSince is the time since t in milliseconds.
+func msSince(t time.Time) float64 { return msBetween(t, time.Now()) }

@@ -131,7 +131,7 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 		st.State = Running
 		st.QEMUPID = s.machine.Pid()
 		st.Accel = string(s.accel)
-		st.BootMillis = float64(time.Since(start).Microseconds()) / 1000
+		st.BootMillis = msSince(start)
 	})
 	srv, err := s.serveAPI()
 	if err != nil {
