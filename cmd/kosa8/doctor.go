@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -32,23 +33,7 @@ func doctorChecks(ctx context.Context) []check {
 	arch := vmspec.HostArch()
 	add(check{Name: "platform", OK: runtime.GOOS == "linux" || runtime.GOOS == "darwin", Detail: runtime.GOOS + "/" + string(arch)})
 
-	h := qemu.DetectHost()
-	accel, err := qemu.ChooseAccel(h, arch, vmm.Accel(os.Getenv("KOSA8_ACCEL")))
-	switch {
-	case err != nil:
-		add(check{Name: "acceleration", Detail: err.Error(), Fix: "unset KOSA8_ACCEL"})
-	case accel == vmm.TCG:
-		fix := "enable virtualization: load kvm_intel or kvm_amd and make /dev/kvm read-write for you (kvm group)"
-		if runtime.GOOS == "darwin" {
-			fix = "use an Apple silicon Mac with macOS 12 or later"
-		}
-		if _, statErr := os.Stat("/dev/kvm"); statErr == nil && runtime.GOOS == "linux" {
-			fix = "/dev/kvm exists but is not usable by you: add yourself to its group (usually kvm)"
-		}
-		add(check{Name: "acceleration", OK: true, Warn: true, Detail: "tcg — " + vmm.IsolationWarning, Fix: fix})
-	default:
-		add(check{Name: "acceleration", OK: true, Detail: string(accel)})
-	}
+	add(accelCheck(arch))
 
 	if bin, err := qemu.FindBinary(arch, ""); err != nil {
 		add(check{Name: "qemu", Detail: err.Error(), Fix: "kosa8 setup"})
@@ -97,6 +82,46 @@ func doctorChecks(ctx context.Context) []check {
 	}
 	add(ramCheck())
 	return out
+}
+
+// accelCheck says which acceleration a sandbox gets and, when it is not
+// hardware, why and what to do.
+func accelCheck(arch vmspec.Arch) check {
+	var dir string
+	if m, err := manager(); err == nil {
+		dir = m.Paths.Home
+	}
+	h := qemu.DetectHostIn(dir)
+	forced := vmm.Accel(os.Getenv("KOSA8_ACCEL"))
+	accel, err := qemu.ChooseAccel(h, arch, forced)
+	switch {
+	case err != nil:
+		return check{Name: "acceleration", Detail: err.Error(), Fix: "unset KOSA8_ACCEL, or set it to tcg"}
+	case accel != vmm.TCG:
+		return check{Name: "acceleration", OK: true, Detail: string(accel) + " (a test guest ran under it)"}
+	case forced == vmm.TCG:
+		return check{Name: "acceleration", OK: true, Warn: true, Detail: "tcg, as KOSA8_ACCEL asks — " + vmm.IsolationWarning}
+	}
+	why := h.WhyNot(arch)
+	c := check{Name: "acceleration", OK: true, Warn: true, Detail: "tcg — " + why + ". " + vmm.IsolationWarning}
+	switch {
+	case runtime.GOOS == "darwin":
+		c.Fix = "use an Apple silicon Mac with macOS 12 or later"
+	case len(h.Failed) > 0:
+		c.Fix = "this host's KVM cannot boot a standard guest (common on nested, paravirtualized cloud VMs): run kosa8 on a host with full nested virtualization or on bare metal; the record is forgotten at the next reboot"
+	case !fileExists("/dev/kvm"):
+		c.Fix = "enable virtualization: turn it on in the firmware (or the cloud VM's nested virtualization), and load kvm_intel or kvm_amd"
+	case !h.KVMUsable && os.Geteuid() != 0 && strings.Contains(h.KVMReason, "permission denied"):
+		c.Fix = "/dev/kvm exists but is not usable by you: add yourself to its group (usually kvm) and log in again"
+	default:
+		c.Fix = "this host's /dev/kvm cannot run a guest (common on nested, paravirtualized cloud VMs): run kosa8 on a host with full nested virtualization or on bare metal"
+	}
+	return c
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 func doctorCmd() *cobra.Command {

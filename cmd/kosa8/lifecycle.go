@@ -404,8 +404,19 @@ func logTail(path string) string {
 // isolation.
 func warnTCG(st *sandbox.Status) {
 	if st != nil && st.Accel == string(vmm.TCG) {
+		if st.AccelFallback != "" {
+			fmt.Fprintln(os.Stderr, "kosa8: warning: "+sanitize(firstLineOf(st.AccelFallback), false)+"; fell back to tcg (see 'kosa8 doctor'; KOSA8_ACCEL=tcg skips the attempt)")
+		}
 		fmt.Fprintln(os.Stderr, "kosa8: warning: "+vmm.IsolationWarning)
 	}
+}
+
+// firstLineOf is s up to its first newline.
+func firstLineOf(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
 
 // openSandbox opens a sandbox by name.

@@ -26,10 +26,13 @@ const (
 
 // Status is what the supervisor records in state.json, and what ls shows.
 type Status struct {
-	State         State     `json:"state"`
-	SupervisorPID int       `json:"supervisor_pid,omitempty"`
-	QEMUPID       int       `json:"qemu_pid,omitempty"`
-	Accel         string    `json:"accel,omitempty"`
+	State         State  `json:"state"`
+	SupervisorPID int    `json:"supervisor_pid,omitempty"`
+	QEMUPID       int    `json:"qemu_pid,omitempty"`
+	Accel         string `json:"accel,omitempty"`
+	// AccelFallback says why the sandbox runs under TCG although the host
+	// offered hardware acceleration: it failed to boot the sandbox.
+	AccelFallback string    `json:"accel_fallback,omitempty"`
 	Started       time.Time `json:"started,omitzero"`
 	Stopped       time.Time `json:"stopped,omitzero"`
 	// BootMillis: supervisor start to agent ready.

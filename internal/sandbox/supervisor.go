@@ -277,12 +277,18 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if err != nil {
 		return err
 	}
-	drv, err := qemu.New(qemu.Config{Arch: vmspec.Arch(cfg.Arch), Accel: vmm.Accel(cfg.Accel)})
+	forced := vmm.Accel(cfg.Accel)
+	drv, err := qemu.New(qemu.Config{Arch: vmspec.Arch(cfg.Arch), Accel: forced, RecordDir: m.Paths.Home})
 	if err != nil {
 		return err
 	}
 	s.accel = drv.Accel()
 	if s.accel == vmm.TCG {
+		if h := drv.Host(); forced == "" && len(h.Failed) > 0 {
+			why := h.WhyNot(vmspec.Arch(cfg.Arch))
+			s.log.Warn("not using hardware acceleration", "why", why)
+			s.setStatus(func(st *Status) { st.AccelFallback = why })
+		}
 		s.log.Warn(vmm.IsolationWarning)
 	}
 	if s.net, err = startNetwork(s.sb, m.Paths.Config, s.log); err != nil {
@@ -313,7 +319,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 			return err
 		}
 	}
-	if err := s.launch(bootCtx, restore); err != nil {
+	if err := s.launchFirst(bootCtx, restore, forced, m.Paths.Home); err != nil {
 		return err
 	}
 	info, err := s.currentClient().Info(bootCtx)
@@ -341,6 +347,58 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 			return err
 		}
 	}
+	return nil
+}
+
+// accelBootTimeout bounds a first boot under KVM or HVF before kosa8 gives
+// up on the accelerator: such a guest reaches its agent in about a second,
+// and one that has not by then is hung (as Debian's kernel hangs after
+// "Probing EDD" on some nested, paravirtualized hosts whose /dev/kvm passes
+// the probe).
+const accelBootTimeout = 20 * time.Second
+
+// launchFirst starts the machine for the sandbox's first boot in this
+// supervisor. Under hardware acceleration the user did not force, a boot
+// that fails (QEMU exits, or the agent does not answer in
+// accelBootTimeout) is tried again under TCG; if that works, the failure is
+// recorded for this boot of the host (so later starts go straight to TCG),
+// and the sandbox's status says why it fell back.
+func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, forced vmm.Accel, recordDir string) error {
+	if s.accel == vmm.TCG {
+		return s.launch(ctx, restore)
+	}
+	actx, cancel := context.WithTimeout(ctx, accelBootTimeout)
+	err := s.launch(actx, restore)
+	cancel()
+	if err == nil {
+		return nil
+	}
+	tried := s.accel
+	if m := s.currentMachine(); m != nil {
+		_ = m.Kill()
+	}
+	if ctx.Err() != nil {
+		return err // the caller gave up (a signal, or its own deadline)
+	}
+	if forced != "" {
+		return fmt.Errorf("booting under %s failed: %w\nkosa8 was asked for %s (KOSA8_ACCEL or --accel); to run under emulation instead, set KOSA8_ACCEL=tcg", tried, err, tried)
+	}
+	s.log.Warn("hardware acceleration failed to boot the sandbox: trying tcg", "accel", tried, "err", err)
+	drv, derr := qemu.New(qemu.Config{Arch: s.spec.Arch, Accel: vmm.TCG})
+	if derr != nil {
+		return errors.Join(err, derr)
+	}
+	s.drv, s.accel = drv, vmm.TCG
+	s.log.Warn(vmm.IsolationWarning)
+	_ = os.Truncate(s.sb.Path(ConsoleLog), 0)
+	if terr := s.launch(ctx, restore); terr != nil {
+		return fmt.Errorf("booting under %s failed (%v), and under tcg too: %w", tried, err, terr)
+	}
+	reason := fmt.Sprintf("%s failed to boot a sandbox: %v", tried, err)
+	if rerr := qemu.RecordFailure(recordDir, tried, reason); rerr != nil {
+		s.log.Warn("record the accelerator's failure", "err", rerr)
+	}
+	s.setStatus(func(st *Status) { st.AccelFallback = reason })
 	return nil
 }
 

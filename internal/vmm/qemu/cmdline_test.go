@@ -184,41 +184,6 @@ func TestArgsRejects(t *testing.T) {
 	}
 }
 
-func TestChooseAccel(t *testing.T) {
-	cases := []struct {
-		name string
-		host Host
-		arch vmspec.Arch
-		want vmm.Accel
-		ask  vmm.Accel
-		err  string
-	}{
-		{"linux with kvm", Host{"linux", vmspec.AMD64, true, false}, vmspec.AMD64, vmm.KVM, "", ""},
-		{"linux without kvm", Host{"linux", vmspec.AMD64, false, false}, vmspec.AMD64, vmm.TCG, "", ""},
-		{"linux foreign arch", Host{"linux", vmspec.AMD64, true, false}, vmspec.ARM64, vmm.TCG, "", ""},
-		{"mac with hvf", Host{"darwin", vmspec.ARM64, false, true}, vmspec.ARM64, vmm.HVF, "", ""},
-		{"mac without hvf", Host{"darwin", vmspec.ARM64, false, false}, vmspec.ARM64, vmm.TCG, "", ""},
-		{"asked tcg on kvm host", Host{"linux", vmspec.AMD64, true, false}, vmspec.AMD64, vmm.TCG, vmm.TCG, ""},
-		{"asked kvm without it", Host{"linux", vmspec.AMD64, false, false}, vmspec.AMD64, "", vmm.KVM, "/dev/kvm"},
-		{"asked hvf on linux", Host{"linux", vmspec.AMD64, true, false}, vmspec.AMD64, "", vmm.HVF, "not available"},
-		{"asked kvm foreign arch", Host{"linux", vmspec.AMD64, true, false}, vmspec.ARM64, "", vmm.KVM, "cannot run"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := ChooseAccel(tc.host, tc.arch, tc.ask)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("err = %v, want it to mention %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Fatalf("ChooseAccel = %v, %v; want %v", got, err, tc.want)
-			}
-		})
-	}
-}
-
 func TestArgsVirtioFS(t *testing.T) {
 	s := spec(vmspec.AMD64)
 	if args, _ := Args(s, opts(vmm.TCG)); slices.Contains(values(args, "-device"), "vhost-user-fs-device") {

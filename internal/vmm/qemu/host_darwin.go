@@ -18,6 +18,15 @@ func DetectHost() Host {
 	return Host{GOOS: "darwin", Arch: vmspec.HostArch(), HVFUsable: err == nil && v == 1}
 }
 
+// bootID names this boot of the host: its boot time.
+func bootID() string {
+	tv, err := unix.SysctlTimeval("kern.boottime")
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%d.%06d", tv.Sec, tv.Usec)
+}
+
 func procAttr() *syscall.SysProcAttr {
 	// macOS has no parent-death signal; the supervisor kills QEMU on exit
 	// and QEMU's QMP socket closing ends it otherwise.

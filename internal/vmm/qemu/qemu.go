@@ -27,6 +27,7 @@ type Driver struct {
 	binary string
 	accel  vmm.Accel
 	ramDir string
+	host   Host
 }
 
 // Config selects how a Driver runs QEMU.
@@ -39,6 +40,11 @@ type Config struct {
 	// RAMDir holds guest RAM files; it must be tmpfs on Linux. Default:
 	// a private directory under /dev/shm.
 	RAMDir string
+	// RecordDir holds the accelerators that failed to boot a sandbox in
+	// this boot of the host (RecordFailure; kosa8 uses its state
+	// directory, KOSA8_HOME); they are not chosen again unless forced.
+	// Empty: none are remembered.
+	RecordDir string
 }
 
 // New finds QEMU and decides the acceleration.
@@ -50,14 +56,15 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	accel, err := ChooseAccel(DetectHost(), cfg.Arch, cfg.Accel)
+	host := DetectHostIn(cfg.RecordDir)
+	accel, err := ChooseAccel(host, cfg.Arch, cfg.Accel)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.RAMDir == "" {
 		cfg.RAMDir = defaultRAMDir()
 	}
-	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir}, nil
+	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, host: host}, nil
 }
 
 // FindBinary locates the QEMU program for arch.
@@ -134,6 +141,9 @@ func BinaryVersion(ctx context.Context, bin string) (Version, string, error) {
 func (d *Driver) Name() string       { return "qemu" }
 func (d *Driver) Accel() vmm.Accel   { return d.accel }
 func (d *Driver) BinaryPath() string { return d.binary }
+
+// Host is what the driver found about the host's accelerators.
+func (d *Driver) Host() Host { return d.host }
 
 // Machine is a running QEMU.
 type Machine struct {
@@ -297,12 +307,18 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}()
 	m.qmp, err = NewQMP(qctx, qc.(*net.UnixConn))
 	if err != nil {
+		// QEMU that dies at start (a bad option, an accelerator that
+		// refuses the CPU) closes the socket before its exit is reaped:
+		// give the exit a moment, so the error carries QEMU's own words.
 		select {
 		case <-m.done:
+			if m.waitErr != nil {
+				return fail(fmt.Errorf("qemu failed to start: %w", m.waitErr))
+			}
 			return fail(fmt.Errorf("qemu failed to start%s", m.stderr.Suffix()))
-		default:
+		case <-time.After(2 * time.Second):
 		}
-		return fail(err)
+		return fail(fmt.Errorf("%w%s", err, m.stderr.Suffix()))
 	}
 	ac, err := net.FileConn(agentHost)
 	if err != nil {

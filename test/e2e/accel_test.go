@@ -1,0 +1,136 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeQEMU writes a QEMU wrapper that logs each command line and, when
+// asked for KVM, fails the way nested, paravirtualized hosts do: "die"
+// exits at once with QEMU's own message, "hang" never greets. Otherwise it
+// runs the real QEMU. It returns the environment that selects it, on a
+// state directory of the test's own (the failure record lives there).
+func fakeQEMU(t *testing.T, mode string) (env []string, logPath string) {
+	t.Helper()
+	real, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	logPath = filepath.Join(dir, "invocations")
+	script := `#!/bin/sh
+echo "$*" >> ` + logPath + `
+case " $* " in
+*" -accel kvm "*)
+	case "` + mode + `" in
+	die) echo "qemu-system-x86_64: error: failed to set MSR 0x10a to 0x2000000e1" >&2; exit 1 ;;
+	hang) exec sleep 600 ;;
+	esac ;;
+esac
+exec ` + real + ` "$@"
+`
+	bin := filepath.Join(dir, "qemu-system-x86_64")
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	return []string{
+		"KOSA8_QEMU=" + bin,
+		"KOSA8_TEST_ASSUME_KVM=1",
+		"KOSA8_ACCEL=",
+		"KOSA8_HOME=" + state,
+		"KOSA8_CONFIG=" + filepath.Join(state, "config"),
+	}, logPath
+}
+
+func runEnv(t *testing.T, env []string, timeout time.Duration, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := kosa8Cmd(ctx, args...)
+	cmd.Env = append(cmd.Env, env...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("kosa8 %v: %v", args, err)
+	}
+	return result{out.String(), errb.String(), code}
+}
+
+func kvmAttempts(t *testing.T, logPath string) int {
+	b, _ := os.ReadFile(logPath)
+	return strings.Count(string(b), "-accel kvm ")
+}
+
+// A KVM that passes the probe but whose QEMU dies: the sandbox boots under
+// TCG, says why, doctor reports it, and the next start does not try KVM.
+func TestAccelFallbackWhenQEMUDies(t *testing.T) {
+	env, log := fakeQEMU(t, "die")
+	r := runEnv(t, env, 3*time.Minute, "run", "--rm", "--no-workspace", "--", "echo", "booted")
+	if r.code != 0 || !strings.Contains(r.stdout, "booted") {
+		t.Fatalf("run did not fall back to tcg:\n%s", r)
+	}
+	if !strings.Contains(r.stderr, "fell back to tcg") || !strings.Contains(r.stderr, "MSR 0x10a") {
+		t.Errorf("run does not say why it fell back:\n%s", r.stderr)
+	}
+	if n := kvmAttempts(t, log); n != 1 {
+		t.Errorf("%d attempts under kvm, want 1", n)
+	}
+	d := runEnv(t, env, time.Minute, "doctor")
+	if !strings.Contains(d.stdout, "failed to boot a sandbox") || !strings.Contains(d.stdout, "MSR 0x10a") {
+		t.Errorf("doctor does not report the failed boot:\n%s", d)
+	}
+	if !strings.HasSuffix(d.stdout, "\n") {
+		t.Errorf("doctor's output does not end with a newline: %q", d.stdout)
+	}
+	r = runEnv(t, env, 3*time.Minute, "run", "--rm", "--no-workspace", "--", "echo", "again")
+	if r.code != 0 || !strings.Contains(r.stdout, "again") {
+		t.Fatalf("second run:\n%s", r)
+	}
+	if n := kvmAttempts(t, log); n != 1 {
+		t.Errorf("the second run tried kvm again (%d attempts in all)", n)
+	}
+}
+
+// Forced KVM is never replaced by TCG: the error shows QEMU's message and
+// how to go on.
+func TestAccelForcedKVMFails(t *testing.T) {
+	env, _ := fakeQEMU(t, "die")
+	env = append(env, "KOSA8_ACCEL=kvm")
+	r := runEnv(t, env, 3*time.Minute, "run", "--rm", "--no-workspace", "--", "true")
+	if r.code == 0 {
+		t.Fatalf("forced kvm with a failing QEMU succeeded:\n%s", r)
+	}
+	for _, want := range []string{"MSR 0x10a", "KOSA8_ACCEL=tcg"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("the error does not mention %q:\n%s", want, r.stderr)
+		}
+	}
+}
+
+// A KVM under which the guest hangs: the boot is given up after a bounded
+// time and the sandbox runs under TCG.
+func TestAccelFallbackWhenGuestHangs(t *testing.T) {
+	env, log := fakeQEMU(t, "hang")
+	start := time.Now()
+	r := runEnv(t, env, 4*time.Minute, "run", "--rm", "--no-workspace", "--", "echo", "booted")
+	if r.code != 0 || !strings.Contains(r.stdout, "booted") {
+		t.Fatalf("run did not fall back to tcg:\n%s", r)
+	}
+	if !strings.Contains(r.stderr, "fell back to tcg") {
+		t.Errorf("run does not say it fell back:\n%s", r.stderr)
+	}
+	if n := kvmAttempts(t, log); n != 1 {
+		t.Errorf("%d attempts under kvm, want 1", n)
+	}
+	t.Logf("hung kvm, then tcg: %v", time.Since(start))
+}
