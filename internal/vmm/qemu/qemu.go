@@ -27,6 +27,7 @@ type Driver struct {
 	binary string
 	accel  vmm.Accel
 	ramDir string
+	inst   Install
 }
 
 // Config selects how a Driver runs QEMU.
@@ -50,6 +51,15 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	pctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	inst, err := Probe(pctx, bin, cfg.Arch)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	if err := inst.Supported(); err != nil {
+		return nil, err
+	}
 	accel, err := ChooseAccel(DetectHost(), cfg.Arch, cfg.Accel)
 	if err != nil {
 		return nil, err
@@ -57,7 +67,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.RAMDir == "" {
 		cfg.RAMDir = defaultRAMDir()
 	}
-	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir}, nil
+	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, inst: inst}, nil
 }
 
 // FindBinary locates the QEMU program for arch.
@@ -121,6 +131,31 @@ func firstLine(s string) string {
 // MinVersion is the oldest QEMU kosa8 runs: 7.2 brought -netdev stream.
 var MinVersion = Version{7, 2, 0}
 
+// MaxTestedMajor is the newest QEMU major release kosa8 is tested with
+// (CI runs the VM tests under Debian's 7.2 and bookworm-backports' 10.0).
+// A newer one runs, with a warning: its command line and migration flags
+// are those of the newest tested release.
+const MaxTestedMajor = 10
+
+// SupportedRange names the versions kosa8 supports, for messages and docs.
+func SupportedRange() string {
+	return fmt.Sprintf("%d.%d to %d.x", MinVersion.Major, MinVersion.Minor, MaxTestedMajor)
+}
+
+// Less reports whether v is older than w.
+func (v Version) Less(w Version) bool {
+	if v.Major != w.Major {
+		return v.Major < w.Major
+	}
+	if v.Minor != w.Minor {
+		return v.Minor < w.Minor
+	}
+	return v.Micro < w.Micro
+}
+
+// Tested reports whether v is inside the supported range.
+func (v Version) Tested() bool { return !v.Less(MinVersion) && v.Major <= MaxTestedMajor }
+
 // BinaryVersion runs bin --version.
 func BinaryVersion(ctx context.Context, bin string) (Version, string, error) {
 	out, err := exec.CommandContext(ctx, bin, "--version").Output()
@@ -135,6 +170,10 @@ func (d *Driver) Name() string       { return "qemu" }
 func (d *Driver) Accel() vmm.Accel   { return d.accel }
 func (d *Driver) BinaryPath() string { return d.binary }
 
+// Install is what the driver found out about the QEMU it runs: the version
+// chooses flags that differ across releases.
+func (d *Driver) Install() Install { return d.inst }
+
 // Machine is a running QEMU.
 type Machine struct {
 	cmd   *exec.Cmd
@@ -146,6 +185,7 @@ type Machine struct {
 	done    chan struct{}
 	waitErr error
 	stderr  *tail
+	version Version // chooses the migration URI
 }
 
 func (m *Machine) Pid() int              { return m.pid }
@@ -224,7 +264,8 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	} else {
 		prepared <- opts.PrepareRAM(ram)
 	}
-	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), QMPFd: 4, AgentFd: 5}
+	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), QMPFd: 4, AgentFd: 5,
+		Version: d.inst.Version, DataDirs: d.inst.DataDirs, Firmware: d.inst.Firmware}
 	if opts.Incoming {
 		o.Incoming = "defer"
 	}
@@ -239,7 +280,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	if err != nil {
 		return fail(err)
 	}
-	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10)}
+	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10), version: d.inst.Version}
 	cmd := exec.Command(d.binary, args...)
 	cmd.ExtraFiles = extra
 	cmd.Stdin = nil
