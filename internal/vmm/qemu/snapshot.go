@@ -89,8 +89,13 @@ func (m *Machine) migrateFD(ctx context.Context, cmd string, f *os.File, ignoreS
 		}
 		fdset = added.FdsetID
 		// QEMU holds its own duplicate while the stream is open; the set
-		// goes once that is closed, so nothing stays open in QEMU.
-		defer m.qmp.Execute(context.WithoutCancel(ctx), "remove-fd", map[string]any{"fdset-id": fdset}, nil)
+		// goes once that is closed, so nothing stays open in QEMU. Removed
+		// whatever became of the migration, within a deadline of its own.
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = m.qmp.Execute(rctx, "remove-fd", map[string]any{"fdset-id": fdset}, nil)
+		}()
 	} else if err := m.qmp.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "kosa8-migrate"}, f); err != nil {
 		return err
 	}
