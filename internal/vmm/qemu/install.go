@@ -34,13 +34,19 @@ const DataDirEnv = "KOSA8_QEMU_DATADIR"
 
 // Probe asks bin for its version and data folders.
 func Probe(ctx context.Context, bin string, arch vmspec.Arch) (Install, error) {
+	// "-L help" lists the folders QEMU searches, in order (QEMU 5.0+). Run
+	// beside --version: each is a QEMU start, and this is on the boot path.
+	help := make(chan []byte, 1)
+	go func() {
+		out, _ := exec.CommandContext(ctx, bin, "-L", "help").Output()
+		help <- out
+	}()
 	v, line, err := BinaryVersion(ctx, bin)
+	out := <-help
 	if err != nil {
 		return Install{}, err
 	}
 	inst := Install{Binary: bin, Version: v, VersionLine: line}
-	// "-L help" lists the folders QEMU searches, in order (QEMU 5.0+).
-	out, _ := exec.CommandContext(ctx, bin, "-L", "help").Output()
 	var builtin []string
 	for _, l := range strings.Split(string(out), "\n") {
 		if l = strings.TrimSpace(l); strings.HasPrefix(l, "/") {
