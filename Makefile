@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFLAGS_  := -trimpath
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 
-.PHONY: build setup test unit test-vm bench clean
+.PHONY: build setup test unit test-vm test-vm-qemu10 bench clean
 
 build:
 	$(GO) build $(GOFLAGS_) -ldflags '$(LDFLAGS)' -o $(BIN)/kosa8 ./cmd/kosa8
@@ -27,6 +27,14 @@ unit:
 # VM tests: boot real sandboxes with the built image.
 test-vm: build
 	KOSA8_E2E=1 KOSA8_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 40m ./test/e2e/...
+
+# The VM tests again under QEMU 10.x from Debian's bookworm-backports,
+# unpacked under /opt/qemu10 by .ci/qemu10.sh beside the system's QEMU
+# (CI runs both; the cross-version checkpoint test needs both).
+QEMU10 ?= /opt/qemu10/usr/bin/qemu-system-x86_64
+test-vm-qemu10: build
+	@test -x $(QEMU10) || { echo "$(QEMU10) not found: run .ci/qemu10.sh (as root) first"; exit 1; }
+	KOSA8_QEMU=$(QEMU10) KOSA8_E2E=1 KOSA8_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 40m ./test/e2e/...
 
 bench: build
 	$(GO) run ./bench -bin $(abspath $(BIN)) boot

@@ -207,9 +207,19 @@ func bareBoot(img *image.Image, initrd string, accel vmm.Accel) time.Duration {
 	if accel != vmm.TCG {
 		cpu = "host"
 	}
-	cmd := exec.Command(qemu.Binary(vmspec.HostArch()), "-nodefaults", "-no-user-config", "-display", "none",
+	// The QEMU kosa8 runs (KOSA8_QEMU), with the same data folders and
+	// firmware, so the baseline differs from a sandbox only in what kosa8 adds.
+	inst := benchQEMU()
+	args := []string{"-nodefaults", "-no-user-config", "-display", "none",
 		"-no-reboot", "-accel", accelArg, "-machine", machine, "-cpu", cpu, "-smp", "2", "-m", "1024M",
-		"-kernel", img.Kernel().Image, "-initrd", initrd, "-append", appendLine, "-serial", "stdio")
+		"-kernel", img.Kernel().Image, "-initrd", initrd, "-append", appendLine, "-serial", "stdio"}
+	for _, d := range inst.DataDirs {
+		args = append(args, "-L", d)
+	}
+	if inst.Firmware != "" {
+		args = append(args, "-bios", inst.Firmware)
+	}
+	cmd := exec.Command(inst.Binary, args...)
 	out, err := cmd.StdoutPipe()
 	must(err)
 	t0 := time.Now()
@@ -317,11 +327,17 @@ func nproc() int {
 	return n
 }
 
+// benchQEMU is the QEMU under test: KOSA8_QEMU, else the one in PATH.
+func benchQEMU() qemu.Install {
+	bin, err := qemu.FindBinary(vmspec.HostArch(), "")
+	must(err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	inst, err := qemu.Probe(ctx, bin, vmspec.HostArch())
+	must(err)
+	return inst
+}
+
 func qemuVersion() string {
-	out, _ := exec.Command(qemu.Binary(vmspec.HostArch()), "--version").Output()
-	v, err := qemu.ParseVersion(string(out))
-	if err != nil {
-		return "?"
-	}
-	return v.String()
+	return benchQEMU().Version.String()
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,7 +57,9 @@ func startVFS(dir string) (*vfsMachine, error) {
 	if err != nil {
 		return nil, err
 	}
-	initrd, err := img.Initramfs(filepath.Join(*binDir, "kosa8-agent"))
+	// This VM alone mounts virtiofs: its initramfs adds fuse and virtiofs
+	// to a sandbox's modules.
+	initrd, err := img.InitramfsWith(filepath.Join(*binDir, "kosa8-agent"), append(slices.Clone(image.GuestModules), image.VirtioFSModules...))
 	if err != nil {
 		return nil, err
 	}

@@ -39,16 +39,9 @@ func doctorChecks(ctx context.Context) []check {
 		add(check{Name: "qemu", Detail: err.Error(), Fix: "kosa8 setup"})
 	} else {
 		vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		v, line, err := qemu.BinaryVersion(vctx, bin)
+		inst, err := qemu.Probe(vctx, bin, arch)
 		cancel()
-		switch {
-		case err != nil:
-			add(check{Name: "qemu", Detail: err.Error(), Fix: "reinstall QEMU"})
-		case !v.AtLeast(qemu.MinVersion.Major, qemu.MinVersion.Minor):
-			add(check{Name: "qemu", Detail: line + " at " + bin, Fix: "QEMU " + qemu.MinVersion.String() + " or newer is needed"})
-		default:
-			add(check{Name: "qemu", OK: true, Detail: line + " at " + bin})
-		}
+		add(qemuCheck(inst, err, arch))
 	}
 	if lookTool("qemu-img") {
 		add(check{Name: "qemu-img", OK: true, Detail: "found"})
@@ -165,4 +158,30 @@ func doctorCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// qemuCheck says whether the installed QEMU is inside the supported range
+// and, if not, what to do.
+func qemuCheck(inst qemu.Install, err error, arch vmspec.Arch) check {
+	if err != nil {
+		return check{Name: "qemu", Detail: err.Error(), Fix: "reinstall QEMU, or point KOSA8_QEMU at a qemu-system binary"}
+	}
+	detail := inst.VersionLine + " at " + inst.Binary + " (supported: " + qemu.SupportedRange() + ")"
+	upgrade := "install QEMU " + qemu.SupportedRange() + ": Debian 12's qemu-system-x86 is 7.2, bookworm-backports has 10.x; on a Mac, brew install qemu; or point KOSA8_QEMU at one"
+	switch {
+	case inst.Supported() != nil:
+		return check{Name: "qemu", Detail: detail + ": too old", Fix: upgrade}
+	case !inst.Version.Tested():
+		return check{Name: "qemu", OK: true, Warn: true, Detail: detail + ": newer than kosa8 is tested with",
+			Fix: "it may work; if sandboxes fail to start or checkpoints fail to load, use QEMU " + qemu.SupportedRange() + " (KOSA8_QEMU selects the binary)"}
+	case arch == vmspec.AMD64 && inst.Firmware == "":
+		// Without qboot, microvm boots SeaBIOS's firmware, which loses the
+		// initramfs of a guest of exactly 2 GiB (see internal/vmm/qemu/cmdline.go).
+		return check{Name: "qemu", OK: true, Warn: true, Detail: detail + ": no qboot.rom in its data folders",
+			Fix: "install the QEMU's data package (Debian: qemu-system-data), or set KOSA8_QEMU_DATADIR to the folder holding qboot.rom; until then a sandbox of exactly 2 GiB may not boot"}
+	}
+	if len(inst.DataDirs) > 0 {
+		detail += ", data in " + strings.Join(inst.DataDirs, ", ")
+	}
+	return check{Name: "qemu", OK: true, Detail: detail}
 }

@@ -181,6 +181,9 @@ disks as they were are kept as a checkpoint first, so nothing is lost.`,
 					return fmt.Errorf("start %s: %w", name, err)
 				}
 				warnTCG(st2)
+				if st2 != nil && st2.ColdBoot != "" {
+					fmt.Fprintf(os.Stderr, "kosa8: checkpoint %s was %s: booted from its disks instead (processes were not restored)\n", restore, sanitize(st2.ColdBoot, false))
+				}
 				fmt.Println(name)
 			}
 			return nil

@@ -46,7 +46,11 @@ type Meta struct {
 	DisksOnly bool `json:"disks_only,omitempty"`
 	// QEMU is the build that saved it (version line); a different build may
 	// not load the device state.
-	QEMU      string `json:"qemu"`
+	QEMU string `json:"qemu"`
+	// Firmware is the file name of the microvm firmware it ran with
+	// (qboot.rom), empty where QEMU's default was used or not recorded.
+	// It is part of the machine: its ROM is in the device state.
+	Firmware  string `json:"qemu_firmware,omitempty"`
 	Arch      string `json:"arch"`
 	MemoryMiB int    `json:"memory_mib"`
 	// Disks maps a disk's id to its frozen layer (relative to the sandbox
@@ -57,6 +61,25 @@ type Meta struct {
 	DeviceBytes int64   `json:"device_bytes"`
 	PauseMillis float64 `json:"pause_ms"`
 	TotalMillis float64 `json:"total_ms"`
+}
+
+// Loadable reports whether a machine run by QEMU build qemu (its version
+// line) with firmware can load this checkpoint's device state, and when it
+// cannot, why: the restore then boots from the checkpoint's disks, which
+// every QEMU reads. microvm has no versioned machine types, so QEMU
+// promises no migration between releases in either direction, and a load
+// that fails halfway leaves no machine to fall back to: any other build
+// cold-boots, after an upgrade and after a downgrade alike.
+func (m *Meta) Loadable(qemu, firmware string) (bool, string) {
+	switch {
+	case m.DisksOnly:
+		return false, "a disks-only checkpoint"
+	case m.QEMU != "" && qemu != "" && m.QEMU != qemu:
+		return false, fmt.Sprintf("saved by %q, running %q", m.QEMU, qemu)
+	case m.Firmware != "" && firmware != "" && m.Firmware != firmware:
+		return false, fmt.Sprintf("saved with firmware %s, running %s", m.Firmware, firmware)
+	}
+	return true, ""
 }
 
 // Disk is one frozen disk layer.

@@ -123,3 +123,27 @@ func TestCopyDataOverSpare(t *testing.T) {
 		t.Fatalf("holes not punched: %d bytes allocated", st.Blocks*512)
 	}
 }
+
+func TestLoadableAcrossQEMUBuilds(t *testing.T) {
+	const q72 = "QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)"
+	const q10 = "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)"
+	for _, tc := range []struct {
+		name           string
+		meta           Meta
+		qemu, firmware string
+		ok             bool
+		why            string
+	}{
+		{"same build", Meta{QEMU: q72, Firmware: "qboot.rom"}, q72, "qboot.rom", true, ""},
+		{"upgrade", Meta{QEMU: q72, Firmware: "qboot.rom"}, q10, "qboot.rom", false, "saved by"},
+		{"downgrade", Meta{QEMU: q10}, q72, "qboot.rom", false, "7.2.22"},
+		{"other firmware", Meta{QEMU: q10, Firmware: "bios-microvm.bin"}, q10, "qboot.rom", false, "firmware"},
+		{"firmware not recorded (older kosa8)", Meta{QEMU: q72}, q72, "qboot.rom", true, ""},
+		{"disks only", Meta{QEMU: q72, DisksOnly: true}, q72, "qboot.rom", false, "disks-only"},
+	} {
+		ok, why := tc.meta.Loadable(tc.qemu, tc.firmware)
+		if ok != tc.ok || !strings.Contains(why, tc.why) {
+			t.Errorf("%s: Loadable = %v, %q; want %v, %q", tc.name, ok, why, tc.ok, tc.why)
+		}
+	}
+}

@@ -24,7 +24,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -186,28 +185,5 @@ const initramfsVersion = 2
 // Initramfs returns the initramfs for this image and the agent binary at
 // agentPath, building it on first use.
 func (img *Image) Initramfs(agentPath string) (string, error) {
-	f, err := os.Open(agentPath)
-	if err != nil {
-		return "", fmt.Errorf("kosa8-agent: %w", err)
-	}
-	// Named by what goes in: the agent, the modules, the layout's version.
-	h := sha256.New()
-	_, err = io.Copy(h, f)
-	f.Close()
-	if err != nil {
-		return "", err
-	}
-	fmt.Fprintf(h, "\x00initramfs v%d\x00%s", initramfsVersion, strings.Join(GuestModules, ","))
-	dir := filepath.Join(img.Dir, "initramfs")
-	p := filepath.Join(dir, hex.EncodeToString(h.Sum(nil))[:16]+".cpio")
-	if _, err := os.Stat(p); err == nil {
-		return p, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	if err := BuildInitramfs(p, agentPath, img.Kernel()); err != nil {
-		return "", fmt.Errorf("build initramfs: %w", err)
-	}
-	return p, nil
+	return img.InitramfsWith(agentPath, GuestModules)
 }

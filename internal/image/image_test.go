@@ -126,3 +126,19 @@ func TestLookupMissing(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestSandboxModulesLeaveOutVirtioFS(t *testing.T) {
+	// fuse and virtiofs serve the benchmark's comparison VM only; a
+	// sandbox's initramfs must not carry them (nor anything they pull in
+	// by name).
+	for _, m := range GuestModules {
+		for _, v := range append(VirtioFSModules, "virtio_fs", "cuse") {
+			if moduleName(m) == moduleName(v) {
+				t.Errorf("GuestModules carries %s", m)
+			}
+		}
+	}
+	if len(VirtioFSModules) == 0 {
+		t.Fatal("no modules for the benchmark's virtiofs VM")
+	}
+}

@@ -1,11 +1,14 @@
 package image
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 )
 
@@ -58,9 +61,39 @@ type Kernel struct {
 	Version string
 }
 
+// InitramfsWith returns the initramfs for this image, the agent binary at
+// agentPath and the kernel modules mods (GuestModules for a sandbox),
+// building it on first use.
+func (img *Image) InitramfsWith(agentPath string, mods []string) (string, error) {
+	f, err := os.Open(agentPath)
+	if err != nil {
+		return "", fmt.Errorf("kosa8-agent: %w", err)
+	}
+	// Named by what goes in: the agent, the modules, the layout's version.
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(h, "\x00initramfs v%d\x00%s", initramfsVersion, strings.Join(mods, ","))
+	dir := filepath.Join(img.Dir, "initramfs")
+	p := filepath.Join(dir, hex.EncodeToString(h.Sum(nil))[:16]+".cpio")
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := BuildInitramfs(p, agentPath, img.Kernel(), mods); err != nil {
+		return "", fmt.Errorf("build initramfs: %w", err)
+	}
+	return p, nil
+}
+
 // BuildInitramfs writes an initramfs for k with the agent at agentPath as
-// /init to dst, atomically.
-func BuildInitramfs(dst, agentPath string, k Kernel) error {
+// /init and the modules want (with their dependencies) to dst, atomically.
+func BuildInitramfs(dst, agentPath string, k Kernel, want []string) error {
 	agent, err := os.ReadFile(agentPath)
 	if err != nil {
 		return fmt.Errorf("read kosa8-agent: %w", err)
@@ -70,7 +103,7 @@ func BuildInitramfs(dst, agentPath string, k Kernel) error {
 	if err != nil {
 		return err
 	}
-	order, err := tree.resolve(GuestModules)
+	order, err := tree.resolve(want)
 	if err != nil {
 		return err
 	}

@@ -205,11 +205,11 @@ func (s *supervisor) prepareRestore(id string) (*checkpoint.Meta, error) {
 		return nil, err
 	}
 	s.setStatus(func(st *Status) { st.Checkpoint = id })
-	if target.DisksOnly {
-		return nil, nil
-	}
-	if target.QEMU != "" && s.qemuVersion != "" && target.QEMU != s.qemuVersion {
-		s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "saved", target.QEMU, "now", s.qemuVersion)
+	if ok, why := target.Loadable(s.qemuVersion, s.qemuFirmware); !ok {
+		if !target.DisksOnly {
+			s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "why", why)
+			s.setStatus(func(st *Status) { st.ColdBoot = why })
+		}
 		return nil, nil
 	}
 	return target, nil
@@ -461,7 +461,7 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	devInfo, _ := dev.Stat()
 	meta = &checkpoint.Meta{
 		ID: id, Parent: s.getStatus().Checkpoint, Created: time.Now().UTC(), Message: message, Kind: kind,
-		QEMU: s.qemuVersion, Arch: s.sb.Config.Arch, MemoryMiB: s.sb.Config.MemoryMiB,
+		QEMU: s.qemuVersion, Firmware: s.qemuFirmware, Arch: s.sb.Config.Arch, MemoryMiB: s.sb.Config.MemoryMiB,
 		Disks: frozen, DeviceBytes: devInfo.Size(),
 	}
 	// copyRAM fills the checkpoint's RAM file from src and leaves it sparse.
@@ -669,10 +669,10 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 	s.currentClient().Close()
 	restore := target
 	cold := false
-	if target.DisksOnly {
-		restore, cold = nil, true
-	} else if target.QEMU != "" && s.qemuVersion != "" && target.QEMU != s.qemuVersion {
-		s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "saved", target.QEMU, "now", s.qemuVersion)
+	if ok, why := target.Loadable(s.qemuVersion, s.qemuFirmware); !ok {
+		if !target.DisksOnly {
+			s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "why", why)
+		}
 		restore, cold = nil, true
 	}
 	tSaved := time.Now()

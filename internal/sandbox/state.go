@@ -42,6 +42,9 @@ type Status struct {
 	// Checkpoint is the checkpoint the running machine descends from (the
 	// parent of the next one); for a paused sandbox, the one to resume.
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// ColdBoot says why a start from a checkpoint booted from its disks
+	// instead of loading its machine (saved by another QEMU build).
+	ColdBoot string `json:"cold_boot,omitempty"`
 }
 
 // Files in a sandbox's directory.

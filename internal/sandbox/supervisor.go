@@ -65,6 +65,9 @@ type supervisor struct {
 	clientMu    sync.Mutex
 	clientCh    chan struct{} // closed when s.client is replaced
 
+	// qemuFirmware: the microvm firmware's file name ("" for QEMU's default).
+	qemuFirmware string
+
 	mu     sync.Mutex
 	status Status
 
@@ -294,8 +297,11 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if s.net, err = startNetwork(s.sb, m.Paths.Config, s.log); err != nil {
 		return err
 	}
-	if _, line, err := qemu.BinaryVersion(ctx, drv.BinaryPath()); err == nil {
-		s.qemuVersion = line
+	inst := drv.Install()
+	s.qemuVersion = inst.VersionLine
+	s.qemuFirmware = inst.FirmwareName()
+	if !inst.Version.Tested() {
+		s.log.Warn("QEMU outside the tested range", "qemu", inst.VersionLine, "supported", qemu.SupportedRange())
 	}
 	s.drv = drv
 	s.spec = &vmspec.Spec{

@@ -25,6 +25,12 @@ type Options struct {
 	// that its kernel skips calibrating against the emulated PIT (which
 	// failed, and then hung the boot, in some TCG boots here).
 	TSCkHz int
+	// Version is the QEMU that will run the command line.
+	Version Version
+	// DataDirs go to -L, ahead of QEMU's own data folders (see Install).
+	DataDirs []string
+	// Firmware, when set, is the x86 microvm firmware (-bios).
+	Firmware string
 }
 
 // seccompPolicy is QEMU's own sandbox: it may start no helper program
@@ -83,6 +89,12 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		"-no-reboot", // a guest reboot or panic ends QEMU; the supervisor decides what next
 		"-sandbox", seccompPolicy,
 	}
+	for _, d := range o.DataDirs {
+		if strings.Contains(d, ",") {
+			return nil, fmt.Errorf("qemu: data folder %q contains a comma", d)
+		}
+		a = append(a, "-L", d)
+	}
 
 	var machine []string
 	switch s.Arch {
@@ -94,6 +106,40 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 			// Without a PIT the kernel hung at TSC calibration in a third of
 			// TCG boots.
 			machine = append(machine, "pit=on")
+		}
+		// The firmware is chosen, not left to the installation: a guest of
+		// exactly 2 GiB did not boot under Debian's QEMU 10.0 ("virtio-blk
+		// missing headers", then a module of the initramfs failing its
+		// signature check), and the cause is the firmware, not QEMU 10.
+		// Debian's QEMU 7.2 makes bios-microvm.bin a link to qboot, which
+		// loads the kernel and initrd itself and reserves nothing at the top
+		// of RAM. Debian's QEMU 10 drops that link, so bios-microvm.bin is
+		// SeaBIOS's (package seabios), which keeps the last 12 KiB of low RAM
+		// for itself (e820 reserved 0x7fffd000-0x7fffffff at 2 GiB) and boots
+		// the kernel through QEMU's linuxboot_dma option ROM. QEMU puts the
+		// initrd at the very top of low RAM on microvm (which keeps no ACPI
+		// area there), capped by the kernel's initrd_addr_max (0x7fffffff).
+		// The option ROM moves it down, under the top of RAM the BIOS
+		// reports (int 15h e801, without SeaBIOS's area), unless the initrd
+		// ends on the page of initrd_addr_max, which it reads as "placed by
+		// the kernel's limit, not at the end of RAM". At exactly 2 GiB both
+		// are the same page, so the initrd is left on SeaBIOS's reserved
+		// area, and the last pages of the cpio (the last modules in it)
+		// and SeaBIOS's data there overwrite each other: the guest showed
+		// "RAMDISK: [mem 0x7fb76000-0x7fffffff]" beside that e820 entry, and
+		// QEMU's "virtio-blk missing headers" is SeaBIOS's own disk request
+		// gone bad. Below 2 GiB the option ROM moves the initrd down; above
+		// it the initrd ends at 0x7fffffff, far below the top of RAM.
+		// QEMU 7.2 with SeaBIOS's bios-microvm.bin failed the same way, and
+		// QEMU 10 with qboot boots 2 GiB.
+		// Upstream QEMU installs qboot.rom (Debian's 7.2 and 10.0 do too), so
+		// it is named here; where it is missing QEMU's default stays and
+		// doctor says so.
+		if o.Firmware != "" {
+			if strings.Contains(o.Firmware, ",") {
+				return nil, fmt.Errorf("qemu: firmware path %q contains a comma", o.Firmware)
+			}
+			a = append(a, "-bios", o.Firmware)
 		}
 	case vmspec.ARM64:
 		machine = []string{"virt", "gic-version=max"}

@@ -206,3 +206,118 @@ func TestArgsVirtioFS(t *testing.T) {
 		}
 	}
 }
+
+// The command line and migration transport for each QEMU release kosa8
+// supports, as its installation looks where users get it: Debian 12's 7.2,
+// Ubuntu 24.04's 8.2, a 9.x, and Debian's 10.0 unpacked under a prefix.
+func TestArgsPerQEMUVersion(t *testing.T) {
+	base := opts(vmm.TCG)
+	base.Version = Version{7, 2, 22}
+	base.Firmware = "/usr/share/qemu/qboot.rom"
+	want72, err := Args(spec(vmspec.AMD64), base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The whole 7.2 line, so that any change to it is seen here.
+	golden := "-name kosa8-t,debug-threads=on -nodefaults -no-user-config -display none -no-reboot" +
+		" -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny" +
+		" -bios /usr/share/qemu/qboot.rom -accel tcg,tb-size=256 -machine microvm,acpi=on,rtc=on,pit=on,memory-backend=ram" +
+		" -cpu max -smp 2 -m 1024M -object memory-backend-file,id=ram,size=1024M,mem-path=/proc/self/fd/3,share=on" +
+		" -kernel /img/vmlinuz -initrd /img/initrd -append console=ttyS0 kosa8.uid=1000" +
+		" -chardev socket,id=qmp,fd=4 -mon chardev=qmp,mode=control -chardev socket,id=agent,fd=5" +
+		" -device virtio-serial-device,max_ports=2 -device virtserialport,chardev=agent,name=org.kosa8.agent" +
+		" -chardev file,id=console,path=/sb/console.log,append=on -serial chardev:console" +
+		" -drive id=root,file=/sb/root.qcow2,format=qcow2,if=none,discard=unmap,detect-zeroes=unmap -device virtio-blk-device,drive=root" +
+		" -object rng-random,id=rng0,filename=/dev/urandom -device virtio-rng-device,rng=rng0 -device virtio-balloon-device,free-page-reporting=on"
+	if got := strings.Join(want72, " "); got != golden {
+		t.Fatalf("7.2 command line:\n got %s\nwant %s", got, golden)
+	}
+	cases := []struct {
+		name      string
+		version   Version
+		dataDirs  []string
+		firmware  string
+		extra     []string // arguments beyond the 7.2 line, in order
+		transport migrationTransport
+		uri       string
+	}{
+		{"7.2 debian 12", Version{7, 2, 22}, nil, "/usr/share/qemu/qboot.rom", nil, viaFd, "fd:kosa8-migrate"},
+		{"8.2 ubuntu 24.04", Version{8, 2, 2}, nil, "/usr/share/qemu/qboot.rom", nil, viaFd, "fd:kosa8-migrate"},
+		{"9.0", Version{9, 0, 0}, nil, "/usr/share/qemu/qboot.rom", nil, viaFd, "fd:kosa8-migrate"},
+		{"9.2", Version{9, 2, 0}, nil, "/usr/share/qemu/qboot.rom", nil, viaFdset, "file:/dev/fdset/3"},
+		{"10.0 under /opt", Version{10, 0, 2}, []string{"/opt/qemu10/usr/share/qemu", "/opt/qemu10/usr/share/seabios"},
+			"/opt/qemu10/usr/share/qemu/qboot.rom",
+			[]string{"-L", "/opt/qemu10/usr/share/qemu", "-L", "/opt/qemu10/usr/share/seabios"}, viaFdset, "file:/dev/fdset/3"},
+		{"10.1 homebrew", Version{10, 1, 0}, nil, "/opt/homebrew/share/qemu/qboot.rom", nil, viaFdset, "file:/dev/fdset/3"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := opts(vmm.TCG)
+			o.Version, o.DataDirs, o.Firmware = tc.version, tc.dataDirs, tc.firmware
+			args, err := Args(spec(vmspec.AMD64), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := value(t, args, "-bios", 0); got != tc.firmware {
+				t.Errorf("-bios = %q, want %q", got, tc.firmware)
+			}
+			// Only -L and the firmware's path may differ from 7.2's line.
+			var rest, extra []string
+			for i := 0; i < len(args); i++ {
+				switch args[i] {
+				case "-L":
+					extra = append(extra, args[i], args[i+1])
+					i++
+				case "-bios":
+					rest = append(rest, args[i], "FW")
+					i++
+				default:
+					rest = append(rest, args[i])
+				}
+			}
+			if !slices.Equal(extra, tc.extra) {
+				t.Errorf("extra arguments = %q, want %q", extra, tc.extra)
+			}
+			want := strings.Replace(golden, "/usr/share/qemu/qboot.rom", "FW", 1)
+			if got := strings.Join(rest, " "); got != want {
+				t.Errorf("command line differs from 7.2's beyond -L and -bios:\n got %s\nwant %s", got, want)
+			}
+			if tr := transportFor(tc.version); tr != tc.transport || migrationURI(tr, 3) != tc.uri {
+				t.Errorf("migration: transport %v, uri %q; want %v, %q", tr, migrationURI(tr, 3), tc.transport, tc.uri)
+			}
+		})
+	}
+	// No qboot found: QEMU's default firmware, no -bios; arm64 never has one.
+	o := opts(vmm.TCG)
+	if args, _ := Args(spec(vmspec.AMD64), o); slices.Contains(args, "-bios") {
+		t.Errorf("-bios without a firmware: %q", args)
+	}
+	o.DataDirs = []string{"/a,b"}
+	if _, err := Args(spec(vmspec.AMD64), o); err == nil {
+		t.Error("a data folder with a comma accepted")
+	}
+}
+
+func TestSupportedRange(t *testing.T) {
+	for _, tc := range []struct {
+		v               Version
+		tested, allowed bool
+	}{
+		{Version{7, 1, 0}, false, false},
+		{Version{7, 2, 0}, true, true},
+		{Version{8, 2, 2}, true, true},
+		{Version{9, 2, 3}, true, true},
+		{Version{10, 1, 1}, true, true},
+		{Version{11, 0, 0}, false, true},
+	} {
+		i := Install{Binary: "/q", Version: tc.v, VersionLine: "QEMU emulator version " + tc.v.String()}
+		if got := tc.v.Tested(); got != tc.tested {
+			t.Errorf("%s: Tested = %v", tc.v, got)
+		}
+		if err := i.Supported(); (err == nil) != tc.allowed {
+			t.Errorf("%s: Supported = %v", tc.v, err)
+		} else if err != nil && !strings.Contains(err.Error(), "install QEMU 7.2 to 10.x") {
+			t.Errorf("%s: error does not say what to do: %v", tc.v, err)
+		}
+	}
+}

@@ -28,6 +28,7 @@ type Driver struct {
 	accel  vmm.Accel
 	ramDir string
 	host   Host
+	inst   Install
 }
 
 // Config selects how a Driver runs QEMU.
@@ -56,6 +57,15 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	pctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	inst, err := Probe(pctx, bin, cfg.Arch)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	if err := inst.Supported(); err != nil {
+		return nil, err
+	}
 	host := DetectHostIn(cfg.RecordDir)
 	accel, err := ChooseAccel(host, cfg.Arch, cfg.Accel)
 	if err != nil {
@@ -64,7 +74,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.RAMDir == "" {
 		cfg.RAMDir = defaultRAMDir()
 	}
-	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, host: host}, nil
+	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, host: host, inst: inst}, nil
 }
 
 // FindBinary locates the QEMU program for arch.
@@ -128,6 +138,31 @@ func firstLine(s string) string {
 // MinVersion is the oldest QEMU kosa8 runs: 7.2 brought -netdev stream.
 var MinVersion = Version{7, 2, 0}
 
+// MaxTestedMajor is the newest QEMU major release kosa8 is tested with
+// (CI runs the VM tests under Debian's 7.2 and bookworm-backports' 10.0).
+// A newer one runs, with a warning: its command line and migration flags
+// are those of the newest tested release.
+const MaxTestedMajor = 10
+
+// SupportedRange names the versions kosa8 supports, for messages and docs.
+func SupportedRange() string {
+	return fmt.Sprintf("%d.%d to %d.x", MinVersion.Major, MinVersion.Minor, MaxTestedMajor)
+}
+
+// Less reports whether v is older than w.
+func (v Version) Less(w Version) bool {
+	if v.Major != w.Major {
+		return v.Major < w.Major
+	}
+	if v.Minor != w.Minor {
+		return v.Minor < w.Minor
+	}
+	return v.Micro < w.Micro
+}
+
+// Tested reports whether v is inside the supported range.
+func (v Version) Tested() bool { return !v.Less(MinVersion) && v.Major <= MaxTestedMajor }
+
 // BinaryVersion runs bin --version.
 func BinaryVersion(ctx context.Context, bin string) (Version, string, error) {
 	out, err := exec.CommandContext(ctx, bin, "--version").Output()
@@ -145,6 +180,10 @@ func (d *Driver) BinaryPath() string { return d.binary }
 // Host is what the driver found about the host's accelerators.
 func (d *Driver) Host() Host { return d.host }
 
+// Install is what the driver found out about the QEMU it runs: the version
+// chooses flags that differ across releases.
+func (d *Driver) Install() Install { return d.inst }
+
 // Machine is a running QEMU.
 type Machine struct {
 	cmd   *exec.Cmd
@@ -156,6 +195,7 @@ type Machine struct {
 	done    chan struct{}
 	waitErr error
 	stderr  *tail
+	version Version // chooses the migration URI
 }
 
 func (m *Machine) Pid() int              { return m.pid }
@@ -234,7 +274,8 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	} else {
 		prepared <- opts.PrepareRAM(ram)
 	}
-	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), QMPFd: 4, AgentFd: 5}
+	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), QMPFd: 4, AgentFd: 5,
+		Version: d.inst.Version, DataDirs: d.inst.DataDirs, Firmware: d.inst.Firmware}
 	if opts.Incoming {
 		o.Incoming = "defer"
 	}
@@ -249,7 +290,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	if err != nil {
 		return fail(err)
 	}
-	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10)}
+	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10), version: d.inst.Version}
 	cmd := exec.Command(d.binary, args...)
 	cmd.ExtraFiles = extra
 	cmd.Stdin = nil

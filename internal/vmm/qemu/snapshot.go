@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Pause stops the guest's CPUs.
@@ -22,6 +26,36 @@ func (m *Machine) SnapshotDisk(ctx context.Context, id, overlay string) error {
 	}, nil)
 }
 
+// migrationTransport is how a migration stream reaches QEMU.
+type migrationTransport int
+
+const (
+	// viaFd: getfd, then "fd:NAME". QEMU 9.1 deprecated it for regular
+	// files ("fd: migration to a file is deprecated. Use file: instead.")
+	// and newer QEMU refuses it for them.
+	viaFd migrationTransport = iota
+	// viaFdset: add-fd, then "file:/dev/fdset/N" (QEMU 9.0 brought fdsets
+	// to file: migration). The descriptor's access mode must be the one
+	// QEMU opens the file with: write-only out, read-only in.
+	viaFdset
+)
+
+// transportFor chooses the migration transport for QEMU v.
+func transportFor(v Version) migrationTransport {
+	if v.AtLeast(9, 1) {
+		return viaFdset
+	}
+	return viaFd
+}
+
+// migrationURI is the URI for the transport: fdset is add-fd's set id.
+func migrationURI(t migrationTransport, fdset int) string {
+	if t == viaFdset {
+		return "file:/dev/fdset/" + strconv.Itoa(fdset)
+	}
+	return "fd:kosa8-migrate"
+}
+
 // migrateFD runs an outgoing ("migrate") or incoming ("migrate-incoming")
 // migration through f, passed over QMP: QEMU's sandbox forbids exec:
 // migration. With ignoreShared the stream skips RAM in shared memory: the
@@ -33,13 +67,62 @@ func (m *Machine) migrateFD(ctx context.Context, cmd string, f *os.File, ignoreS
 	}, nil); err != nil {
 		return err
 	}
-	if err := m.qmp.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "kosa8-migrate"}, f); err != nil {
+	t := transportFor(m.version)
+	fdset := 0
+	if t == viaFdset {
+		mode := os.O_WRONLY
+		if cmd == "migrate-incoming" {
+			mode = os.O_RDONLY
+		}
+		g, err := withAccessMode(f, mode)
+		if err != nil {
+			return err
+		}
+		if g != f {
+			defer g.Close()
+		}
+		var added struct {
+			FdsetID int `json:"fdset-id"`
+		}
+		if err := m.qmp.execute(ctx, "add-fd", map[string]any{"opaque": "kosa8-migrate"}, &added, g); err != nil {
+			return err
+		}
+		fdset = added.FdsetID
+		// QEMU holds its own duplicate while the stream is open; the set
+		// goes once that is closed, so nothing stays open in QEMU. Removed
+		// whatever became of the migration, within a deadline of its own.
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = m.qmp.Execute(rctx, "remove-fd", map[string]any{"fdset-id": fdset}, nil)
+		}()
+	} else if err := m.qmp.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "kosa8-migrate"}, f); err != nil {
 		return err
 	}
-	if err := m.qmp.Execute(ctx, cmd, map[string]any{"uri": "fd:kosa8-migrate"}, nil); err != nil {
+	if err := m.qmp.Execute(ctx, cmd, map[string]any{"uri": migrationURI(t, fdset)}, nil); err != nil {
 		return err
 	}
 	return m.waitMigration(ctx)
+}
+
+// withAccessMode returns f, or a new descriptor of the same file opened
+// with mode when f's access mode differs (a checkpoint's device file is
+// created read-write; add-fd matches descriptors by access mode).
+func withAccessMode(f *os.File, mode int) (*os.File, error) {
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		return nil, fmt.Errorf("migration file: %w", err)
+	}
+	if fl&unix.O_ACCMODE == mode {
+		return f, nil
+	}
+	// A fresh open file description, its own offset at 0: the stream is
+	// written from the start of the (empty) file, or read from its start.
+	g, err := os.OpenFile(fdPath(f), mode, 0)
+	if err != nil {
+		return nil, fmt.Errorf("reopen migration file %s: %w", f.Name(), err)
+	}
+	return g, nil
 }
 
 // SaveDevices writes the device state to w. The guest must be paused.
@@ -81,4 +164,13 @@ func (m *Machine) waitMigration(ctx context.Context) error {
 // migration, the baseline checkpoints are measured against.
 func (m *Machine) SaveAll(ctx context.Context, w *os.File) error {
 	return m.migrateFD(ctx, "migrate", w, false)
+}
+
+// fdPath names f for reopening: its descriptor where the system has
+// /proc/self/fd, else the name it was opened by.
+func fdPath(f *os.File) string {
+	if runtime.GOOS == "linux" {
+		return "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
+	}
+	return f.Name()
 }
