@@ -736,7 +736,7 @@ func (e *Engine) findGitDirs(ctx context.Context) map[string]bool {
 		return j
 	}
 	read := func(p string) string {
-		b, err := readAllMax(ctx, e.host, p, 4096)
+		b, err := readAllMax(ctx, e.host.Read, p, 4096)
 		if err != nil {
 			return ""
 		}
@@ -782,8 +782,8 @@ func (e *Engine) findGitDirs(ctx context.Context) map[string]bool {
 	return dirs
 }
 
-func readAllMax(ctx context.Context, s Side, p string, max int64) ([]byte, error) {
-	r, err := s.Read(ctx, p)
+func readAllMax(ctx context.Context, read func(context.Context, string) (io.ReadCloser, error), p string, max int64) ([]byte, error) {
+	r, err := read(ctx, p)
 	if err != nil {
 		return nil, err
 	}

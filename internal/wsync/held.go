@@ -315,7 +315,7 @@ func hasRemote(cfg map[string][]string, name string) bool {
 
 var (
 	sectionRE = regexp.MustCompile(`^\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\]|\\.)*)")?\s*\]\s*(?:[#;].*)?$`)
-	keyRE     = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9-]*)\s*(?:=\s*(.*))?$`)
+	keyRE     = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9-]*)\s*(?:(=)\s*(.*))?$`)
 )
 
 // parseGitConfig reads git's config format into "section.subsection.key"
@@ -377,7 +377,11 @@ func parseGitConfig(b []byte) (map[string][]string, bool) {
 			return nil, false
 		}
 		k := section + "." + strings.ToLower(m[1])
-		out[k] = append(out[k], strings.TrimSpace(m[2]))
+		v := strings.TrimSpace(m[3])
+		if m[2] == "" {
+			v = "\x00" // a key without "=" (true), apart from "key =" (empty)
+		}
+		out[k] = append(out[k], v)
 	}
 	return out, sc.Err() == nil
 }

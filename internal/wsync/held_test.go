@@ -17,7 +17,7 @@ func TestHeld(t *testing.T) {
 		".devcontainer/devcontainer.json", "certs/server.pem", "deploy/prod.yaml",
 	}
 	free := []string{
-		"main.go", "README.md", ".git/objects/ab/"+strings.Repeat("c", 38), ".git/refs/heads/main", ".git/HEAD", ".git/index",
+		"main.go", "README.md", ".git/objects/ab/" + strings.Repeat("c", 38), ".git/refs/heads/main", ".git/HEAD", ".git/index",
 		"docs/hooks/pre-commit.md", "config", "src/config", ".gitignore", "deploy/dev.yaml", ".vscode",
 	}
 	for _, p := range held {
