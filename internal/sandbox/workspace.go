@@ -28,6 +28,11 @@ type WorkspaceConfig struct {
 	Review  bool     `json:"review,omitempty"`
 	Exclude []string `json:"exclude,omitempty"`
 	Hold    []string `json:"hold,omitempty"`
+	// QuotaBytes and QuotaFiles bound what the sync may keep of the
+	// agent's making in the host folder (0: wsync's defaults, 10 GiB and
+	// 200,000 entries).
+	QuotaBytes int64 `json:"quota_bytes,omitempty"`
+	QuotaFiles int   `json:"quota_files,omitempty"`
 }
 
 const (
@@ -165,7 +170,8 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, manifest m
 	if err := w.guest.Mount(ctx); err != nil {
 		return err
 	}
-	opts := wsync.Options{Review: cfg.Review, Exclude: cfg.Exclude, Hold: wsync.HoldRules{Extra: cfg.Hold}}
+	opts := wsync.Options{Review: cfg.Review, Exclude: cfg.Exclude, Hold: wsync.HoldRules{Extra: cfg.Hold},
+		QuotaBytes: cfg.QuotaBytes, QuotaFiles: cfg.QuotaFiles}
 	var lastSave time.Time
 	save := func(m map[string]*wsync.Entry) {
 		if time.Since(lastSave) < time.Second && len(m) > 5000 {

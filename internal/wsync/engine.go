@@ -742,41 +742,55 @@ func (e *Engine) findGitDirs(ctx context.Context) map[string]bool {
 		}
 		return string(b)
 	}
-	for p := range e.gitMarks {
-		ent := e.hostStat(ctx, p)
-		if ent == nil || ent.Type == 'd' {
+	// Pass by pass: gitdir: pointers; then folders with a HEAD that are
+	// no part of a git directory found so far (inside one, a HEAD is a
+	// ref or a reflog); then commondir pointers of all of these.
+	inside := func(p string) bool {
+		if _, ok := gitDirRest(p); ok {
+			return true
+		}
+		for d := range dirs {
+			if strings.HasPrefix(p, d+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, kind := range []string{".git", "head", "commondir"} {
+		for p := range e.gitMarks {
+			if foldName(path.Base(p)) != kind {
+				continue
+			}
+			ent := e.hostStat(ctx, p)
 			if ent == nil {
 				delete(e.gitMarks, p)
+				continue
 			}
-			continue
-		}
-		dir := path.Dir(p)
-		switch foldName(path.Base(p)) {
-		case ".git":
-			if ent.Type == 'f' {
+			if ent.Type == 'd' {
+				continue
+			}
+			dir := path.Dir(p)
+			switch kind {
+			case ".git":
+				if ent.Type != 'f' {
+					continue
+				}
 				if t, ok := strings.CutPrefix(read(p), "gitdir:"); ok {
 					if d := resolve(dir, strings.SplitN(t, "\n", 2)[0]); d != "" {
 						dirs[d] = true
 					}
 				}
+			case "head":
+				if dir != "." && !inside(dir) {
+					dirs[dir] = true
+				}
+			case "commondir":
+				if _, inDotGit := gitDirRest(p); inDotGit || dirs[dir] {
+					if d := resolve(dir, strings.SplitN(read(p), "\n", 2)[0]); d != "" {
+						dirs[d] = true
+					}
+				}
 			}
-		case "head":
-			if dir != "." {
-				dirs[dir] = true
-			}
-		}
-	}
-	// commondir, in any git directory found so far or named .git.
-	for p := range e.gitMarks {
-		if foldName(path.Base(p)) != "commondir" {
-			continue
-		}
-		dir := path.Dir(p)
-		if _, inDotGit := gitDirRest(p); !inDotGit && !dirs[dir] {
-			continue
-		}
-		if d := resolve(dir, strings.SplitN(read(p), "\n", 2)[0]); d != "" {
-			dirs[d] = true
 		}
 	}
 	return dirs

@@ -363,3 +363,21 @@ func escapes(fd int, rel string) bool {
 	}
 	return err == unix.EXDEV
 }
+
+// A fetch inside updates remote-tracking refs beside refs/remotes/*/HEAD:
+// those HEADs are refs, not repositories, and the refs next to them cross.
+func TestRemoteRefsNextToHEADCross(t *testing.T) {
+	p := newPair(t, Options{})
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".git/refs/remotes/origin/HEAD", "ref: refs/remotes/origin/main\n")
+		write(t, d, ".git/logs/HEAD", "x\n")
+	}
+	p.sync(t)
+	write(t, p.guest, ".git/refs/remotes/origin/main", strings.Repeat("a", 40)+"\n")
+	write(t, p.guest, ".git/logs/refs/remotes/origin/main", "log\n")
+	p.sync(t)
+	if !exists(p.host, ".git/refs/remotes/origin/main") || !exists(p.host, ".git/logs/refs/remotes/origin/main") {
+		t.Fatalf("remote-tracking refs held: %+v", p.e.Status().Held)
+	}
+}
