@@ -331,11 +331,13 @@ func (w *workspace) closeFiles() {
 
 // stop ends the sync after a last pass, so nothing the guest just wrote is
 // left behind.
+// The running pass is cancelled first: a pass streaming a guest's huge
+// file must not keep stop (or rm -f) waiting beyond ctx.
 func (w *workspace) stop(ctx context.Context) {
+	w.detach()
 	if w.engine != nil {
 		w.syncNow(ctx, nil)
 	}
-	w.detach()
 	w.closeFiles()
 }
 
