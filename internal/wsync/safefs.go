@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -441,7 +442,9 @@ const sparseBlock = 4096
 // copied.
 func copySparse(dst *os.File, h io.Writer, src io.Reader, max int64) (int64, error) {
 	var n int64
-	buf := make([]byte, 256<<10)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
 	if f, ok := src.(*os.File); ok {
 		return copySparseFile(dst, h, f, max, buf)
 	}
@@ -492,6 +495,8 @@ func allZero(b []byte) bool {
 	}
 	return true
 }
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
 var zeroBuf = make([]byte, 256<<10)
 

@@ -254,7 +254,7 @@ func TestAttackWorkspace(t *testing.T) {
 		// 64M, not 1000M: under TCG on a loaded machine the guest hashes
 		// and streams the zeros at a few MB/s (the agent does not send
 		// holes); what matters here is what the host keeps of them, the
-		// same at any size (the unit tests copy 300 MiB of holes).
+		// same at any size (the unit tests copy 120 MiB of holes).
 		start := time.Now()
 		root(`truncate -s 64M big1`)
 		st := syncNow(t, name)
