@@ -4,10 +4,12 @@
 //
 // The host side never follows a symlink, never leaves the folder, never
 // creates devices, FIFOs, sockets or set-id bits, and refuses hostile
-// names (safefs_*.go). Changes to files that host tools run or obey by
-// themselves are held for approval (held.go). Sync decisions compare three
-// states of each path: the last synced one (the manifest), the host's and
-// the guest's (engine.go).
+// names (safefs.go). Every write of guest data to the host folder goes
+// through one function, Engine.gate (engine.go; gate_ast_test.go holds
+// that), which applies the hold rules (held.go: files host tools run or
+// obey, git by allow-list), the link rule (LinkWhy), review mode and the
+// quotas. Sync decisions compare three states of each path: the last
+// synced one (the manifest), the host's and the guest's (engine.go).
 package wsync
 
 import (
