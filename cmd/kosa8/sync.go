@@ -30,7 +30,15 @@ func printSyncStatus(st *sandbox.SyncStatus, asJSON bool) error {
 	if asJSON {
 		return printJSON(st)
 	}
-	fmt.Printf("workspace %s: %d paths in step, last sync %s\n", st.Path, st.Files, ago(st.LastSync))
+	fmt.Printf("workspace %s: %d paths in step, last sync %s\n", sanitize(st.Path, false), st.Files, ago(st.LastSync))
+	q := st.Quota
+	if q.MaxBytes > 0 {
+		fmt.Printf("quota: %s of %s, %d of %d files made by the sandbox in the host folder", humanBytes(q.Bytes), humanBytes(q.MaxBytes), q.Files, q.MaxFiles)
+		if q.Refused > 0 {
+			fmt.Printf("; %d writes refused (quota reached: delete files inside, or raise quota_bytes/quota_files in the sandbox's config.json)", q.Refused)
+		}
+		fmt.Println()
+	}
 	section := func(title string, lines []string) {
 		if len(lines) == 0 {
 			return
@@ -107,7 +115,7 @@ func heldCmd() *cobra.Command {
 				return printJSON(st.Held)
 			}
 			for _, c := range st.Held {
-				fmt.Printf("%-8s %s  (%s)\n", c.Kind, sanitize(c.Path, false), c.Why)
+				fmt.Printf("%-8s %s  (%s)\n", c.Kind, sanitize(c.Path, false), sanitize(c.Why, false))
 			}
 			return nil
 		},

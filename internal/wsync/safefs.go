@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -115,7 +116,13 @@ func (e *Entry) Same(o *Entry) bool {
 // Stat describes rel without following a symlink; nil, nil when absent.
 // Special files (FIFOs, sockets, devices) are reported as errors: they are
 // never synced.
-func (r *Root) Stat(rel string) (*Entry, error) {
+func (r *Root) Stat(rel string) (*Entry, error) { return r.stat(rel, true) }
+
+// Lstat is Stat without a file's hash: what is at rel, never following a
+// link.
+func (r *Root) Lstat(rel string) (*Entry, error) { return r.stat(rel, false) }
+
+func (r *Root) stat(rel string, hash bool) (*Entry, error) {
 	pfd, name, err := r.parent(rel)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
@@ -137,6 +144,9 @@ func (r *Root) Stat(rel string) (*Entry, error) {
 		e.Type, e.Size = 'f', st.Size
 		if st.Size > r.MaxFile {
 			e.Big = true
+			break
+		}
+		if !hash {
 			break
 		}
 		h, err := r.hashFile(rel, &st)
@@ -297,7 +307,7 @@ func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64,
 		}
 	}()
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(src, max+1))
+	n, err := copySparse(f, h, src, max+1)
 	if err != nil {
 		return "", err
 	}
@@ -419,4 +429,125 @@ func (r *Root) Chmod(rel string, mode fs.FileMode) error {
 	}
 	defer unix.Close(fd)
 	return unix.Fchmod(fd, uint32(mode.Perm()))
+}
+
+// sparseBlock is the unit of hole detection: a file system block.
+const sparseBlock = 4096
+
+// copySparse copies up to max bytes of src to dst (a new, empty file),
+// feeding every byte to h, and leaves holes where the content is zeros:
+// a guest's "truncate -s 1000M f" costs the host no disk. From a file it
+// jumps over src's holes with SEEK_DATA/SEEK_HOLE without reading them; from
+// a stream (the guest's) it skips blocks of zeros. It returns the bytes
+// copied.
+func copySparse(dst *os.File, h io.Writer, src io.Reader, max int64) (int64, error) {
+	var n int64
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	if f, ok := src.(*os.File); ok {
+		return copySparseFile(dst, h, f, max, buf)
+	}
+	for n < max {
+		want := int64(len(buf))
+		if max-n < want {
+			want = max - n
+		}
+		k, rerr := io.ReadFull(src, buf[:want])
+		if k > 0 {
+			if err := writeSparse(dst, h, buf[:k], n); err != nil {
+				return n, err
+			}
+			n += int64(k)
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+	// The file ends where the content does, holes at its end included.
+	return n, dst.Truncate(n)
+}
+
+// writeSparse writes b at off, block by block, leaving out all-zero
+// blocks (the file is new: what is not written reads as zeros).
+func writeSparse(dst *os.File, h io.Writer, b []byte, off int64) error {
+	h.Write(b)
+	for i := 0; i < len(b); i += sparseBlock {
+		end := min(i+sparseBlock, len(b))
+		if allZero(b[i:end]) {
+			continue
+		}
+		if _, err := dst.WriteAt(b[i:end], off+int64(i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+var zeroBuf = make([]byte, 256<<10)
+
+// copySparseFile copies the data extents of src, hashing the holes as the
+// zeros they read as.
+func copySparseFile(dst *os.File, h io.Writer, src *os.File, max int64, buf []byte) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
+		return 0, err
+	}
+	size := min(st.Size, max)
+	var off int64
+	for off < size {
+		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			data = size // only a hole left
+		} else if err != nil {
+			// No SEEK_DATA here: all of it is data.
+			data = off
+		}
+		data = min(data, size)
+		for z := data - off; z > 0; {
+			k := min(z, int64(len(zeroBuf)))
+			h.Write(zeroBuf[:k])
+			z -= k
+		}
+		off = data
+		if off >= size {
+			break
+		}
+		hole, err := unix.Seek(int(src.Fd()), off, unix.SEEK_HOLE)
+		if err != nil {
+			hole = size
+		}
+		hole = min(hole, size)
+		for off < hole {
+			k, err := src.ReadAt(buf[:min(int64(len(buf)), hole-off)], off)
+			if k > 0 {
+				if werr := writeSparse(dst, h, buf[:k], off); werr != nil {
+					return off, werr
+				}
+				off += int64(k)
+			}
+			if err != nil {
+				if err == io.EOF {
+					size = off
+					break
+				}
+				return off, err
+			}
+		}
+	}
+	return off, dst.Truncate(off)
 }

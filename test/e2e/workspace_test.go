@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -122,8 +123,19 @@ func TestWorkspace(t *testing.T) {
 		}
 	})
 	t.Run("git hook is held until approved", func(t *testing.T) {
-		sh("git init -q . && printf '#!/bin/sh\\necho pwned\\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit")
-		waitHost(t, "the repository", func() bool { _, err := os.Stat(filepath.Join(ws, ".git", "HEAD")); return err == nil })
+		// A repository made inside is held whole (a new .git folder); one
+		// the user made syncs in, and only its hooks are held.
+		if out, err := exec.Command("git", "init", "-q", ws).CombinedOutput(); err != nil {
+			t.Fatalf("git init on the host: %v %s", err, out)
+		}
+		start := time.Now()
+		for sh("test -f .git/HEAD").code != 0 {
+			if time.Since(start) > 20*time.Second {
+				t.Fatal("the host's repository never reached the guest")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		sh("printf '#!/bin/sh\\necho pwned\\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit")
 		must(t, "sync", "now", name)
 		if _, err := os.Stat(filepath.Join(ws, ".git", "hooks", "pre-commit")); err == nil {
 			t.Fatal("a git hook written inside reached the host")

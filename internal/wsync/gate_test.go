@@ -1,0 +1,387 @@
+//go:build linux
+
+package wsync
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// checkpoint copies the guest's tree aside, as a checkpoint keeps its disk.
+func (p *pair) checkpoint(t *testing.T) string {
+	snap := filepath.Join(t.TempDir(), "snap")
+	copyTree(t, p.guest, snap)
+	return snap
+}
+
+// rewind puts snap back as the guest's tree and merges the host folder,
+// with an engine started from the manifest before the rewind.
+func (p *pair) rewind(t *testing.T, snap string, opts Options) *Engine {
+	t.Helper()
+	pre := p.e.Manifest()
+	copyTree(t, snap, p.guest)
+	e := p.engine(t, pre, opts)
+	if err := e.Rewind(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// A rewind brings back to the host only what passes the gate: files the
+// guest wrote that were held stay held (issue 9, attack 1).
+func TestRewindKeepsHeldFilesHeld(t *testing.T) {
+	p := newPair(t, Options{})
+	write(t, p.host, ".git/HEAD", "ref: refs/heads/main\n")
+	write(t, p.host, ".git/hooks/README", "sample")
+	p.sync(t)
+	evil := []string{".git/hooks/pre-commit", ".envrc", ".vscode/tasks.json"}
+	for _, f := range evil {
+		write(t, p.guest, f, "#!/bin/sh\ntouch /tmp/pwned\n")
+	}
+	write(t, p.guest, "notes.txt", "fine")
+	p.sync(t)
+	snap := p.checkpoint(t)
+	write(t, p.guest, "later.txt", "after the checkpoint")
+	p.sync(t)
+	e := p.rewind(t, snap, Options{})
+	for _, f := range evil {
+		if exists(p.host, f) {
+			t.Errorf("the rewind wrote held %s to the host", f)
+		}
+	}
+	held := map[string]bool{}
+	for _, c := range e.Status().Held {
+		held[c.Path] = true
+	}
+	for _, f := range evil {
+		if !held[f] {
+			t.Errorf("%s not reported held after the rewind: %+v", f, e.Status().Held)
+		}
+	}
+	if read(p.host, "notes.txt") != "fine" || exists(p.host, "later.txt") {
+		t.Error("the rewind did not bring the host back to the checkpoint")
+	}
+}
+
+// In review mode a rewind writes nothing of the agent's without apply.
+func TestRewindInReviewMode(t *testing.T) {
+	p := newPair(t, Options{Review: true})
+	write(t, p.host, "app.py", "v1")
+	p.sync(t)
+	write(t, p.guest, "new.txt", "agent")
+	write(t, p.guest, "app.py", "v2")
+	p.sync(t)
+	snap := p.checkpoint(t)
+	e := p.rewind(t, snap, Options{Review: true})
+	if exists(p.host, "new.txt") || read(p.host, "app.py") != "v1" {
+		t.Fatal("a rewind in review mode wrote the agent's files to the host")
+	}
+	// app.py: the host's is the user's version; it stays (and goes into
+	// the guest, reported). new.txt waits for review.
+	if pend := e.Status().Pending; len(pend) != 1 || pend[0].Path != "new.txt" {
+		t.Fatalf("pending after the rewind: %+v", pend)
+	}
+	if _, err := e.Apply(context.Background(), nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if read(p.host, "new.txt") != "agent" {
+		t.Fatal("apply after the rewind did not write")
+	}
+}
+
+// Every git indirection is held: commondir, gitdir files, worktrees/,
+// modules/, new repositories, HEADs that make bare repositories, hook
+// paths and includes in config, and a config whose risky part comes after
+// the first MiB (issue 9, attacks 2 and 3).
+func TestGitIndirectionsHeld(t *testing.T) {
+	p := newPair(t, Options{})
+	base := "[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://example.com/r\n"
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".git/config", base)
+		write(t, d, "wt/.git", "gitdir: ../gitdirs/wt\n")
+		write(t, d, "gitdirs/wt/HEAD", "ref: refs/heads/wt\n")
+		write(t, d, "gitdirs/wt/commondir", "../../shared\n")
+		write(t, d, "shared/config", base)
+	}
+	p.sync(t)
+	huge := base + strings.Repeat("# padding\n", (MaxGitConfig/10)+1) + "[core]\n\tfsmonitor = touch /tmp/pwned\n"
+	cases := map[string]string{
+		".git/commondir":                    "../elsewhere\n",
+		".git/worktrees/x/gitdir":           "/tmp/x\n",
+		".git/worktrees/x/config.worktree":  "[core]\n\tfsmonitor = evil\n",
+		".git/modules/sub/config":           "[core]\n\tfsmonitor = evil\n",
+		".git/modules/sub/hooks/post-merge": "evil",
+		".git/info/attributes":              "* filter=evil",
+		".git/objects/info/alternates":      "/home/user/other/.git/objects\n",
+		".git/sharedindex.0123":             "x",
+		"sub/.git":                          "gitdir: ../evil\n",
+		"newrepo/.git/HEAD":                 "ref: refs/heads/main\n",
+		"newrepo/.git/config":               "[core]\n\tfsmonitor = evil\n",
+		"bare/HEAD":                         "ref: refs/heads/main\n",
+		"gitdirs/wt/config":                 "[core]\n\tfsmonitor = evil\n",
+		"gitdirs/wt/hooks/pre-commit":       "evil",
+		"shared/hooks/pre-commit":           "evil",
+		".GIT/hooks/pre-push":               "evil",
+	}
+	for f, c := range cases {
+		write(t, p.guest, f, c)
+	}
+	// Config changes git would obey.
+	write(t, p.guest, "shared/config", base+"[core]\n\thooksPath = /tmp/evil\n")
+	p.sync(t)
+	write(t, p.guest, ".git/config", huge)
+	p.sync(t)
+	held := map[string]string{}
+	for _, c := range p.e.Status().Held {
+		held[c.Path] = c.Why
+	}
+	for f := range cases {
+		if exists(p.host, f) && f != ".GIT/hooks/pre-push" {
+			t.Errorf("%s reached the host", f)
+		}
+		if _, ok := held[f]; !ok {
+			t.Errorf("%s is not held: %v", f, held)
+		}
+	}
+	if strings.Contains(read(p.host, "shared/config"), "hooksPath") {
+		t.Error("a commondir's config with core.hooksPath reached the host")
+	}
+	if strings.Contains(read(p.host, ".git/config"), "fsmonitor") {
+		t.Error("a config over 1 MiB with core.fsmonitor at its end reached the host")
+	}
+	if !strings.Contains(held[".git/config"], "1 MiB") {
+		t.Errorf(".git/config held for %q", held[".git/config"])
+	}
+	// An include is held too, as is a remote the config does not know.
+	for _, c := range []string{base + "[include]\n\tpath = ../x\n", base + "[branch \"main\"]\n\tremote = ../evil\n"} {
+		write(t, p.guest, ".git/config", c)
+		p.sync(t)
+		if read(p.host, ".git/config") != base {
+			t.Errorf("config reached the host:\n%s", c)
+		}
+	}
+	// The allow-list lets a commit through.
+	obj := ".git/objects/ab/" + strings.Repeat("c", 38)
+	write(t, p.guest, obj, "blob")
+	write(t, p.guest, ".git/refs/heads/main", strings.Repeat("a", 40)+"\n")
+	write(t, p.guest, ".git/logs/HEAD", "log")
+	write(t, p.guest, ".git/index", "index")
+	write(t, p.guest, ".git/ORIG_HEAD", "x")
+	p.sync(t)
+	for _, f := range []string{obj, ".git/refs/heads/main", ".git/logs/HEAD", ".git/index", ".git/ORIG_HEAD"} {
+		if !exists(p.host, f) {
+			t.Errorf("%s (allowed) did not reach the host", f)
+		}
+	}
+}
+
+// Links that chain out of the folder, in either order, and a link swapped
+// for a folder, never leave it (issue 9, attack 4).
+func TestLinkChainsStayInside(t *testing.T) {
+	for _, order := range []string{"up first", "escape first"} {
+		t.Run(order, func(t *testing.T) {
+			p := newPair(t, Options{})
+			write(t, p.host, "a/b/c/keep", "x")
+			p.sync(t)
+			mk := func(target, at string) {
+				if err := os.Symlink(target, filepath.Join(p.guest, at)); err != nil {
+					t.Fatal(err)
+				}
+				p.sync(t)
+			}
+			if order == "up first" {
+				mk("../..", "a/b/c/up")
+				mk("a/b/c/up/../../x", "escape")
+			} else {
+				mk("a/b/c/up/../../x", "escape")
+				mk("../..", "a/b/c/up")
+			}
+			assertLinksInside(t, p.host)
+			if len(p.e.Status().Held) != 1 {
+				t.Fatalf("want one link held: %+v", p.e.Status().Held)
+			}
+		})
+	}
+	t.Run("link then folder", func(t *testing.T) {
+		p := newPair(t, Options{})
+		p.sync(t)
+		os.MkdirAll(filepath.Join(p.guest, "d/e"), 0o755)
+		os.Symlink("d/e/../../x", filepath.Join(p.guest, "l")) // lexically "x"
+		p.sync(t)
+		// Swap d/e for a link to somewhere deep, then for a folder again.
+		os.RemoveAll(filepath.Join(p.guest, "d/e"))
+		os.MkdirAll(filepath.Join(p.guest, "d/f/g"), 0o755)
+		os.Symlink("f/g", filepath.Join(p.guest, "d/e"))
+		p.sync(t)
+		assertLinksInside(t, p.host)
+		if fi, err := os.Lstat(filepath.Join(p.host, "d/e")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			t.Fatal("a link was made on the way of another link")
+		}
+	})
+	t.Run("to a user's link out", func(t *testing.T) {
+		p := newPair(t, Options{})
+		os.Symlink("/etc", filepath.Join(p.host, "userlink"))
+		p.e.Sync(context.Background(), nil) // the test's guest refuses the link out
+		os.Symlink("userlink", filepath.Join(p.guest, "via"))
+		os.Symlink("userlink/passwd", filepath.Join(p.guest, "via2"))
+		p.e.Sync(context.Background(), nil)
+		if exists(p.host, "via") || exists(p.host, "via2") {
+			t.Fatal("a link through the user's link out of the folder was made")
+		}
+	})
+}
+
+// assertLinksInside resolves every link in dir with the kernel, beneath
+// dir: none may lead out of it.
+func assertLinksInside(t *testing.T, dir string) {
+	t.Helper()
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if escapes(fd, rel) {
+			l, _ := os.Readlink(p)
+			t.Errorf("link %s -> %s leads out of the folder", rel, l)
+		}
+		return nil
+	})
+}
+
+// The guest's sparse file keeps its holes on the host; the quota stops
+// the sync writing more than it allows, and says so (issue 9, attack 7).
+func TestSparseAndQuota(t *testing.T) {
+	p := newPair(t, Options{QuotaBytes: 120 << 20, QuotaFiles: 50})
+	p.sync(t)
+	for i := range 3 {
+		f, err := os.Create(filepath.Join(p.guest, fmt.Sprintf("sparse%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteAt([]byte("end"), 40<<20-3)
+		f.Close()
+	}
+	p.e.Sync(context.Background(), nil)
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(p.host, "sparse0"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != 40<<20 || st.Blocks*512 > 1<<20 {
+		t.Fatalf("sparse file on the host: size %d, %d bytes allocated", st.Size, st.Blocks*512)
+	}
+	if read(p.host, "sparse0")[40<<20-3:] != "end" {
+		t.Fatal("content lost")
+	}
+	// 3 × 40 MiB fit in 120 MiB; one more does not.
+	f, _ := os.Create(filepath.Join(p.guest, "one-more"))
+	f.Truncate(1 << 20)
+	f.Close()
+	p.e.Sync(context.Background(), nil)
+	if exists(p.host, "one-more") {
+		t.Fatal("the byte quota did not stop a write")
+	}
+	st2 := p.e.Status()
+	if st2.Quota.Refused == 0 || !strings.Contains(strings.Join(st2.Skipped, "\n"), "sync quota") || st2.Quota.Bytes != 120<<20 {
+		t.Fatalf("quota not reported: %+v skipped %v", st2.Quota, st2.Skipped)
+	}
+	// Deleting inside frees the quota.
+	os.Remove(filepath.Join(p.guest, "sparse1"))
+	p.e.Sync(context.Background(), nil)
+	p.e.Sync(context.Background(), nil)
+	if !exists(p.host, "one-more") {
+		t.Fatal("the quota did not free up after a delete")
+	}
+	// The file quota.
+	for i := range 60 {
+		write(t, p.guest, fmt.Sprintf("many/%d", i), "x")
+	}
+	p.e.Sync(context.Background(), nil)
+	if n := p.e.Status().Quota.Files; n > 50 {
+		t.Fatalf("%d files of the guest's on the host, quota 50", n)
+	}
+}
+
+// tombFiles: issue 9 saw 10,003 tombstones after 5,000 files created and
+// deleted twice; 2,000 show the same and keep go test quick.
+var tombFiles = 2000
+
+// Files created and deleted twice leave no tombstones behind (issue 9,
+// attack 10).
+func TestTombstonesBounded(t *testing.T) {
+	p := newPair(t, Options{})
+	p.sync(t)
+	for range 2 {
+		for i := range tombFiles {
+			write(t, p.guest, fmt.Sprintf("d/%d", i), "x")
+		}
+		p.sync(t)
+		os.RemoveAll(filepath.Join(p.guest, "d"))
+		p.sync(t)
+	}
+	tombs := 0
+	for _, e := range p.saved {
+		if e.Type == 'x' {
+			tombs++
+		}
+	}
+	if tombs > 10 {
+		t.Fatalf("%d tombstones after the agent's creates and deletes", tombs)
+	}
+	// The user's deletions are kept, capped.
+	for i := range 20 {
+		write(t, p.host, fmt.Sprintf("u/%d", i), "x")
+	}
+	p.sync(t)
+	os.RemoveAll(filepath.Join(p.host, "u"))
+	p.sync(t)
+	tombs = 0
+	for _, e := range p.saved {
+		if e.Type == 'x' && e.Origin == "host" {
+			tombs++
+		}
+	}
+	if tombs != 21 {
+		t.Fatalf("%d tombstones of the user's deletions, want 21", tombs)
+	}
+}
+
+// escapes reports whether rel, resolved by the kernel beneath the folder
+// fd, leaves it (openat2 RESOLVE_BENEATH fails with EXDEV).
+func escapes(fd int, rel string) bool {
+	lfd, err := unix.Openat2(fd, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_BENEATH})
+	if err == nil {
+		unix.Close(lfd)
+	}
+	return err == unix.EXDEV
+}
+
+// A fetch inside updates remote-tracking refs beside refs/remotes/*/HEAD:
+// those HEADs are refs, not repositories, and the refs next to them cross.
+func TestRemoteRefsNextToHEADCross(t *testing.T) {
+	p := newPair(t, Options{})
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".git/refs/remotes/origin/HEAD", "ref: refs/remotes/origin/main\n")
+		write(t, d, ".git/logs/HEAD", "x\n")
+	}
+	p.sync(t)
+	write(t, p.guest, ".git/refs/remotes/origin/main", strings.Repeat("a", 40)+"\n")
+	write(t, p.guest, ".git/logs/refs/remotes/origin/main", "log\n")
+	p.sync(t)
+	if !exists(p.host, ".git/refs/remotes/origin/main") || !exists(p.host, ".git/logs/refs/remotes/origin/main") {
+		t.Fatalf("remote-tracking refs held: %+v", p.e.Status().Held)
+	}
+}
