@@ -25,7 +25,7 @@ func netCmd() *cobra.Command {
 443 when none is given), or IPv4 ranges (10.0.0.0/8:5432). Changes apply to new
 connections at once, running or not.`,
 	}
-	var broad, asJSON, follow bool
+	var broad, asJSON, follow, security bool
 	allow := &cobra.Command{
 		Use:     "allow NAME RULE...",
 		Short:   "Allow hosts, ports or ranges",
@@ -120,16 +120,25 @@ connections at once, running or not.`,
 	logc := &cobra.Command{
 		Use:   "log NAME",
 		Short: "Show every DNS answer and connection decision",
-		Args:  cobra.ExactArgs(1),
+		Long: `Show the sandbox's audit log: DNS answers and connection decisions, with
+repeats summed up. --security shows the security log instead: denials,
+exfiltration attempts, held writes, checkpoints, rewinds and policy changes,
+kept apart (64 MiB) so that a noisy guest cannot rotate them away.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := openSandbox(args[0])
 			if err != nil {
 				return err
 			}
-			return showAudit(cmd, sb, asJSON, follow)
+			path := sb.Path(sandbox.AuditLog)
+			if security {
+				path = audit.SecurityPath(path)
+			}
+			return showAudit(cmd, path, asJSON, follow)
 		},
 	}
 	logc.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	logc.Flags().BoolVar(&security, "security", false, "show the security log (denials, exfiltration attempts, held writes, checkpoints, rewinds)")
 	logc.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new events")
 	blocked := &cobra.Command{
 		Use:   "blocked NAME",
@@ -144,7 +153,9 @@ connections at once, running or not.`,
 			if err != nil {
 				return err
 			}
-			events, err := audit.Read(sb.Path(sandbox.AuditLog))
+			// Denials are kept in the security log, which a flood cannot
+			// rotate away.
+			events, err := audit.ReadSecurity(sb.Path(sandbox.AuditLog))
 			if err != nil {
 				return err
 			}
@@ -204,8 +215,7 @@ func printRules(rules []string, asJSON bool) error {
 	return nil
 }
 
-func showAudit(cmd *cobra.Command, sb *sandbox.Sandbox, asJSON, follow bool) error {
-	path := sb.Path(sandbox.AuditLog)
+func showAudit(cmd *cobra.Command, path string, asJSON, follow bool) error {
 	f, err := os.Open(path)
 	if os.IsNotExist(err) && !follow {
 		return nil
@@ -231,6 +241,9 @@ func showAudit(cmd *cobra.Command, sb *sandbox.Sandbox, asJSON, follow bool) err
 			detail = "→ " + e.Answer + "  " + detail
 		}
 		bytes := ""
+		if e.Decision == audit.DecisionSummary {
+			detail = e.Reason
+		}
 		if e.BytesOut+e.BytesIn > 0 {
 			bytes = fmt.Sprintf("↑%d ↓%d", e.BytesOut, e.BytesIn)
 		}

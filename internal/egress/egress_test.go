@@ -427,7 +427,7 @@ func TestDroppedPacketsLoggedBounded(t *testing.T) {
 	g.HandleUDP(netstackFlow("10.0.2.15:5353", "8.8.8.8:53"))
 	// A window later the next one is logged with the count it stood for.
 	g.dropMu.Lock()
-	g.drops["icmp 1.1.1.1"].logged = time.Now().Add(-2 * dropWindow)
+	g.drops[repeatKey(audit.Event{Kind: "icmp", Decision: "deny", Dest: "1.1.1.1"})].logged = time.Now().Add(-2 * dropWindow)
 	g.dropMu.Unlock()
 	g.HandleDropped("icmp", ping)
 
@@ -453,4 +453,48 @@ func TestDroppedPacketsLoggedBounded(t *testing.T) {
 
 func netstackFlow(src, dst string) netstack.Flow {
 	return netstack.Flow{Src: netip.MustParseAddrPort(src), Dst: netip.MustParseAddrPort(dst)}
+}
+
+// A DNS flood is summed up like dropped packets: the same query in a loop
+// costs one record per window, and an exfiltration record logged before
+// the flood is still in the security log after it.
+func TestDNSFloodSummarized(t *testing.T) {
+	g, logPath := newGateway(t, []string{"allowed.test"}, nil, nil)
+	g.cfg.Credentials = []Credential{{Name: "K", Hosts: mustPolicyT(t, "api.test"), Placeholder: "kosa8-ph-abcdef0123456789"}}
+	if r := query(t, g, "kosa8-ph-abcdef0123456789.evil.test.", dns.TypeA); r.Rcode != dns.RcodeNameError {
+		t.Fatalf("placeholder query answered: %v", r)
+	}
+	for i := 0; i < 3000; i++ {
+		query(t, g, "allowed.test.", dns.TypeA)
+		query(t, g, "denied.test.", dns.TypeA)
+		query(t, g, fmt.Sprintf("n%d.random.test.", i), dns.TypeA)
+	}
+	g.cfg.Audit.Close()
+	evs, err := audit.Read(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, e := range evs {
+		counts[e.Name]++
+	}
+	if counts["allowed.test"] != 1 || counts["denied.test"] != 1 {
+		t.Fatalf("repeated queries logged %d and %d times, want once each in the window", counts["allowed.test"], counts["denied.test"])
+	}
+	sec, err := audit.ReadSecurity(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sec) == 0 || sec[0].Kind != "exfiltration" {
+		t.Fatalf("the exfiltration record is not first in the security log: %+v", sec[:min(3, len(sec))])
+	}
+}
+
+func mustPolicyT(t *testing.T, rules ...string) *netpolicy.Policy {
+	t.Helper()
+	p, err := netpolicy.Parse(rules, netpolicy.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -300,8 +300,14 @@ func (g *Gateway) HandleDropped(proto string, dst netip.Addr) {
 // per dropWindow: a guest flooding packets cannot flood the audit log (and
 // rotate away what came before). The next entry counts what was not
 // logged meanwhile.
-func (g *Gateway) auditDrop(e audit.Event) {
-	key := e.Kind + " " + e.Dest
+func (g *Gateway) auditDrop(e audit.Event) { g.auditRepeat(e) }
+
+// auditRepeat logs e at most once per dropWindow for each kind, decision,
+// name, query type and destination; the next entry counts the repeats not
+// logged meanwhile. (Distinct records of one kind are bounded by the audit
+// log's own budget per kind.)
+func (g *Gateway) auditRepeat(e audit.Event) {
+	key := repeatKey(e)
 	now := time.Now()
 	g.dropMu.Lock()
 	if g.drops == nil || len(g.drops) >= maxDropKeys {
@@ -319,10 +325,15 @@ func (g *Gateway) auditDrop(e audit.Event) {
 	}
 	if d.suppressed > 0 {
 		e.Reason += fmt.Sprintf(" (%d more since the last entry)", d.suppressed)
+		e.Count = d.suppressed
 	}
 	d.logged, d.suppressed = now, 0
 	g.dropMu.Unlock()
 	g.audit(e)
+}
+
+func repeatKey(e audit.Event) string {
+	return e.Kind + " " + e.Decision + " " + e.Name + " " + e.QType + " " + e.Dest
 }
 
 const (

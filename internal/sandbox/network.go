@@ -30,6 +30,8 @@ const (
 	portsFile  = "ports.json"
 	namesFile  = "dns-names" // name ↔ synthetic address bindings
 	AuditLog   = "audit.log"
+	// SecurityLog is the evidence kept apart from AuditLog (audit.SecurityFile).
+	SecurityLog = audit.SecurityFile
 )
 
 // NetworkConfig is the network a sandbox is created with.
@@ -501,4 +503,14 @@ func BlockedHosts(events []audit.Event, pol *netpolicy.Policy) []Blocked {
 		return out[i].Rule < out[j].Rule
 	})
 	return out
+}
+
+// auditLog is the sandbox's audit log, or nil when the network is not up
+// (audit.Log's methods accept nil). Workspace and checkpoint code records
+// held writes, rewinds and checkpoints with auditLog().Security(…).
+func (n *network) auditLog() *audit.Log {
+	if n == nil {
+		return nil
+	}
+	return n.audit
 }
