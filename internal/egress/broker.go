@@ -268,7 +268,7 @@ func (g *Gateway) broker(guest net.Conn, gr *bufio.Reader, up *upstream, hello *
 		first:  upTLS,
 		h2:     proto == "h2",
 		redial: func(ctx context.Context) (net.Conn, error) {
-			c, err := g.cfg.Dial(ctx, "tcp4", target)
+			c, err := g.dialUpstream(ctx, target)
 			if err != nil {
 				return nil, err
 			}

@@ -498,3 +498,67 @@ func mustPolicyT(t *testing.T, rules ...string) *netpolicy.Policy {
 	}
 	return p
 }
+
+// The guest's open connections are capped: past MaxConns a new one is
+// refused (a RST), logged once with a count, and one closing makes room.
+func TestConnectionCap(t *testing.T) {
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	port := netip.MustParseAddrPort(l.Addr().String()).Port()
+	g, logPath := newGateway(t, []string{fmt.Sprintf("cap.test:%d", port)}, nil, map[string]netip.Addr{"cap.test": netip.MustParseAddr("127.0.0.1")})
+	g.cfg.MaxConns = 5
+	dst := netip.AddrPortFrom(syntheticFor(t, g, "cap.test"), port)
+	var open []net.Conn
+	for i := 0; i < 5; i++ {
+		c, err := guestDial(t, g, dst)
+		if err != nil {
+			t.Fatalf("connection %d under the cap: %v", i, err)
+		}
+		open = append(open, c)
+	}
+	for i := 0; i < 3; i++ {
+		accepted := false
+		g.HandleTCP(flowTo(dst), func() (net.Conn, error) { // returns at once when refused
+			accepted = true
+			return nil, errors.New("test: not accepting")
+		})
+		if accepted {
+			t.Fatal("a connection over the cap was accepted")
+		}
+	}
+	open[0].Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.conns.Load() >= 5 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	c, err := guestDial(t, g, dst)
+	if err != nil {
+		t.Fatalf("no room after one closed: %v", err)
+	}
+	c.Close()
+	for _, c := range open[1:] {
+		c.Close()
+	}
+	sec, _ := audit.ReadSecurity(logPath)
+	capped := 0
+	for _, e := range sec {
+		if strings.Contains(e.Reason, "its limit") {
+			capped++
+		}
+	}
+	if capped != 1 {
+		t.Fatalf("%d records of refusals at the cap, want 1 (with a count)", capped)
+	}
+}

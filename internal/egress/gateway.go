@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,22 @@ type Config struct {
 	// UpstreamRoots verify the real hosts behind the broker (nil: the
 	// host's roots).
 	UpstreamRoots *x509.CertPool
+	// MaxConns caps the guest's open connections (0: DefaultMaxConns).
+	MaxConns int
 }
+
+// DefaultMaxConns is how many connections a guest may have open at once.
+// Package managers open 10 to 50; each connection can make the host hold
+// up to about 2 MiB (netstack.MaxBufferPerConn each way, and the kernel's
+// socket buffers of UpstreamBuffer), so the cap bounds what a guest that
+// opens connections and never reads them costs the host.
+const DefaultMaxConns = 128
+
+// UpstreamBuffer is the kernel socket buffer asked for on each upstream
+// connection, each way. It bounds what the host's kernel holds for a
+// guest that does not read (Linux's autotuning would grow it to several
+// MiB) while still covering a window of about 10 MiB/s at 50 ms.
+const UpstreamBuffer = 512 << 10
 
 // Gateway is the egress side of one sandbox's network.
 type Gateway struct {
@@ -65,6 +81,13 @@ type Gateway struct {
 
 	dropMu sync.Mutex
 	drops  map[string]*dropCount // rate limit of dropped-packet entries
+
+	conns    atomic.Int64 // open guest connections
+	peak     atomic.Int64 // most open since memory was last given back
+	lastFree atomic.Int64 // unix nanoseconds of the last FreeOSMemory
+	capMu    sync.Mutex
+	capLast  time.Time // last audit record of a refusal at the cap
+	capCount int
 }
 
 // New returns a gateway.
@@ -81,6 +104,9 @@ func New(cfg Config) *Gateway {
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
 	}
 	if cfg.Policy == nil {
 		cfg.Policy = &netpolicy.Policy{}
@@ -239,7 +265,7 @@ func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs [
 		tried++
 		target := netip.AddrPortFrom(a, port).String()
 		dctx, cancel := context.WithTimeout(ctx, g.cfg.DialTimeout)
-		c, err := g.cfg.Dial(dctx, "tcp4", target)
+		c, err := g.dialUpstream(dctx, target)
 		cancel()
 		if err != nil {
 			reasons = append(reasons, err.Error())
@@ -257,8 +283,34 @@ func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs [
 	return nil, ev
 }
 
+// dialUpstream connects to target (an address already checked), with the
+// kernel's buffers for it bounded.
+func (g *Gateway) dialUpstream(ctx context.Context, target string) (net.Conn, error) {
+	c, err := g.cfg.Dial(ctx, "tcp4", target)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(UpstreamBuffer)
+		_ = tc.SetWriteBuffer(UpstreamBuffer)
+	}
+	return c, nil
+}
+
 // HandleTCP implements netstack.Handler.
 func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error)) {
+	if n := g.conns.Add(1); n > int64(g.cfg.MaxConns) {
+		g.conns.Add(-1)
+		g.auditCap(flow)
+		return // RST
+	}
+	defer g.connDone()
+	for {
+		p := g.peak.Load()
+		if n := g.conns.Load(); n <= p || g.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
 	up, ev := g.connect(context.Background(), flow.Dst)
 	if up == nil {
 		g.audit(ev) // refused: the stack answers the guest with a RST
@@ -272,6 +324,42 @@ func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error))
 		return
 	}
 	g.serve(guest, up)
+}
+
+// connDone counts a guest connection closed. When the last of a burst
+// closes, the memory the burst took goes back to the system at once (Go
+// would keep it for minutes): the supervisor's footprint returns after
+// load.
+func (g *Gateway) connDone() {
+	if g.conns.Add(-1) > 0 || g.peak.Load() < freeAfterPeak {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := g.lastFree.Load()
+	if now-last < int64(10*time.Second) || !g.lastFree.CompareAndSwap(last, now) {
+		return
+	}
+	g.peak.Store(0)
+	go debug.FreeOSMemory()
+}
+
+// freeAfterPeak is the burst size after which memory is given back.
+const freeAfterPeak = 16
+
+// auditCap records connections refused at the cap, once per window with
+// a count: a guest hammering the cap must not flood the log.
+func (g *Gateway) auditCap(flow netstack.Flow) {
+	g.capMu.Lock()
+	g.capCount++
+	if time.Since(g.capLast) < dropWindow {
+		g.capMu.Unlock()
+		return
+	}
+	n := g.capCount
+	g.capLast, g.capCount = time.Now(), 0
+	g.capMu.Unlock()
+	g.audit(audit.Event{Kind: "tcp", Dest: flow.Dst.String(), Decision: "deny", Count: n,
+		Reason: fmt.Sprintf("the sandbox has %d connections open, its limit: refused (%d refused since the last entry)", g.cfg.MaxConns, n)})
 }
 
 // HandleUDP implements netstack.Handler: UDP other than DNS is dropped.

@@ -224,7 +224,7 @@ func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, onRe
 		scheme: "http",
 		first:  up.conn,
 		redial: func(ctx context.Context) (net.Conn, error) {
-			return g.cfg.Dial(ctx, "tcp4", target)
+			return g.dialUpstream(ctx, target)
 		},
 		onRequest: onRequest,
 	})
