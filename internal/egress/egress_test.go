@@ -562,3 +562,41 @@ func TestConnectionCap(t *testing.T) {
 		t.Fatalf("%d records of refusals at the cap, want 1 (with a count)", capped)
 	}
 }
+
+// A plain-HTTP request the allow-list refuses gets a 403 that says why
+// and how the user allows the host; other refused ports are reset.
+func TestPlainHTTPRefusalExplains(t *testing.T) {
+	g, _ := newGateway(t, []string{"allowed.test:8080"}, nil, nil)
+	g.cfg.Sandbox = "dev"
+	ip := syntheticFor(t, g, "allowed.test")
+	c, err := guestDial(t, g, netip.AddrPortFrom(ip, 80))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	c.Close()
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "kosa8 net allow dev allowed.test") ||
+		!strings.Contains(string(body), "kosa8 net blocked dev") || !strings.Contains(string(body), "allow-listed") {
+		t.Fatalf("%d %q", resp.StatusCode, body)
+	}
+	// A raw address: the guest's Host is repeated only if it is a name.
+	c, err = guestDial(t, g, netip.MustParseAddrPort("203.0.113.9:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: x..evil\r\n\r\n")
+	b, _ := io.ReadAll(c)
+	c.Close()
+	if !strings.Contains(string(b), "403") || strings.Contains(string(b), "x..evil") || !strings.Contains(string(b), "203.0.113.9 is not allowed") {
+		t.Fatalf("raw address: %q", b)
+	}
+	if c, err := guestDial(t, g, netip.AddrPortFrom(ip, 443)); err == nil {
+		c.Close()
+		t.Fatal("a refused HTTPS connection was accepted")
+	}
+}

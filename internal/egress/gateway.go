@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,6 +57,8 @@ type Config struct {
 	UpstreamRoots *x509.CertPool
 	// MaxConns caps the guest's open connections (0: DefaultMaxConns).
 	MaxConns int
+	// Sandbox names the sandbox in what the guest is told when refused.
+	Sandbox string
 }
 
 // DefaultMaxConns is how many connections a guest may have open at once.
@@ -313,8 +316,15 @@ func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error))
 	}
 	up, ev := g.connect(context.Background(), flow.Dst)
 	if up == nil {
-		g.audit(ev) // refused: the stack answers the guest with a RST
-		return
+		g.audit(ev)
+		if flow.Dst.Port() == 80 && policyRefusal(ev.Reason) {
+			// Plain HTTP: an agent reads a 403 that says why, where a
+			// reset would only say it could not connect.
+			if c, err := accept(); err == nil {
+				g.refuseHTTP(c, ev)
+			}
+		}
+		return // refused: the stack answers the guest with a RST
 	}
 	guest, err := accept()
 	if err != nil {
@@ -324,6 +334,54 @@ func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error))
 		return
 	}
 	g.serve(guest, up)
+}
+
+// RefusalText is what a plain-HTTP request to a host the sandbox may not
+// reach gets back, with a 403: what happened and how the user allows it.
+func RefusalText(host, sandbox, reason string) string {
+	if sandbox == "" {
+		sandbox = "NAME"
+	}
+	return fmt.Sprintf("kosa8: %s is not allowed (%s).\n"+
+		"This sandbox's network is allow-listed: only the hosts its user allowed can be reached.\n"+
+		"Ask the user to allow it; they can list what was refused with\n"+
+		"  kosa8 net blocked %s\n"+
+		"and allow a host with\n"+
+		"  kosa8 net allow %s %s\n", host, reason, sandbox, sandbox, host)
+}
+
+// policyRefusal tells a refusal by the allow-list from a failure to reach
+// an allowed host (which the guest sees as a failure to connect).
+func policyRefusal(reason string) bool {
+	return strings.HasPrefix(reason, "no rule allows") || strings.HasPrefix(reason, "port ")
+}
+
+// refuseHTTP answers one plain-HTTP request on a refused connection with a
+// 403 and RefusalText, then closes it. Anything that is not an HTTP
+// request within a few seconds is just closed.
+func (g *Gateway) refuseHTTP(c net.Conn, ev audit.Event) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	req, err := http.ReadRequest(bufio.NewReader(io.LimitReader(c, 64<<10)))
+	if err != nil {
+		return
+	}
+	host := ev.Name
+	if host == "" {
+		h := req.Host
+		if hh, _, err := net.SplitHostPort(h); err == nil {
+			h = hh
+		}
+		// The Host is the guest's text: only a name that normalises is
+		// repeated back, else the address it connected to.
+		if norm, err := netpolicy.NormalizeHost(h); err == nil {
+			host = norm
+		} else {
+			host, _, _ = strings.Cut(ev.Dest, ":")
+		}
+	}
+	body := RefusalText(host, g.cfg.Sandbox, ev.Reason)
+	fmt.Fprintf(c, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Kosa8-Refused: %s\r\n\r\n%s", len(body), host, body)
 }
 
 // connDone counts a guest connection closed. When the last of a burst

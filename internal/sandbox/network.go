@@ -208,7 +208,7 @@ func startNetwork(sb *Sandbox, configDir string, log *slog.Logger) (*network, er
 		return nil, fmt.Errorf("DNS name map: %w", err)
 	}
 	cfg := egress.Config{Policy: pol, Names: names, Audit: al, Log: log, Overrides: overrides,
-		Credentials: creds, CA: ca, UpstreamRoots: roots}
+		Credentials: creds, CA: ca, UpstreamRoots: roots, Sandbox: sb.Config.Name}
 	if res != nil {
 		cfg.Resolver = res
 	}
