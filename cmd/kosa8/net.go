@@ -22,8 +22,9 @@ func netCmd() *cobra.Command {
 		Short: "Show and change what a sandbox may reach",
 		Long: `A sandbox reaches nothing unless its allow-list names it. Rules are hosts
 (example.com), subdomains (*.example.com), either with ports (github.com:22; 80 and
-443 when none is given), or IPv4 ranges (10.0.0.0/8:5432). Changes apply to new
-connections at once, running or not.`,
+443 when none is given), or IPv4 ranges (10.0.0.0/8:5432). Deny rules
+(net deny) win over allow rules. Changes apply to new connections at once,
+running or not.`,
 	}
 	var broad, asJSON, follow, security bool
 	allow := &cobra.Command{
@@ -60,38 +61,52 @@ connections at once, running or not.`,
 	allow.Flags().BoolVar(&broad, "allow-broad", false, "accept rules that match a whole public suffix or everything")
 	deny := &cobra.Command{
 		Use:   "deny NAME TARGET...",
-		Short: "Remove the rules for hosts, wildcards or ranges",
-		Args:  cobra.MinimumNArgs(2),
+		Short: "Refuse hosts, wildcards or ranges, even where an allow rule covers them",
+		Long: `Add deny rules. A deny rule wins over every allow rule (and over a secret's
+own hosts): with *.example.com allowed, 'kosa8 net deny dev other.example.com'
+refuses that one host. Without a port it covers every port. 'kosa8 net ls' lists
+deny rules as deny:TARGET; 'kosa8 net rm' takes them away, and 'kosa8 net allow'
+of exactly the same target does too.`,
+		Example: "  kosa8 net deny dev other.example.com '*.ads.example.com' 10.0.0.0/8",
+		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := openSandbox(args[0])
 			if err != nil {
 				return err
 			}
 			var rules []string
-			removed := 0
 			if sb.Alive() {
-				var resp *sandbox.NetResponse
-				resp, err = sandbox.NewClient(sb).Deny(cmd.Context(), args[1:])
-				if resp != nil {
-					rules, removed = resp.Rules, resp.Removed
-				}
+				rules, err = sandbox.NewClient(sb).Deny(cmd.Context(), args[1:])
 			} else {
-				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error {
-					for _, t := range args[1:] {
-						n, err := p.Remove(t)
-						if err != nil {
-							return err
-						}
-						removed += n
-					}
-					return nil
-				})
+				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error { return sandbox.AddDenyRules(p, args[1:]) })
 			}
 			if err != nil {
 				return err
 			}
-			if removed == 0 {
-				fmt.Fprintln(os.Stderr, "kosa8: no rule matched; the allow-list is unchanged")
+			return printRules(rules, false)
+		},
+	}
+	rm := &cobra.Command{
+		Use:   "rm NAME TARGET...",
+		Short: "Remove the rules (allow or deny) for hosts, wildcards or ranges",
+		Long: `Remove every rule for each target, as 'kosa8 net ls' lists it (github.com,
+*.npmjs.org, 10.0.0.0/8, deny:other.example.com). A target no rule has is an
+error, and then nothing is removed.`,
+		Example: "  kosa8 net rm dev github.com deny:other.example.com",
+		Args:    cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			var rules []string
+			if sb.Alive() {
+				rules, err = sandbox.NewClient(sb).RemoveRules(cmd.Context(), args[1:])
+			} else {
+				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error { return sandbox.RemoveRules(p, args[1:]) })
+			}
+			if err != nil {
+				return err
 			}
 			return printRules(rules, false)
 		},
@@ -177,7 +192,7 @@ kept apart (64 MiB) so that a noisy guest cannot rotate them away.`,
 		},
 	}
 	blocked.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(allow, deny, ls, logc, blocked)
+	cmd.AddCommand(allow, deny, rm, ls, logc, blocked)
 	return cmd
 }
 

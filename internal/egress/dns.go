@@ -62,7 +62,7 @@ func (g *Gateway) AnswerDNS(query []byte) []byte {
 		d.Reason = err.Error()
 	default:
 		d = g.policy().AllowsName(norm)
-		if !d.Allow && len(g.credentialsFor(norm)) > 0 {
+		if !d.Allow && !d.Denied && len(g.credentialsFor(norm)) > 0 {
 			d = netpolicy.Decision{Allow: true, Rule: "secret " + g.credentialsFor(norm)[0].Name}
 		}
 	}

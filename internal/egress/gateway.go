@@ -218,7 +218,7 @@ func (g *Gateway) connect(ctx context.Context, dst netip.AddrPort) (*upstream, a
 	ev.Name = name
 	d := g.policy().Decide(name, port)
 	creds := g.credentialsFor(name)
-	if !d.Allow && len(creds) > 0 && port == 443 {
+	if !d.Allow && !d.Denied && len(creds) > 0 && port == 443 {
 		// A secret's hosts are allowed implicitly, on HTTPS, inspected.
 		d = netpolicy.Decision{Allow: true, Rule: "secret " + creds[0].Name, Inspect: true}
 	}
@@ -256,6 +256,10 @@ func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs [
 	tried := 0
 	for _, a := range addrs {
 		a = a.Unmap()
+		if d := g.policy().DecideIP(a, port); d.Denied {
+			reasons = append(reasons, d.Reason)
+			continue
+		}
 		if !trusted {
 			if why := g.special(a); why != "" && !g.policy().NamesIP(a) {
 				reasons = append(reasons, why)
@@ -353,7 +357,7 @@ func RefusalText(host, sandbox, reason string) string {
 // policyRefusal tells a refusal by the allow-list from a failure to reach
 // an allowed host (which the guest sees as a failure to connect).
 func policyRefusal(reason string) bool {
-	return strings.HasPrefix(reason, "no rule allows") || strings.HasPrefix(reason, "port ")
+	return strings.HasPrefix(reason, "no rule allows") || strings.HasPrefix(reason, "port ") || strings.HasPrefix(reason, "denied by rule")
 }
 
 // refuseHTTP answers one plain-HTTP request on a refused connection with a

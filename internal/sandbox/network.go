@@ -306,25 +306,73 @@ func (n *network) allow(rules []string, broad bool) (*netpolicy.Policy, error) {
 	return p, nil
 }
 
-// deny removes the rules for targets.
-func (n *network) deny(targets []string) (*netpolicy.Policy, int, error) {
+// deny adds deny rules for targets (hosts, wildcards, ranges, with ports
+// or not): they win over every allow rule, at once.
+func (n *network) deny(targets []string) (*netpolicy.Policy, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	p := n.gw.Policy().Clone()
-	total := 0
-	for _, t := range targets {
-		c, err := p.Remove(t)
-		if err != nil {
-			return nil, 0, err
-		}
-		total += c
+	if err := AddDenyRules(p, targets); err != nil {
+		return nil, err
 	}
 	if err := n.sb.SavePolicy(p); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	n.gw.SetPolicy(p)
-	n.audit.Add(audit.Event{Kind: "policy", Decision: "deny", Rule: strings.Join(targets, " ")})
-	return p, total, nil
+	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: "deny", Rule: strings.Join(targets, " ")})
+	return p, nil
+}
+
+// remove takes the rules for targets out of the policy.
+func (n *network) remove(targets []string) (*netpolicy.Policy, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.gw.Policy().Clone()
+	if err := RemoveRules(p, targets); err != nil {
+		return nil, err
+	}
+	if err := n.sb.SavePolicy(p); err != nil {
+		return nil, err
+	}
+	n.gw.SetPolicy(p)
+	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: "remove", Rule: strings.Join(targets, " ")})
+	return p, nil
+}
+
+// AddDenyRules adds a deny rule for each target ("other.example.com",
+// "*.example.com:22", "10.0.0.0/8").
+func AddDenyRules(p *netpolicy.Policy, targets []string) error {
+	for _, t := range targets {
+		if !strings.HasPrefix(t, "deny:") {
+			t = "deny:" + t
+		}
+		r, err := netpolicy.ParseRule(t, netpolicy.ParseOptions{})
+		if err != nil {
+			return err
+		}
+		p.Add(r)
+	}
+	return nil
+}
+
+// ErrNoRule: a target to remove matches no rule.
+var ErrNoRule = errors.New("no rule matches")
+
+// RemoveRules removes every rule for each target; a target that matches
+// no rule is an error (and nothing is removed).
+func RemoveRules(p *netpolicy.Policy, targets []string) error {
+	c := p.Clone()
+	for _, t := range targets {
+		n, err := c.Remove(t)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("%w %q: see the rules with 'kosa8 net ls'", ErrNoRule, t)
+		}
+	}
+	p.Rules = c.Rules
+	return nil
 }
 
 // ErrPortInUse: the host port is taken.

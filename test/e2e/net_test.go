@@ -150,7 +150,7 @@ func TestNetwork(t *testing.T) {
 	srv := startServers(t)
 	upstream := startCountingDNS(t)
 	env := []string{
-		"KOSA8_NET_OVERRIDES=allowed.test=127.0.0.1,late.test=127.0.0.1",
+		"KOSA8_NET_OVERRIDES=allowed.test=127.0.0.1,late.test=127.0.0.1,a.wild.test=127.0.0.1,other.wild.test=127.0.0.1",
 		"KOSA8_NET_RESOLVER=" + upstream.addr,
 	}
 	name := "net"
@@ -264,12 +264,37 @@ s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(5);s.sendto(q,("1
 		if r := sh("curl -sS -m 20 " + url); r.code != 0 || !strings.Contains(r.stdout, "hello late.test") {
 			t.Fatalf("after net allow:\n%s", r)
 		}
+		// A plain-HTTP request on a port the allow-list refuses says why
+		// and how to allow it.
+		if r := sh("curl -s -m 10 http://late.test/"); !strings.Contains(r.stdout, "allow-listed") || !strings.Contains(r.stdout, "kosa8 net allow "+name+" late.test") {
+			t.Fatalf("a refused plain-HTTP request does not explain itself:\n%s", r)
+		}
 		must(t, "net", "deny", name, "late.test")
 		if r := sh("curl -sS -m 10 " + url); r.code == 0 {
 			t.Fatalf("late.test still reachable after net deny:\n%s", r)
 		}
-		if ls := must(t, "net", "ls", name, "--json").stdout; strings.Contains(ls, "late.test") || !strings.Contains(ls, "allowed.test") {
+		if ls := must(t, "net", "ls", name, "--json").stdout; !strings.Contains(ls, `"deny:late.test"`) || !strings.Contains(ls, "allowed.test") {
 			t.Fatalf("net ls after deny: %s", ls)
+		}
+		must(t, "net", "rm", name, "late.test")
+		if ls := must(t, "net", "ls", name, "--json").stdout; strings.Contains(ls, "late.test") {
+			t.Fatalf("net ls after rm: %s", ls)
+		}
+		if r := run(t, "", "net", "rm", name, "never-allowed.test"); r.code == 0 || !strings.Contains(r.stderr, "no rule matches") {
+			t.Fatalf("net rm of a rule that matches nothing: %s", r)
+		}
+	})
+	t.Run("net deny wins over a wildcard", func(t *testing.T) {
+		must(t, "net", "allow", name, fmt.Sprintf("*.wild.test:%d", srv.httpPort))
+		must(t, "net", "deny", name, "other.wild.test")
+		for host, want := range map[string]bool{"a.wild.test": true, "other.wild.test": false} {
+			r := sh(fmt.Sprintf("curl -sS -m 10 http://%s:%d/", host, srv.httpPort))
+			if got := r.code == 0 && strings.Contains(r.stdout, "hello "+host); got != want {
+				t.Errorf("%s reachable=%v, want %v:\n%s", host, got, want, r)
+			}
+		}
+		if sec := must(t, "net", "log", "--security", name).stdout; !strings.Contains(sec, "other.wild.test") || !strings.Contains(sec, "deny:other.wild.test") {
+			t.Errorf("the security log does not show the denial by the deny rule:\n%s", sec)
 		}
 	})
 	t.Run("audit log lists every attempt", func(t *testing.T) {
