@@ -402,7 +402,13 @@ func (g *Gateway) connDone() {
 		return
 	}
 	g.peak.Store(0)
-	go debug.FreeOSMemory()
+	// The stack tears its endpoints down (and lets go of their buffers)
+	// after the connection is closed here, and a heap that stopped
+	// growing sees no collection for a long time: give the memory back a
+	// little later, and again once stragglers (TIME_WAIT) have gone.
+	for _, d := range []time.Duration{2 * time.Second, 15 * time.Second, time.Minute} {
+		time.AfterFunc(d, debug.FreeOSMemory)
+	}
 }
 
 // freeAfterPeak is the burst size after which memory is given back.
