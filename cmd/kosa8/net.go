@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -192,7 +194,29 @@ kept apart (64 MiB) so that a noisy guest cannot rotate them away.`,
 		},
 	}
 	blocked.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(allow, deny, rm, ls, logc, blocked)
+	approve := &cobra.Command{
+		Use:   "approve NAME",
+		Short: "Show each host the sandbox is refused as it happens, and allow it on 'y'",
+		Long: `Watch a running sandbox (from a second terminal while the agent works): each
+host it is refused is shown as it happens, once, with a question; 'y' allows it
+for this sandbox as 'kosa8 net allow' does, anything else leaves it refused.
+With --json, each refused host is printed as one JSON object a line
+({"host","port","rule","count","last"}) and nothing is asked: a tool builds its
+own prompt and runs 'kosa8 net allow NAME RULE'. Ctrl-C ends it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			if !sb.Alive() {
+				return fmt.Errorf("sandbox %s is not running: start it, or see what it was refused with 'kosa8 net blocked %s'", args[0], args[0])
+			}
+			return approveHosts(cmd, sb, args[0], asJSON)
+		},
+	}
+	approve.Flags().BoolVar(&asJSON, "json", false, "print refused hosts as JSON lines and ask nothing")
+	cmd.AddCommand(allow, deny, rm, ls, logc, blocked, approve)
 	return cmd
 }
 
@@ -434,4 +458,44 @@ func portCmd() *cobra.Command {
 	}
 	cmd.AddCommand(ls, rm)
 	return cmd
+}
+
+// approveHosts asks about each host the sandbox is refused, once per host.
+func approveHosts(cmd *cobra.Command, sb *sandbox.Sandbox, name string, asJSON bool) error {
+	c := sandbox.NewClient(sb)
+	in := bufio.NewReader(cmd.InOrStdin())
+	asked := map[string]bool{}
+	if !asJSON {
+		fmt.Fprintf(os.Stderr, "kosa8: watching what %s is refused (Ctrl-C to end)\n", name)
+	}
+	err := c.Refused(cmd.Context(), func(b sandbox.Blocked) error {
+		rule := sanitize(b.Rule, false) // a normalised host: no control characters left anyway
+		if asked[rule] {
+			return nil
+		}
+		asked[rule] = true
+		if asJSON {
+			return json.NewEncoder(os.Stdout).Encode(b) // one object a line
+		}
+		fmt.Printf("%s was refused %s: allow it? [y/N] ", name, rule)
+		line, err := in.ReadString('\n')
+		if err != nil && line == "" {
+			fmt.Println()
+			return io.EOF
+		}
+		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+			fmt.Printf("left refused: %s\n", rule)
+			return nil
+		}
+		rules, err := c.Allow(cmd.Context(), []string{b.Rule}, false)
+		if err != nil {
+			return fmt.Errorf("allow %s: %w", rule, err)
+		}
+		fmt.Printf("allowed: %s (%d rules)\n", rule, len(rules))
+		return nil
+	})
+	if errors.Is(err, io.EOF) {
+		return nil // the user closed the input: done
+	}
+	return err
 }

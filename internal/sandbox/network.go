@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -561,4 +562,39 @@ func (n *network) auditLog() *audit.Log {
 		return nil
 	}
 	return n.audit
+}
+
+// RefusedHost tells whether e records a host the guest asked for and was
+// refused that pol still refuses (a candidate for 'kosa8 net approve'),
+// and what 'net allow' would take for it.
+func RefusedHost(e audit.Event, pol *netpolicy.Policy) (Blocked, bool) {
+	list := BlockedHosts([]audit.Event{e}, pol)
+	if len(list) != 1 {
+		return Blocked{}, false
+	}
+	return list[0], true
+}
+
+// streamRefused writes each host the guest is refused, as it happens, as
+// one JSON object a line, until ctx ends.
+func (n *network) streamRefused(ctx context.Context, w io.Writer, flush func()) error {
+	events, cancel := n.audit.Subscribe()
+	defer cancel()
+	enc := json.NewEncoder(w)
+	flush() // the client knows the stream is open
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-events:
+			b, ok := RefusedHost(e, n.gw.Policy())
+			if !ok {
+				continue
+			}
+			if err := enc.Encode(b); err != nil {
+				return err
+			}
+			flush()
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/creack/pty"
 	"github.com/miekg/dns"
 )
 
@@ -383,5 +385,70 @@ func TestPortForward(t *testing.T) {
 	}
 	if out := must(t, "port", "ls", name).stdout; !strings.Contains(out, fmt.Sprintf("127.0.0.1:%d -> 8000", hostPort)) {
 		t.Fatalf("port ls: %q", out)
+	}
+}
+
+// 'kosa8 net approve' in a second terminal: a host the agent is refused
+// shows up with a question, 'y' allows it, and the agent's next try works;
+// 'n' leaves the next host refused. --json prints the events.
+func TestNetApprove(t *testing.T) {
+	srv := startServers(t)
+	env := []string{"KOSA8_NET_OVERRIDES=wanted.test=127.0.0.1,unwanted.test=127.0.0.1"}
+	name := "approve"
+	if r := runWith(t, env, "create", name); r.code != 0 {
+		t.Fatalf("create: %s", r)
+	}
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
+	if r := runWith(t, env, "start", name); r.code != 0 {
+		t.Fatalf("start: %s", r)
+	}
+	sh := func(script string) result {
+		t.Helper()
+		return run(t, "", "exec", name, "--", "sh", "-c", script)
+	}
+	jsonCmd := kosa8Cmd(t.Context(), "net", "approve", "--json", name)
+	var jsonOut screen
+	jsonCmd.Stdout = &jsonOut
+	if err := jsonCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer jsonCmd.Process.Kill()
+	cmd := kosa8Cmd(t.Context(), "net", "approve", name)
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	defer cmd.Process.Kill()
+	var scr screen
+	go io.Copy(&scr, ptmx)
+	pos := scr.waitFor(t, 0, "watching")
+	url := fmt.Sprintf("http://wanted.test:%d/", srv.httpPort)
+	if r := sh("curl -sS -m 10 " + url); r.code == 0 {
+		t.Fatalf("wanted.test reachable before approval:\n%s", r)
+	}
+	pos = scr.waitFor(t, pos, "wanted.test")
+	pos = scr.waitFor(t, pos, "allow it? [y/N]")
+	ptmx.Write([]byte("y\r"))
+	pos = scr.waitFor(t, pos, "allowed: wanted.test")
+	// The rule has no port: a port other than 80 and 443 is asked for as
+	// host:port; allow the one the server listens on the same way.
+	sh("curl -sS -m 10 " + url + " || true")
+	pos = scr.waitFor(t, pos, fmt.Sprintf("wanted.test:%d", srv.httpPort))
+	ptmx.Write([]byte("y\r"))
+	pos = scr.waitFor(t, pos, "allowed: wanted.test:")
+	if r := sh("curl -sS -m 20 " + url); r.code != 0 || !strings.Contains(r.stdout, "hello wanted.test") {
+		t.Fatalf("after approval:\n%s", r)
+	}
+	sh(fmt.Sprintf("curl -sS -m 10 http://unwanted.test:%d/ || true", srv.httpPort))
+	pos = scr.waitFor(t, pos, "unwanted.test")
+	ptmx.Write([]byte("n\r"))
+	scr.waitFor(t, pos, "left refused: unwanted.test")
+	if r := sh(fmt.Sprintf("curl -sS -m 10 http://unwanted.test:%d/", srv.httpPort)); r.code == 0 {
+		t.Fatalf("unwanted.test reachable after 'n':\n%s", r)
+	}
+	jsonOut.waitFor(t, 0, `"host":"unwanted.test"`)
+	if !strings.Contains(jsonOut.String(), `"host":"wanted.test"`) {
+		t.Fatalf("--json events: %s", jsonOut.String())
 	}
 }
