@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -22,10 +24,11 @@ func netCmd() *cobra.Command {
 		Short: "Show and change what a sandbox may reach",
 		Long: `A sandbox reaches nothing unless its allow-list names it. Rules are hosts
 (example.com), subdomains (*.example.com), either with ports (github.com:22; 80 and
-443 when none is given), or IPv4 ranges (10.0.0.0/8:5432). Changes apply to new
-connections at once, running or not.`,
+443 when none is given), or IPv4 ranges (10.0.0.0/8:5432). Deny rules
+(net deny) win over allow rules. Changes apply to new connections at once,
+running or not.`,
 	}
-	var broad, asJSON, follow bool
+	var broad, asJSON, follow, security bool
 	allow := &cobra.Command{
 		Use:     "allow NAME RULE...",
 		Short:   "Allow hosts, ports or ranges",
@@ -60,38 +63,52 @@ connections at once, running or not.`,
 	allow.Flags().BoolVar(&broad, "allow-broad", false, "accept rules that match a whole public suffix or everything")
 	deny := &cobra.Command{
 		Use:   "deny NAME TARGET...",
-		Short: "Remove the rules for hosts, wildcards or ranges",
-		Args:  cobra.MinimumNArgs(2),
+		Short: "Refuse hosts, wildcards or ranges, even where an allow rule covers them",
+		Long: `Add deny rules. A deny rule wins over every allow rule (and over a secret's
+own hosts): with *.example.com allowed, 'kosa8 net deny dev other.example.com'
+refuses that one host. Without a port it covers every port. 'kosa8 net ls' lists
+deny rules as deny:TARGET; 'kosa8 net rm' takes them away, and 'kosa8 net allow'
+of exactly the same target does too.`,
+		Example: "  kosa8 net deny dev other.example.com '*.ads.example.com' 10.0.0.0/8",
+		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := openSandbox(args[0])
 			if err != nil {
 				return err
 			}
 			var rules []string
-			removed := 0
 			if sb.Alive() {
-				var resp *sandbox.NetResponse
-				resp, err = sandbox.NewClient(sb).Deny(cmd.Context(), args[1:])
-				if resp != nil {
-					rules, removed = resp.Rules, resp.Removed
-				}
+				rules, err = sandbox.NewClient(sb).Deny(cmd.Context(), args[1:])
 			} else {
-				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error {
-					for _, t := range args[1:] {
-						n, err := p.Remove(t)
-						if err != nil {
-							return err
-						}
-						removed += n
-					}
-					return nil
-				})
+				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error { return sandbox.AddDenyRules(p, args[1:]) })
 			}
 			if err != nil {
 				return err
 			}
-			if removed == 0 {
-				fmt.Fprintln(os.Stderr, "kosa8: no rule matched; the allow-list is unchanged")
+			return printRules(rules, false)
+		},
+	}
+	rm := &cobra.Command{
+		Use:   "rm NAME TARGET...",
+		Short: "Remove the rules (allow or deny) for hosts, wildcards or ranges",
+		Long: `Remove every rule for each target, as 'kosa8 net ls' lists it (github.com,
+*.npmjs.org, 10.0.0.0/8, deny:other.example.com). A target no rule has is an
+error, and then nothing is removed.`,
+		Example: "  kosa8 net rm dev github.com deny:other.example.com",
+		Args:    cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			var rules []string
+			if sb.Alive() {
+				rules, err = sandbox.NewClient(sb).RemoveRules(cmd.Context(), args[1:])
+			} else {
+				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error { return sandbox.RemoveRules(p, args[1:]) })
+			}
+			if err != nil {
+				return err
 			}
 			return printRules(rules, false)
 		},
@@ -120,16 +137,25 @@ connections at once, running or not.`,
 	logc := &cobra.Command{
 		Use:   "log NAME",
 		Short: "Show every DNS answer and connection decision",
-		Args:  cobra.ExactArgs(1),
+		Long: `Show the sandbox's audit log: DNS answers and connection decisions, with
+repeats summed up. --security shows the security log instead: denials,
+exfiltration attempts, held writes, checkpoints, rewinds and policy changes,
+kept apart (64 MiB) so that a noisy guest cannot rotate them away.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := openSandbox(args[0])
 			if err != nil {
 				return err
 			}
-			return showAudit(cmd, sb, asJSON, follow)
+			path := sb.Path(sandbox.AuditLog)
+			if security {
+				path = audit.SecurityPath(path)
+			}
+			return showAudit(cmd, path, asJSON, follow)
 		},
 	}
 	logc.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	logc.Flags().BoolVar(&security, "security", false, "show the security log (denials, exfiltration attempts, held writes, checkpoints, rewinds)")
 	logc.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new events")
 	blocked := &cobra.Command{
 		Use:   "blocked NAME",
@@ -144,7 +170,9 @@ connections at once, running or not.`,
 			if err != nil {
 				return err
 			}
-			events, err := audit.Read(sb.Path(sandbox.AuditLog))
+			// Denials are kept in the security log, which a flood cannot
+			// rotate away.
+			events, err := audit.ReadSecurity(sb.Path(sandbox.AuditLog))
 			if err != nil {
 				return err
 			}
@@ -166,7 +194,29 @@ connections at once, running or not.`,
 		},
 	}
 	blocked.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(allow, deny, ls, logc, blocked)
+	approve := &cobra.Command{
+		Use:   "approve NAME",
+		Short: "Show each host the sandbox is refused as it happens, and allow it on 'y'",
+		Long: `Watch a running sandbox (from a second terminal while the agent works): each
+host it is refused is shown as it happens, once, with a question; 'y' allows it
+for this sandbox as 'kosa8 net allow' does, anything else leaves it refused.
+With --json, each refused host is printed as one JSON object a line
+({"host","port","rule","count","last"}) and nothing is asked: a tool builds its
+own prompt and runs 'kosa8 net allow NAME RULE'. Ctrl-C ends it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := openSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			if !sb.Alive() {
+				return fmt.Errorf("sandbox %s is not running: start it, or see what it was refused with 'kosa8 net blocked %s'", args[0], args[0])
+			}
+			return approveHosts(cmd, sb, args[0], asJSON)
+		},
+	}
+	approve.Flags().BoolVar(&asJSON, "json", false, "print refused hosts as JSON lines and ask nothing")
+	cmd.AddCommand(allow, deny, rm, ls, logc, blocked, approve)
 	return cmd
 }
 
@@ -204,8 +254,7 @@ func printRules(rules []string, asJSON bool) error {
 	return nil
 }
 
-func showAudit(cmd *cobra.Command, sb *sandbox.Sandbox, asJSON, follow bool) error {
-	path := sb.Path(sandbox.AuditLog)
+func showAudit(cmd *cobra.Command, path string, asJSON, follow bool) error {
 	f, err := os.Open(path)
 	if os.IsNotExist(err) && !follow {
 		return nil
@@ -231,6 +280,9 @@ func showAudit(cmd *cobra.Command, sb *sandbox.Sandbox, asJSON, follow bool) err
 			detail = "→ " + e.Answer + "  " + detail
 		}
 		bytes := ""
+		if e.Decision == audit.DecisionSummary {
+			detail = e.Reason
+		}
 		if e.BytesOut+e.BytesIn > 0 {
 			bytes = fmt.Sprintf("↑%d ↓%d", e.BytesOut, e.BytesIn)
 		}
@@ -406,4 +458,44 @@ func portCmd() *cobra.Command {
 	}
 	cmd.AddCommand(ls, rm)
 	return cmd
+}
+
+// approveHosts asks about each host the sandbox is refused, once per host.
+func approveHosts(cmd *cobra.Command, sb *sandbox.Sandbox, name string, asJSON bool) error {
+	c := sandbox.NewClient(sb)
+	in := bufio.NewReader(cmd.InOrStdin())
+	asked := map[string]bool{}
+	if !asJSON {
+		fmt.Fprintf(os.Stderr, "kosa8: watching what %s is refused (Ctrl-C to end)\n", name)
+	}
+	err := c.Refused(cmd.Context(), func(b sandbox.Blocked) error {
+		rule := sanitize(b.Rule, false) // a normalised host: no control characters left anyway
+		if asked[rule] {
+			return nil
+		}
+		asked[rule] = true
+		if asJSON {
+			return json.NewEncoder(os.Stdout).Encode(b) // one object a line
+		}
+		fmt.Printf("%s was refused %s: allow it? [y/N] ", name, rule)
+		line, err := in.ReadString('\n')
+		if err != nil && line == "" {
+			fmt.Println()
+			return io.EOF
+		}
+		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+			fmt.Printf("left refused: %s\n", rule)
+			return nil
+		}
+		rules, err := c.Allow(cmd.Context(), []string{b.Rule}, false)
+		if err != nil {
+			return fmt.Errorf("allow %s: %w", rule, err)
+		}
+		fmt.Printf("allowed: %s (%d rules)\n", rule, len(rules))
+		return nil
+	})
+	if errors.Is(err, io.EOF) {
+		return nil // the user closed the input: done
+	}
+	return err
 }

@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
 	"context"
@@ -51,8 +52,18 @@ func (g *Gateway) credentialsFor(name string) []*Credential {
 // placeholderForms are all placeholders of the sandbox in every form they
 // could travel in.
 func (g *Gateway) placeholderForms() [][]byte {
+	return g.placeholderFormsExcept(nil)
+}
+
+// placeholderFormsExcept are the placeholders of every credential but own
+// (those of the host a request goes to), in every form.
+func (g *Gateway) placeholderFormsExcept(own []*Credential) [][]byte {
 	var out [][]byte
-	for _, c := range g.cfg.Credentials {
+	for i := range g.cfg.Credentials {
+		c := &g.cfg.Credentials[i]
+		if slices.Contains(own, c) {
+			continue
+		}
 		out = append(out, secretForms([]byte(c.Placeholder))...)
 	}
 	return out
@@ -86,25 +97,37 @@ func isRead(r *http.Request) bool {
 
 // checkRequest applies the read-only rule and the placeholder rule to a
 // request to an inspected host, then injects the host's credentials.
+//
+// The placeholder rule: a secret's placeholder passes unchanged wherever it
+// appears in a request to one of that secret's own hosts (an agent's
+// conversation history carries it back to its API, and refusing it there
+// kills the session; it is worthless anyway), and only the declared
+// header is replaced by the real value. To any other host it is refused
+// and logged as an exfiltration attempt: the tripwire.
 func (g *Gateway) checkRequest(r *http.Request, up *upstream, inject bool) error {
 	if up.readOnly && !isRead(r) {
 		return &refusal{kind: "read-only", reason: fmt.Sprintf("%s %s: %s is read-only (GET, HEAD and git fetch only)", r.Method, r.URL.Path, up.name)}
 	}
-	forms := g.placeholderForms()
-	if len(forms) > 0 {
-		// Where a placeholder may be: the declared header of a credential
-		// for this host, which is about to be replaced anyway.
-		mayCarry := map[string]bool{}
-		for _, c := range up.creds {
-			mayCarry[http.CanonicalHeaderKey(c.Header)] = true
-		}
-		exfil := func(where string) error {
-			return &refusal{kind: "exfiltration", reason: "a secret's placeholder in " + where + " to " + up.name + ": refused"}
-		}
+	if own := g.placeholderFormsOf(up.creds); len(own) > 0 {
+		// Noted, not refused: where the agent's own placeholder went.
 		for k, vs := range r.Header {
-			if mayCarry[k] && inject {
+			if inject && slices.ContainsFunc(up.creds, func(c *Credential) bool { return http.CanonicalHeaderKey(c.Header) == k }) {
 				continue
 			}
+			if slices.ContainsFunc(vs, func(v string) bool { return containsAny(v, own) }) {
+				g.auditRepeat(audit.Event{Kind: "broker", Name: up.name, Decision: "allow", Reason: "a secret's placeholder in header " + k + " to its own host: passed unchanged"})
+			}
+		}
+		if containsAny(r.URL.RawPath+r.URL.Path+"?"+r.URL.RawQuery, own) {
+			g.auditRepeat(audit.Event{Kind: "broker", Name: up.name, Decision: "allow", Reason: "a secret's placeholder in the URL to its own host: passed unchanged"})
+		}
+	}
+	forms := g.placeholderFormsExcept(up.creds)
+	if len(forms) > 0 {
+		exfil := func(where string) error {
+			return &refusal{kind: "exfiltration", reason: "a secret's placeholder in " + where + " to " + up.name + ", which is not one of its hosts: refused"}
+		}
+		for k, vs := range r.Header {
 			for _, v := range vs {
 				if containsAny(v, forms) {
 					return exfil("header " + k)
@@ -131,7 +154,7 @@ func (g *Gateway) checkRequest(r *http.Request, up *upstream, inject bool) error
 			} else {
 				name := up.name
 				r.Body = newGuardReader(r.Body, forms, func() {
-					g.audit(audit.Event{Kind: "exfiltration", Name: name, Decision: "deny", Reason: "a secret's placeholder in a streamed body: request cut off"})
+					g.audit(audit.Event{Kind: "exfiltration", Name: name, Decision: "deny", Reason: "a secret's placeholder in a streamed body to a host not its own: request cut off"})
 				})
 			}
 		}
@@ -139,18 +162,36 @@ func (g *Gateway) checkRequest(r *http.Request, up *upstream, inject bool) error
 	if inject {
 		for _, c := range up.creds {
 			r.Header.Set(c.Header, c.HeaderValue)
-			g.audit(audit.Event{Kind: "broker", Name: up.name, Decision: "allow", Rule: "secret " + c.Name, Reason: "credential set in " + c.Header})
+			g.auditRepeat(audit.Event{Kind: "broker", Name: up.name, Decision: "allow", Rule: "secret " + c.Name, Reason: "credential set in " + c.Header})
 		}
 		if len(up.creds) > 0 {
-			// Uncompressed responses can be masked as they stream.
+			// Responses are masked after decoding: ask for no encoding
+			// (a server that sends one anyway gets it decoded if it is
+			// gzip or deflate, and refused otherwise).
 			r.Header.Set("Accept-Encoding", "identity")
 		}
 	}
 	return nil
 }
 
+// placeholderFormsOf are the placeholders of creds in every form.
+func (g *Gateway) placeholderFormsOf(creds []*Credential) [][]byte {
+	var out [][]byte
+	for _, c := range creds {
+		out = append(out, secretForms([]byte(c.Placeholder))...)
+	}
+	return out
+}
+
 // maskResponse replaces the credentials' values (in every form) with their
-// placeholders in a response's headers and body.
+// placeholders in everything a response from their host carries: header
+// names and values, the body (decoded first), and the trailers (gRPC puts
+// its errors there), which are masked when the body ends, before the proxy
+// copies them.
+//
+// A body in an encoding the broker cannot decode (br, zstd, …: it asks for
+// none, so a server sends one only when it ignores that) cannot be
+// checked, so it is refused and the refusal logged; an empty body passes.
 func (g *Gateway) maskResponse(resp *http.Response, creds []*Credential) error {
 	if len(creds) == 0 {
 		return nil
@@ -172,12 +213,7 @@ func (g *Gateway) maskResponse(resp *http.Response, creds []*Credential) error {
 	for i, j := range idx {
 		sp[i], sr[i] = pats[j], reps[j]
 	}
-	for k, vs := range resp.Header {
-		for i, v := range vs {
-			out, _, _ := newMatcher(sp, sr).scan([]byte(v), true)
-			resp.Header[k][i] = string(out)
-		}
-	}
+	maskHeader(resp.Header, sp, sr)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// A tunnel (WebSocket): its frames cannot be rewritten without
 		// breaking their lengths, so a credential seen in what the
@@ -195,36 +231,105 @@ func (g *Gateway) maskResponse(resp *http.Response, creds []*Credential) error {
 		}}, rwc, rwc}
 		return nil
 	}
-	body := resp.Body
-	switch strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding"))) {
-	case "", "identity":
-	case "gzip", "x-gzip":
-		zr, err := gzip.NewReader(body)
-		if err != nil {
-			return fmt.Errorf("decode gzip response to mask it: %w", err)
-		}
-		body = struct {
-			io.Reader
-			io.Closer
-		}{zr, resp.Body}
-	case "deflate":
-		zr, err := zlib.NewReader(body)
-		if err != nil {
-			return fmt.Errorf("decode deflate response to mask it: %w", err)
-		}
-		body = struct {
-			io.Reader
-			io.Closer
-		}{zr, resp.Body}
-	default:
-		// An encoding that cannot be decoded here cannot be masked: fail closed.
-		return &refusal{kind: "broker", reason: "response in " + resp.Header.Get("Content-Encoding") + " encoding cannot be checked for secrets"}
+	// Trailers are filled in as the body ends; the proxy reads them after
+	// closing the body.
+	trailers := func() { maskHeader(resp.Trailer, sp, sr) }
+	if resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength == 0 {
+		trailers()
+		return nil
+	}
+	body, err := decodeBody(resp.Body, resp.Header.Values("Content-Encoding"))
+	if err != nil {
+		return &refusal{kind: "broker", reason: err.Error()}
 	}
 	resp.Header.Del("Content-Encoding")
 	resp.Header.Del("Content-Length")
 	resp.ContentLength = -1
-	resp.Body = newReplacingReader(body, sp, sr)
+	resp.Body = &closeHook{ReadCloser: newReplacingReader(body, sp, sr), after: trailers}
 	return nil
+}
+
+// maskHeader replaces the patterns in a header's names and values.
+func maskHeader(h http.Header, pats, reps [][]byte) {
+	for k, vs := range h {
+		for i, v := range vs {
+			out, _, _ := newMatcher(pats, reps).scan([]byte(v), true)
+			vs[i] = string(out)
+		}
+		if out, _, hit := newMatcher(pats, reps).scan([]byte(k), true); hit {
+			delete(h, k)
+			h[string(out)] = vs
+		}
+	}
+}
+
+// closeHook runs after once the body is closed.
+type closeHook struct {
+	io.ReadCloser
+	after func()
+	done  bool
+}
+
+func (c *closeHook) Close() error {
+	err := c.ReadCloser.Close()
+	if !c.done {
+		c.done = true
+		c.after()
+	}
+	return err
+}
+
+// maxEncodings bounds a Content-Encoding list: each layer is a
+// decompressor.
+const maxEncodings = 4
+
+// decodeBody undoes the content codings of a response, last applied
+// first. It knows identity, gzip and deflate (zlib, or raw deflate as some
+// servers send); any other is an error that says the body cannot be
+// checked.
+func decodeBody(body io.ReadCloser, values []string) (io.ReadCloser, error) {
+	var codings []string
+	for _, v := range values {
+		for _, c := range strings.Split(v, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+				codings = append(codings, c)
+			}
+		}
+	}
+	if len(codings) > maxEncodings {
+		return nil, fmt.Errorf("response with %d content encodings cannot be checked for secrets", len(codings))
+	}
+	for _, c := range codings {
+		if c != "gzip" && c != "x-gzip" && c != "deflate" {
+			return nil, fmt.Errorf("response in %s encoding cannot be checked for secrets: refused (kosa8 decodes gzip and deflate only)", c)
+		}
+	}
+	var r io.Reader = body
+	for i := len(codings) - 1; i >= 0; i-- {
+		switch codings[i] {
+		case "gzip", "x-gzip":
+			zr, err := gzip.NewReader(r)
+			if err != nil {
+				return nil, fmt.Errorf("decode gzip response to mask it: %w", err)
+			}
+			r = zr
+		case "deflate":
+			br := bufio.NewReader(r)
+			if h, err := br.Peek(2); err == nil && h[0]&0x0f == 8 && (int(h[0])<<8|int(h[1]))%31 == 0 {
+				zr, err := zlib.NewReader(br)
+				if err != nil {
+					return nil, fmt.Errorf("decode deflate response to mask it: %w", err)
+				}
+				r = zr
+			} else {
+				r = flate.NewReader(br)
+			}
+		}
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{r, body}, nil
 }
 
 // broker terminates the guest's TLS with a certificate from the sandbox's
@@ -268,7 +373,7 @@ func (g *Gateway) broker(guest net.Conn, gr *bufio.Reader, up *upstream, hello *
 		first:  upTLS,
 		h2:     proto == "h2",
 		redial: func(ctx context.Context) (net.Conn, error) {
-			c, err := g.cfg.Dial(ctx, "tcp4", target)
+			c, err := g.dialUpstream(ctx, target)
 			if err != nil {
 				return nil, err
 			}

@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"context"
 	"crypto/tls"
@@ -82,6 +83,24 @@ func newBrokerEnv(t *testing.T, rules []string) *brokerEnv {
 			io.WriteString(w, apiKey[i:min(i+5, len(apiKey))])
 			f.Flush()
 		}
+	})
+	mux.HandleFunc("/echo-trailer", func(w http.ResponseWriter, r *http.Request) {
+		// As gRPC reports an error: in a trailer, after the body.
+		w.Header().Set("Trailer", "Grpc-Message")
+		io.WriteString(w, "body ")
+		w.(http.Flusher).Flush()
+		w.Header().Set("Grpc-Message", "invalid key "+r.Header.Get("x-api-key"))
+		w.Header().Set(http.TrailerPrefix+"X-Late", apiKey)
+	})
+	mux.HandleFunc("/echo-br", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "br")
+		io.WriteString(w, "not really brotli "+apiKey)
+	})
+	mux.HandleFunc("/echo-deflate-raw", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "deflate")
+		fw, _ := flate.NewWriter(w, 5)
+		fmt.Fprintf(fw, "raw %s end", apiKey)
+		fw.Close()
 	})
 	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -239,61 +258,128 @@ func TestBrokerInjectsAndMasks(t *testing.T) {
 }
 
 func TestBrokerRefusesExfiltration(t *testing.T) {
-	e := newBrokerEnv(t, []string{"other.test"})
+	e := newBrokerEnv(t, []string{"inspect:other.test"})
 	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
 	}
-	c := e.client(t, "api.test", false)
-	before := e.seen.all()
 	cases := []struct {
 		name string
-		req  func() *http.Request
+		req  func(host string) *http.Request
 	}{
-		{"query", func() *http.Request {
-			r, _ := http.NewRequest("GET", "https://api.test/q?k="+placeholder, nil)
+		{"query", func(host string) *http.Request {
+			r, _ := http.NewRequest("GET", "https://"+host+"/q?k="+placeholder, nil)
 			return r
 		}},
-		{"body", func() *http.Request {
-			r, _ := http.NewRequest("POST", "https://api.test/issues", strings.NewReader(`{"text":"`+placeholder+`"}`))
+		{"body", func(host string) *http.Request {
+			r, _ := http.NewRequest("POST", "https://"+host+"/issues", strings.NewReader(`{"text":"`+placeholder+`"}`))
 			return r
 		}},
-		{"base64 body", func() *http.Request {
-			r, _ := http.NewRequest("POST", "https://api.test/issues", strings.NewReader(string(secretForms([]byte(placeholder))[1])))
+		{"base64 body", func(host string) *http.Request {
+			r, _ := http.NewRequest("POST", "https://"+host+"/issues", strings.NewReader(string(secretForms([]byte(placeholder))[1])))
 			return r
 		}},
-		{"other header", func() *http.Request {
-			r, _ := http.NewRequest("GET", "https://api.test/", nil)
+		{"other header", func(host string) *http.Request {
+			r, _ := http.NewRequest("GET", "https://"+host+"/", nil)
 			r.Header.Set("X-Note", "key is "+placeholder)
 			return r
 		}},
 	}
+	// To the secret's own host the placeholder passes, unchanged, wherever
+	// it is (an agent's history carries it back to its API).
+	own := e.client(t, "api.test", false)
 	for _, tc := range cases {
-		resp, err := c.Do(tc.req())
+		before := e.seen.all()
+		resp, err := own.Do(tc.req("api.test"))
+		if err != nil {
+			t.Fatalf("%s to its own host: %v", tc.name, err)
+		}
+		resp.Body.Close()
+		got := e.seen.all()[len(before):]
+		if resp.StatusCode != http.StatusOK || !strings.Contains(got, "key="+apiKey) {
+			t.Errorf("%s to its own host: status %d, upstream saw %q", tc.name, resp.StatusCode, got)
+		}
+		if tc.name != "other header" && !strings.Contains(got, placeholder) && !strings.Contains(got, string(secretForms([]byte(placeholder))[1])) {
+			t.Errorf("%s to its own host: the placeholder did not pass unchanged: %q", tc.name, got)
+		}
+	}
+	// To any other host it is refused: the tripwire.
+	other := e.client(t, "other.test", false)
+	before := e.seen.all()
+	for _, tc := range cases {
+		resp, err := other.Do(tc.req("other.test"))
 		if err == nil {
 			resp.Body.Close()
 		}
 		if err == nil && resp.StatusCode != http.StatusForbidden {
-			t.Errorf("%s: status %d", tc.name, resp.StatusCode)
+			t.Errorf("%s to another host: status %d", tc.name, resp.StatusCode)
 		}
 	}
 	if after := e.seen.all(); after != before {
 		t.Fatalf("a refused request reached the upstream:\n%s", after[len(before):])
 	}
-	// The placeholder to another allowed (passthrough) host's name over
-	// plain HTTP, and in a DNS name.
+	// The placeholder in a DNS name.
 	if r := query(t, e.g, placeholder+".other.test.", 1); r.Rcode == 0 && len(r.Answer) > 0 {
 		t.Fatal("a DNS query carrying the placeholder was answered")
 	}
-	evs, _ := audit.Read(e.logPath)
+	evs, _ := audit.ReadSecurity(e.logPath)
 	n := 0
 	for _, ev := range evs {
 		if ev.Kind == "exfiltration" {
 			n++
+			if ev.Name == "api.test" {
+				t.Errorf("a request to the secret's own host logged as exfiltration: %+v", ev)
+			}
 		}
 	}
 	if n < len(cases)+1 {
 		t.Fatalf("%d exfiltration events logged, want %d", n, len(cases)+1)
+	}
+	checkNoValue(t, e)
+}
+
+// Everything a secret's host sends is masked: header names and values,
+// trailers (gRPC's errors), and bodies in the encodings kosa8 decodes; a
+// body it cannot decode is refused, and the log says why.
+func TestBrokerMasksTrailersAndEncodings(t *testing.T) {
+	e := newBrokerEnv(t, nil)
+	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
+	}
+	for _, h2 := range []bool{false, true} {
+		c := e.client(t, "api.test", h2)
+		req, _ := http.NewRequest("GET", "https://api.test/echo-trailer", nil)
+		req.Header.Set("x-api-key", placeholder)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		all := fmt.Sprint(resp.Header, resp.Trailer, string(body))
+		if strings.Contains(all, apiKey) {
+			t.Fatalf("h2=%v: the key reached the guest in a trailer: %s", h2, all)
+		}
+		if !strings.Contains(resp.Trailer.Get("Grpc-Message"), placeholder) || !strings.Contains(resp.Trailer.Get("X-Late"), placeholder) {
+			t.Fatalf("h2=%v: trailers not masked to the placeholder: %v", h2, resp.Trailer)
+		}
+	}
+	c := e.client(t, "api.test", false)
+	if code, body := get(t, c, "https://api.test/echo-deflate-raw", nil); code != 200 || body != "raw "+placeholder+" end" {
+		t.Fatalf("raw deflate: %d %q", code, body)
+	}
+	code, body := get(t, c, "https://api.test/echo-br", nil)
+	if code != http.StatusForbidden || strings.Contains(body, apiKey) || !strings.Contains(body, "br encoding cannot be checked") {
+		t.Fatalf("br: %d %q", code, body)
+	}
+	evs, _ := audit.ReadSecurity(e.logPath)
+	found := false
+	for _, ev := range evs {
+		found = found || ev.Decision == "deny" && strings.Contains(ev.Reason, "br encoding cannot be checked")
+	}
+	if !found {
+		t.Fatal("the refused br response is not in the security log")
 	}
 	checkNoValue(t, e)
 }

@@ -25,7 +25,7 @@ const dnsTTL = 300
 func (g *Gateway) AnswerDNS(query []byte) []byte {
 	var q dns.Msg
 	if err := q.Unpack(query); err != nil {
-		g.audit(audit.Event{Kind: "dns", Decision: "deny", Reason: "malformed query"})
+		g.auditRepeat(audit.Event{Kind: "dns", Decision: "deny", Reason: "malformed query"})
 		return nil
 	}
 	r := new(dns.Msg)
@@ -50,7 +50,7 @@ func (g *Gateway) AnswerDNS(query []byte) []byte {
 	if qu.Qclass != dns.ClassINET {
 		r.Rcode = dns.RcodeRefused
 		ev.Decision, ev.Reason = "deny", "class "+dns.ClassToString[qu.Qclass]
-		g.audit(ev)
+		g.auditRepeat(ev)
 		return pack(r)
 	}
 	norm, err := netpolicy.NormalizeHost(name)
@@ -62,14 +62,14 @@ func (g *Gateway) AnswerDNS(query []byte) []byte {
 		d.Reason = err.Error()
 	default:
 		d = g.policy().AllowsName(norm)
-		if !d.Allow && len(g.credentialsFor(norm)) > 0 {
+		if !d.Allow && !d.Denied && len(g.credentialsFor(norm)) > 0 {
 			d = netpolicy.Decision{Allow: true, Rule: "secret " + g.credentialsFor(norm)[0].Name}
 		}
 	}
 	if !d.Allow {
 		r.Rcode = dns.RcodeNameError
 		ev.Decision, ev.Reason = "deny", d.Reason
-		g.audit(ev)
+		g.auditRepeat(ev)
 		return pack(r)
 	}
 	ev.Decision, ev.Rule, ev.Name = "allow", d.Rule, norm
@@ -78,7 +78,7 @@ func (g *Gateway) AnswerDNS(query []byte) []byte {
 		if err != nil {
 			r.Rcode = dns.RcodeServerFailure
 			ev.Decision, ev.Reason = "deny", err.Error()
-			g.audit(ev)
+			g.auditRepeat(ev)
 			return pack(r)
 		}
 		r.Answer = append(r.Answer, &dns.A{
@@ -90,7 +90,9 @@ func (g *Gateway) AnswerDNS(query []byte) []byte {
 	// Other types (AAAA, HTTPS, TXT, …) of an allowed name: an empty
 	// answer (NODATA). The guest has IPv4 only, and HTTPS records would
 	// offer ECH and alternative endpoints the broker cannot check.
-	g.audit(ev)
+	// Repeats are summed up, as dropped packets are: a guest asking the
+	// same name in a loop costs one record per window.
+	g.auditRepeat(ev)
 	return pack(r)
 }
 

@@ -427,7 +427,7 @@ func TestDroppedPacketsLoggedBounded(t *testing.T) {
 	g.HandleUDP(netstackFlow("10.0.2.15:5353", "8.8.8.8:53"))
 	// A window later the next one is logged with the count it stood for.
 	g.dropMu.Lock()
-	g.drops["icmp 1.1.1.1"].logged = time.Now().Add(-2 * dropWindow)
+	g.drops[repeatKey(audit.Event{Kind: "icmp", Decision: "deny", Dest: "1.1.1.1"})].logged = time.Now().Add(-2 * dropWindow)
 	g.dropMu.Unlock()
 	g.HandleDropped("icmp", ping)
 
@@ -453,4 +453,150 @@ func TestDroppedPacketsLoggedBounded(t *testing.T) {
 
 func netstackFlow(src, dst string) netstack.Flow {
 	return netstack.Flow{Src: netip.MustParseAddrPort(src), Dst: netip.MustParseAddrPort(dst)}
+}
+
+// A DNS flood is summed up like dropped packets: the same query in a loop
+// costs one record per window, and an exfiltration record logged before
+// the flood is still in the security log after it.
+func TestDNSFloodSummarized(t *testing.T) {
+	g, logPath := newGateway(t, []string{"allowed.test"}, nil, nil)
+	g.cfg.Credentials = []Credential{{Name: "K", Hosts: mustPolicyT(t, "api.test"), Placeholder: "kosa8-ph-abcdef0123456789"}}
+	if r := query(t, g, "kosa8-ph-abcdef0123456789.evil.test.", dns.TypeA); r.Rcode != dns.RcodeNameError {
+		t.Fatalf("placeholder query answered: %v", r)
+	}
+	for i := 0; i < 3000; i++ {
+		query(t, g, "allowed.test.", dns.TypeA)
+		query(t, g, "denied.test.", dns.TypeA)
+		query(t, g, fmt.Sprintf("n%d.random.test.", i), dns.TypeA)
+	}
+	g.cfg.Audit.Close()
+	evs, err := audit.Read(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, e := range evs {
+		counts[e.Name]++
+	}
+	if counts["allowed.test"] != 1 || counts["denied.test"] != 1 {
+		t.Fatalf("repeated queries logged %d and %d times, want once each in the window", counts["allowed.test"], counts["denied.test"])
+	}
+	sec, err := audit.ReadSecurity(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sec) == 0 || sec[0].Kind != "exfiltration" {
+		t.Fatalf("the exfiltration record is not first in the security log: %+v", sec[:min(3, len(sec))])
+	}
+}
+
+func mustPolicyT(t *testing.T, rules ...string) *netpolicy.Policy {
+	t.Helper()
+	p, err := netpolicy.Parse(rules, netpolicy.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The guest's open connections are capped: past MaxConns a new one is
+// refused (a RST), logged once with a count, and one closing makes room.
+func TestConnectionCap(t *testing.T) {
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	port := netip.MustParseAddrPort(l.Addr().String()).Port()
+	g, logPath := newGateway(t, []string{fmt.Sprintf("cap.test:%d", port)}, nil, map[string]netip.Addr{"cap.test": netip.MustParseAddr("127.0.0.1")})
+	g.cfg.MaxConns = 5
+	dst := netip.AddrPortFrom(syntheticFor(t, g, "cap.test"), port)
+	var open []net.Conn
+	for i := 0; i < 5; i++ {
+		c, err := guestDial(t, g, dst)
+		if err != nil {
+			t.Fatalf("connection %d under the cap: %v", i, err)
+		}
+		open = append(open, c)
+	}
+	for i := 0; i < 3; i++ {
+		accepted := false
+		g.HandleTCP(flowTo(dst), func() (net.Conn, error) { // returns at once when refused
+			accepted = true
+			return nil, errors.New("test: not accepting")
+		})
+		if accepted {
+			t.Fatal("a connection over the cap was accepted")
+		}
+	}
+	open[0].Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.conns.Load() >= 5 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	c, err := guestDial(t, g, dst)
+	if err != nil {
+		t.Fatalf("no room after one closed: %v", err)
+	}
+	c.Close()
+	for _, c := range open[1:] {
+		c.Close()
+	}
+	sec, _ := audit.ReadSecurity(logPath)
+	capped := 0
+	for _, e := range sec {
+		if strings.Contains(e.Reason, "its limit") {
+			capped++
+		}
+	}
+	if capped != 1 {
+		t.Fatalf("%d records of refusals at the cap, want 1 (with a count)", capped)
+	}
+}
+
+// A plain-HTTP request the allow-list refuses gets a 403 that says why
+// and how the user allows the host; other refused ports are reset.
+func TestPlainHTTPRefusalExplains(t *testing.T) {
+	g, _ := newGateway(t, []string{"allowed.test:8080"}, nil, nil)
+	g.cfg.Sandbox = "dev"
+	ip := syntheticFor(t, g, "allowed.test")
+	c, err := guestDial(t, g, netip.AddrPortFrom(ip, 80))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	c.Close()
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "kosa8 net allow dev allowed.test") ||
+		!strings.Contains(string(body), "kosa8 net blocked dev") || !strings.Contains(string(body), "allow-listed") {
+		t.Fatalf("%d %q", resp.StatusCode, body)
+	}
+	// A raw address: the guest's Host is repeated only if it is a name.
+	c, err = guestDial(t, g, netip.MustParseAddrPort("203.0.113.9:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: x..evil\r\n\r\n")
+	b, _ := io.ReadAll(c)
+	c.Close()
+	if !strings.Contains(string(b), "403") || strings.Contains(string(b), "x..evil") || !strings.Contains(string(b), "203.0.113.9 is not allowed") {
+		t.Fatalf("raw address: %q", b)
+	}
+	if c, err := guestDial(t, g, netip.AddrPortFrom(ip, 443)); err == nil {
+		c.Close()
+		t.Fatal("a refused HTTPS connection was accepted")
+	}
 }

@@ -18,6 +18,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +55,24 @@ type Config struct {
 	// UpstreamRoots verify the real hosts behind the broker (nil: the
 	// host's roots).
 	UpstreamRoots *x509.CertPool
+	// MaxConns caps the guest's open connections (0: DefaultMaxConns).
+	MaxConns int
+	// Sandbox names the sandbox in what the guest is told when refused.
+	Sandbox string
 }
+
+// DefaultMaxConns is how many connections a guest may have open at once.
+// Package managers open 10 to 50; each connection can make the host hold
+// up to about 2 MiB (netstack.MaxBufferPerConn each way, and the kernel's
+// socket buffers of UpstreamBuffer), so the cap bounds what a guest that
+// opens connections and never reads them costs the host.
+const DefaultMaxConns = 128
+
+// UpstreamBuffer is the kernel socket buffer asked for on each upstream
+// connection, each way. It bounds what the host's kernel holds for a
+// guest that does not read (Linux's autotuning would grow it to several
+// MiB) while still covering a window of about 10 MiB/s at 50 ms.
+const UpstreamBuffer = 512 << 10
 
 // Gateway is the egress side of one sandbox's network.
 type Gateway struct {
@@ -65,6 +84,13 @@ type Gateway struct {
 
 	dropMu sync.Mutex
 	drops  map[string]*dropCount // rate limit of dropped-packet entries
+
+	conns    atomic.Int64 // open guest connections
+	peak     atomic.Int64 // most open since memory was last given back
+	lastFree atomic.Int64 // unix nanoseconds of the last FreeOSMemory
+	capMu    sync.Mutex
+	capLast  time.Time // last audit record of a refusal at the cap
+	capCount int
 }
 
 // New returns a gateway.
@@ -81,6 +107,9 @@ func New(cfg Config) *Gateway {
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
 	}
 	if cfg.Policy == nil {
 		cfg.Policy = &netpolicy.Policy{}
@@ -189,7 +218,7 @@ func (g *Gateway) connect(ctx context.Context, dst netip.AddrPort) (*upstream, a
 	ev.Name = name
 	d := g.policy().Decide(name, port)
 	creds := g.credentialsFor(name)
-	if !d.Allow && len(creds) > 0 && port == 443 {
+	if !d.Allow && !d.Denied && len(creds) > 0 && port == 443 {
 		// A secret's hosts are allowed implicitly, on HTTPS, inspected.
 		d = netpolicy.Decision{Allow: true, Rule: "secret " + creds[0].Name, Inspect: true}
 	}
@@ -227,6 +256,10 @@ func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs [
 	tried := 0
 	for _, a := range addrs {
 		a = a.Unmap()
+		if d := g.policy().DecideIP(a, port); d.Denied {
+			reasons = append(reasons, d.Reason)
+			continue
+		}
 		if !trusted {
 			if why := g.special(a); why != "" && !g.policy().NamesIP(a) {
 				reasons = append(reasons, why)
@@ -239,7 +272,7 @@ func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs [
 		tried++
 		target := netip.AddrPortFrom(a, port).String()
 		dctx, cancel := context.WithTimeout(ctx, g.cfg.DialTimeout)
-		c, err := g.cfg.Dial(dctx, "tcp4", target)
+		c, err := g.dialUpstream(dctx, target)
 		cancel()
 		if err != nil {
 			reasons = append(reasons, err.Error())
@@ -257,12 +290,45 @@ func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs [
 	return nil, ev
 }
 
+// dialUpstream connects to target (an address already checked), with the
+// kernel's buffers for it bounded.
+func (g *Gateway) dialUpstream(ctx context.Context, target string) (net.Conn, error) {
+	c, err := g.cfg.Dial(ctx, "tcp4", target)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(UpstreamBuffer)
+		_ = tc.SetWriteBuffer(UpstreamBuffer)
+	}
+	return c, nil
+}
+
 // HandleTCP implements netstack.Handler.
 func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error)) {
+	if n := g.conns.Add(1); n > int64(g.cfg.MaxConns) {
+		g.conns.Add(-1)
+		g.auditCap(flow)
+		return // RST
+	}
+	defer g.connDone()
+	for {
+		p := g.peak.Load()
+		if n := g.conns.Load(); n <= p || g.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
 	up, ev := g.connect(context.Background(), flow.Dst)
 	if up == nil {
-		g.audit(ev) // refused: the stack answers the guest with a RST
-		return
+		g.audit(ev)
+		if flow.Dst.Port() == 80 && policyRefusal(ev.Reason) {
+			// Plain HTTP: an agent reads a 403 that says why, where a
+			// reset would only say it could not connect.
+			if c, err := accept(); err == nil {
+				g.refuseHTTP(c, ev)
+			}
+		}
+		return // refused: the stack answers the guest with a RST
 	}
 	guest, err := accept()
 	if err != nil {
@@ -272,6 +338,96 @@ func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error))
 		return
 	}
 	g.serve(guest, up)
+}
+
+// RefusalText is what a plain-HTTP request to a host the sandbox may not
+// reach gets back, with a 403: what happened and how the user allows it.
+func RefusalText(host, sandbox, reason string) string {
+	if sandbox == "" {
+		sandbox = "NAME"
+	}
+	return fmt.Sprintf("kosa8: %s is not allowed (%s).\n"+
+		"This sandbox's network is allow-listed: only the hosts its user allowed can be reached.\n"+
+		"Ask the user to allow it; they can list what was refused with\n"+
+		"  kosa8 net blocked %s\n"+
+		"and allow a host with\n"+
+		"  kosa8 net allow %s %s\n", host, reason, sandbox, sandbox, host)
+}
+
+// policyRefusal tells a refusal by the allow-list from a failure to reach
+// an allowed host (which the guest sees as a failure to connect).
+func policyRefusal(reason string) bool {
+	return strings.HasPrefix(reason, "no rule allows") || strings.HasPrefix(reason, "port ") || strings.HasPrefix(reason, "denied by rule")
+}
+
+// refuseHTTP answers one plain-HTTP request on a refused connection with a
+// 403 and RefusalText, then closes it. Anything that is not an HTTP
+// request within a few seconds is just closed.
+func (g *Gateway) refuseHTTP(c net.Conn, ev audit.Event) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	req, err := http.ReadRequest(bufio.NewReader(io.LimitReader(c, 64<<10)))
+	if err != nil {
+		return
+	}
+	host := ev.Name
+	if host == "" {
+		h := req.Host
+		if hh, _, err := net.SplitHostPort(h); err == nil {
+			h = hh
+		}
+		// The Host is the guest's text: only a name that normalises is
+		// repeated back, else the address it connected to.
+		if norm, err := netpolicy.NormalizeHost(h); err == nil {
+			host = norm
+		} else {
+			host, _, _ = strings.Cut(ev.Dest, ":")
+		}
+	}
+	body := RefusalText(host, g.cfg.Sandbox, ev.Reason)
+	fmt.Fprintf(c, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Kosa8-Refused: %s\r\n\r\n%s", len(body), host, body)
+}
+
+// connDone counts a guest connection closed. When the last of a burst
+// closes, the memory the burst took goes back to the system at once (Go
+// would keep it for minutes): the supervisor's footprint returns after
+// load.
+func (g *Gateway) connDone() {
+	if g.conns.Add(-1) > 0 || g.peak.Load() < freeAfterPeak {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := g.lastFree.Load()
+	if now-last < int64(10*time.Second) || !g.lastFree.CompareAndSwap(last, now) {
+		return
+	}
+	g.peak.Store(0)
+	// The stack tears its endpoints down (and lets go of their buffers)
+	// after the connection is closed here, and a heap that stopped
+	// growing sees no collection for a long time: give the memory back a
+	// little later, and again once stragglers (TIME_WAIT) have gone.
+	for _, d := range []time.Duration{2 * time.Second, 15 * time.Second, time.Minute} {
+		time.AfterFunc(d, debug.FreeOSMemory)
+	}
+}
+
+// freeAfterPeak is the burst size after which memory is given back.
+const freeAfterPeak = 16
+
+// auditCap records connections refused at the cap, once per window with
+// a count: a guest hammering the cap must not flood the log.
+func (g *Gateway) auditCap(flow netstack.Flow) {
+	g.capMu.Lock()
+	g.capCount++
+	if time.Since(g.capLast) < dropWindow {
+		g.capMu.Unlock()
+		return
+	}
+	n := g.capCount
+	g.capLast, g.capCount = time.Now(), 0
+	g.capMu.Unlock()
+	g.audit(audit.Event{Kind: "tcp", Dest: flow.Dst.String(), Decision: "deny", Count: n,
+		Reason: fmt.Sprintf("the sandbox has %d connections open, its limit: refused (%d refused since the last entry)", g.cfg.MaxConns, n)})
 }
 
 // HandleUDP implements netstack.Handler: UDP other than DNS is dropped.
@@ -300,8 +456,14 @@ func (g *Gateway) HandleDropped(proto string, dst netip.Addr) {
 // per dropWindow: a guest flooding packets cannot flood the audit log (and
 // rotate away what came before). The next entry counts what was not
 // logged meanwhile.
-func (g *Gateway) auditDrop(e audit.Event) {
-	key := e.Kind + " " + e.Dest
+func (g *Gateway) auditDrop(e audit.Event) { g.auditRepeat(e) }
+
+// auditRepeat logs e at most once per dropWindow for each kind, decision,
+// name, query type and destination; the next entry counts the repeats not
+// logged meanwhile. (Distinct records of one kind are bounded by the audit
+// log's own budget per kind.)
+func (g *Gateway) auditRepeat(e audit.Event) {
+	key := repeatKey(e)
 	now := time.Now()
 	g.dropMu.Lock()
 	if g.drops == nil || len(g.drops) >= maxDropKeys {
@@ -319,10 +481,15 @@ func (g *Gateway) auditDrop(e audit.Event) {
 	}
 	if d.suppressed > 0 {
 		e.Reason += fmt.Sprintf(" (%d more since the last entry)", d.suppressed)
+		e.Count = d.suppressed
 	}
 	d.logged, d.suppressed = now, 0
 	g.dropMu.Unlock()
 	g.audit(e)
+}
+
+func repeatKey(e audit.Event) string {
+	return e.Kind + " " + e.Decision + " " + e.Name + " " + e.QType + " " + e.Dest
 }
 
 const (

@@ -153,7 +153,14 @@ func (g *Gateway) proxy(conn net.Conn, spec proxySpec) error {
 		ModifyResponse: spec.onResponse,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			var rf *refusal
-			if errors.As(err, &rf) || errors.Is(err, errExfiltration) {
+			if errors.As(err, &rf) {
+				// A response refused (it could not be checked): say so
+				// in the audit log and to the guest.
+				g.audit(audit.Event{Kind: rf.kind, Name: up.name, Dest: up.ev.Dest, Decision: "deny", Reason: rf.reason})
+				http.Error(w, "kosa8: "+rf.reason, http.StatusForbidden)
+				return
+			}
+			if errors.Is(err, errExfiltration) {
 				w.WriteHeader(http.StatusForbidden)
 				return
 			}
@@ -224,7 +231,7 @@ func (g *Gateway) proxyHTTP(guest net.Conn, gr *bufio.Reader, up *upstream, onRe
 		scheme: "http",
 		first:  up.conn,
 		redial: func(ctx context.Context) (net.Conn, error) {
-			return g.cfg.Dial(ctx, "tcp4", target)
+			return g.dialUpstream(ctx, target)
 		},
 		onRequest: onRequest,
 	})

@@ -11,6 +11,10 @@
 //	                       read-only: GET and HEAD, and the read endpoints of
 //	                       git smart HTTP (git-upload-pack)
 //	inspect:example.com    inspected: every request's Host is checked
+//	deny:example.com       refused, whatever allows it: deny rules win over
+//	                       allow rules (and over a secret's implicit
+//	                       allow). Any target form; without a port, all
+//	                       ports.
 //
 // Hosts match case-insensitively, without a trailing dot, in their IDNA
 // (punycode) form; a wildcard matches at a dot boundary only, so
@@ -47,6 +51,9 @@ type Rule struct {
 	// Inspect rules have their TLS terminated by the broker so that each
 	// request can be checked.
 	Inspect bool `json:"inspect,omitempty"`
+	// Deny rules refuse what they match, whatever allows it. Their Ports
+	// may be empty: every port.
+	Deny bool `json:"deny,omitempty"`
 	// Text is the rule as the user wrote it, normalised; it names the rule
 	// in decisions and logs.
 	Text string `json:"text"`
@@ -54,6 +61,8 @@ type Rule struct {
 
 func (r *Rule) prefix() string {
 	switch {
+	case r.Deny:
+		return "deny:"
 	case r.ReadOnly:
 		return "read:"
 	case r.Inspect:
@@ -94,8 +103,15 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 	if strings.Contains(s, "://") {
 		return fail("give a host, not a URL (for example github.com)")
 	}
-	readOnly, inspect := false, false
-	if rest, ok := strings.CutPrefix(s, "read:"); ok {
+	readOnly, inspect, deny := false, false, false
+	if rest, ok := strings.CutPrefix(s, "deny:"); ok {
+		s, deny = rest, true
+		if strings.HasPrefix(s, "read:") || strings.HasPrefix(s, "inspect:") || strings.HasPrefix(s, "deny:") {
+			return fail("deny: takes a host, wildcard or range, without read: or inspect:")
+		}
+		// A deny rule can only narrow what is allowed: broad is fine.
+		o.AllowBroad = true
+	} else if rest, ok := strings.CutPrefix(s, "read:"); ok {
 		s, readOnly, inspect = rest, true, true
 	} else if rest, ok := strings.CutPrefix(s, "inspect:"); ok {
 		s, inspect = rest, true
@@ -109,13 +125,16 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 		}
 	}
 	ports := DefaultPorts
+	if deny {
+		ports = nil // every port
+	}
 	if portPart != "" || strings.HasSuffix(s, ":") {
 		var err error
 		if ports, err = parsePorts(portPart); err != nil {
 			return fail("%v", err)
 		}
 	}
-	r := Rule{Ports: slices.Clone(ports), ReadOnly: readOnly, Inspect: inspect}
+	r := Rule{Ports: slices.Clone(ports), ReadOnly: readOnly, Inspect: inspect, Deny: deny}
 	if (readOnly || inspect) && (strings.Contains(hostPart, "/") || isIP(hostPart)) {
 		return fail("read: and inspect: rules take host names, not addresses")
 	}
@@ -132,7 +151,7 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 			return Rule{}, fmt.Errorf("network rule %q: %w (a /%d); it needs --allow-broad", orig, ErrBroad, p.Bits())
 		}
 		r.Prefix = p
-		r.Text = p.String() + portSuffix(r.Ports)
+		r.Text = r.prefix() + p.String() + r.portText()
 		return r, nil
 	}
 	if ip, err := netip.ParseAddr(hostPart); err == nil {
@@ -140,7 +159,7 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 			return fail("IPv6 is not supported: sandboxes have IPv4 only")
 		}
 		r.Prefix = netip.PrefixFrom(ip, 32)
-		r.Text = r.Prefix.String() + portSuffix(r.Ports)
+		r.Text = r.prefix() + r.Prefix.String() + r.portText()
 		return r, nil
 	}
 	if hostPart == "*" {
@@ -148,7 +167,7 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 			return Rule{}, fmt.Errorf("network rule %q: %w; it needs --allow-broad", orig, ErrBroad)
 		}
 		r.Wildcard, r.Host = true, ""
-		r.Text = "*" + portSuffix(r.Ports)
+		r.Text = r.prefix() + "*" + r.portText()
 		return r, nil
 	}
 	wild := false
@@ -170,7 +189,7 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 		}
 	}
 	r.Host, r.Wildcard = h, wild
-	r.Text = r.prefix() + r.target() + portSuffix(r.Ports)
+	r.Text = r.prefix() + r.target() + r.portText()
 	return r, nil
 }
 
@@ -179,8 +198,28 @@ func isIP(s string) bool {
 	return err == nil
 }
 
+// portText is the rule's ports as written after its target: nothing for
+// the default (80 and 443; for a deny rule, every port).
+func (r *Rule) portText() string {
+	if r.Deny {
+		if len(r.Ports) == 0 {
+			return ""
+		}
+		return ":" + joinPorts(r.Ports)
+	}
+	return portSuffix(r.Ports)
+}
+
+func joinPorts(p []uint16) string {
+	s := make([]string, len(p))
+	for i, v := range p {
+		s[i] = strconv.Itoa(int(v))
+	}
+	return strings.Join(s, ",")
+}
+
 func portSuffix(p []uint16) string {
-	if slices.Equal(p, DefaultPorts) {
+	if len(p) == 0 || slices.Equal(p, DefaultPorts) {
 		return ""
 	}
 	s := make([]string, len(p))
@@ -274,7 +313,11 @@ func (r *Rule) matchesHost(host string) bool {
 	return strings.HasSuffix(host, "."+r.Host)
 }
 
-func (r *Rule) allowsPort(port uint16) bool { return slices.Contains(r.Ports, port) }
+// allowsPort reports whether r covers port (a deny rule without ports
+// covers all).
+func (r *Rule) allowsPort(port uint16) bool {
+	return r.Deny && len(r.Ports) == 0 || slices.Contains(r.Ports, port)
+}
 
 // Policy is a sandbox's allow-list.
 type Policy struct {
@@ -290,6 +333,9 @@ type Decision struct {
 	// only reads are allowed on it.
 	Inspect  bool `json:"inspect,omitempty"`
 	ReadOnly bool `json:"read_only,omitempty"`
+	// Denied: a deny rule refused it; nothing may allow it then (not even
+	// a secret bound to the host).
+	Denied bool `json:"denied,omitempty"`
 }
 
 // Parse builds a policy from rule texts.
@@ -305,15 +351,24 @@ func Parse(rules []string, o ParseOptions) (*Policy, error) {
 	return p, nil
 }
 
-// Add adds r, merging the ports of a rule for the same target.
+// Add adds r, merging the ports of a rule for the same target. An allow
+// rule takes away the deny rules for exactly its target: allowing a host
+// after denying it allows it again.
 func (p *Policy) Add(r Rule) {
+	if !r.Deny {
+		p.Rules = slices.DeleteFunc(p.Rules, func(e Rule) bool { return e.Deny && e.target() == r.target() })
+	}
 	for i := range p.Rules {
 		e := &p.Rules[i]
-		if e.Host == r.Host && e.Wildcard == r.Wildcard && e.Prefix == r.Prefix && e.ReadOnly == r.ReadOnly && e.Inspect == r.Inspect {
-			e.Ports = append(e.Ports, r.Ports...)
-			slices.Sort(e.Ports)
-			e.Ports = slices.Compact(e.Ports)
-			e.Text = e.prefix() + e.target() + portSuffix(e.Ports)
+		if e.Host == r.Host && e.Wildcard == r.Wildcard && e.Prefix == r.Prefix && e.ReadOnly == r.ReadOnly && e.Inspect == r.Inspect && e.Deny == r.Deny {
+			if e.Deny && (len(e.Ports) == 0 || len(r.Ports) == 0) {
+				e.Ports = nil // every port
+			} else {
+				e.Ports = append(e.Ports, r.Ports...)
+				slices.Sort(e.Ports)
+				e.Ports = slices.Compact(e.Ports)
+			}
+			e.Text = e.prefix() + e.target() + e.portText()
 			return
 		}
 	}
@@ -333,7 +388,8 @@ func (r *Rule) target() string {
 }
 
 // Remove drops every rule whose target is host (as written: "github.com",
-// "*.npmjs.org", "10.0.0.0/8"). It reports how many it removed.
+// "*.npmjs.org", "10.0.0.0/8"; with a prefix such as "deny:", only rules
+// of that kind). It reports how many it removed.
 func (p *Policy) Remove(target string) (int, error) {
 	r, err := ParseRule(target, ParseOptions{AllowBroad: true})
 	if err != nil {
@@ -360,6 +416,25 @@ func (p *Policy) Clone() *Policy {
 	return c
 }
 
+// deniedBy returns the deny rule that covers host on port (any port: 0
+// means the name itself, denied only by a rule for every port), or nil.
+func (p *Policy) deniedBy(host string, port uint16) *Rule {
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if !r.Deny || !r.matchesHost(host) {
+			continue
+		}
+		if port == 0 && len(r.Ports) == 0 || port != 0 && r.allowsPort(port) {
+			return r
+		}
+	}
+	return nil
+}
+
+func denied(r *Rule) Decision {
+	return Decision{Reason: "denied by rule " + r.Text, Denied: true}
+}
+
 // AllowsName reports whether any rule covers host on any port: DNS answers
 // a name the policy could let through.
 func (p *Policy) AllowsName(host string) Decision {
@@ -367,25 +442,32 @@ func (p *Policy) AllowsName(host string) Decision {
 	if err != nil {
 		return Decision{Reason: err.Error()}
 	}
+	if r := p.deniedBy(h, 0); r != nil {
+		return denied(r)
+	}
 	for i := range p.Rules {
-		if p.Rules[i].matchesHost(h) {
+		if !p.Rules[i].Deny && p.Rules[i].matchesHost(h) {
 			return Decision{Allow: true, Rule: p.Rules[i].Text}
 		}
 	}
 	return Decision{Reason: "no rule allows " + h}
 }
 
-// Decide answers whether host:port may be reached.
+// Decide answers whether host:port may be reached. A deny rule that
+// covers it wins over every allow rule.
 func (p *Policy) Decide(host string, port uint16) Decision {
 	h, err := NormalizeHost(host)
 	if err != nil {
 		return Decision{Reason: err.Error()}
 	}
+	if r := p.deniedBy(h, port); r != nil {
+		return denied(r)
+	}
 	named := false
 	var best *Rule
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		if r.matchesHost(h) {
+		if !r.Deny && r.matchesHost(h) {
 			named = true
 			// The least restrictive matching rule wins: a full allow over
 			// an inspect over a read-only one.
@@ -414,24 +496,36 @@ func restriction(r *Rule) int {
 }
 
 // DecideIP answers whether a raw address may be reached: only a CIDR rule
-// can allow one.
+// can allow one, and a deny CIDR rule wins.
 func (p *Policy) DecideIP(ip netip.Addr, port uint16) Decision {
 	ip = ip.Unmap()
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		if r.Prefix.IsValid() && r.Prefix.Contains(ip) && r.allowsPort(port) {
+		if r.Deny && r.Prefix.IsValid() && r.Prefix.Contains(ip) && r.allowsPort(port) {
+			return denied(r)
+		}
+	}
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if !r.Deny && r.Prefix.IsValid() && r.Prefix.Contains(ip) && r.allowsPort(port) {
 			return Decision{Allow: true, Rule: r.Text}
 		}
 	}
 	return Decision{Reason: fmt.Sprintf("no rule allows the address %s:%d", ip, port)}
 }
 
-// NamesIP reports whether a CIDR rule covers ip: a special destination (a
+// NamesIP reports whether a CIDR rule allows ip: a special destination (a
 // private or loopback address a name resolved to) is reachable only then.
 func (p *Policy) NamesIP(ip netip.Addr) bool {
 	ip = ip.Unmap()
 	for i := range p.Rules {
-		if p.Rules[i].Prefix.IsValid() && p.Rules[i].Prefix.Contains(ip) {
+		r := &p.Rules[i]
+		if r.Deny && r.Prefix.IsValid() && r.Prefix.Contains(ip) && len(r.Ports) == 0 {
+			return false
+		}
+	}
+	for i := range p.Rules {
+		if !p.Rules[i].Deny && p.Rules[i].Prefix.IsValid() && p.Rules[i].Prefix.Contains(ip) {
 			return true
 		}
 	}

@@ -3,6 +3,7 @@ package netpolicy
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -208,7 +209,7 @@ func TestPresets(t *testing.T) {
 }
 
 func FuzzParseRule(f *testing.F) {
-	for _, s := range []string{"example.com", "*.npmjs.org:443", "10.0.0.0/8:22", "bücher.de", "a:1,2,3", "*", "x\x00y"} {
+	for _, s := range []string{"example.com", "*.npmjs.org:443", "10.0.0.0/8:22", "bücher.de", "a:1,2,3", "*", "x\x00y", "deny:other.example.com", "deny:*.x.com:22", "deny:10.0.0.0/8", "deny:read:x.com"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -221,7 +222,7 @@ func FuzzParseRule(f *testing.F) {
 		if err != nil || r2.Text != r.Text {
 			t.Fatalf("rule %q → %q does not round-trip: %v", s, r.Text, err)
 		}
-		if r.Wildcard && r.Host == "" {
+		if r.Wildcard && r.Host == "" && !r.Deny {
 			t.Fatalf("%q parsed to a match-all without AllowBroad", s)
 		}
 	})
@@ -249,6 +250,111 @@ func FuzzDecide(f *testing.F) {
 		}
 		if strings.ContainsAny(h, "\x00/ ") {
 			t.Fatalf("allowed host with forbidden bytes %q", h)
+		}
+	})
+}
+
+// Deny rules win over allow rules, on every path a decision takes: DNS,
+// connections by name, raw addresses.
+func TestDenyWins(t *testing.T) {
+	p := mustPolicy(t, "*.example.com", "example.com", "deny:other.example.com", "deny:*.bad.example.com", "10.0.0.0/8", "deny:10.1.0.0/16", "ssh.example.com:22,443", "deny:ssh.example.com:22")
+	cases := []struct {
+		host  string
+		port  uint16
+		allow bool
+	}{
+		{"www.example.com", 443, true},
+		{"example.com", 80, true},
+		{"other.example.com", 443, false},
+		{"OTHER.example.com.", 80, false},
+		{"x.bad.example.com", 443, false},
+		{"bad.example.com", 443, true}, // the wildcard deny is subdomains only
+		{"sub.other.example.com", 443, true},
+		{"ssh.example.com", 22, false},
+		{"ssh.example.com", 443, true},
+	}
+	for _, tc := range cases {
+		d := p.Decide(tc.host, tc.port)
+		if d.Allow != tc.allow {
+			t.Errorf("Decide(%q, %d) = %+v, want allow=%v", tc.host, tc.port, d, tc.allow)
+		}
+		if !d.Allow && strings.Contains(tc.host, "other") && (!d.Denied || !strings.Contains(d.Reason, "deny:other.example.com")) {
+			t.Errorf("Decide(%q): %+v does not name the deny rule", tc.host, d)
+		}
+	}
+	if d := p.AllowsName("other.example.com"); d.Allow || !d.Denied {
+		t.Errorf("DNS for a denied name: %+v", d)
+	}
+	if d := p.AllowsName("ssh.example.com"); !d.Allow {
+		t.Errorf("DNS for a name denied on one port only: %+v", d)
+	}
+	for ip, allow := range map[string]bool{"10.2.3.4": true, "10.1.2.3": false} {
+		if d := p.DecideIP(netip.MustParseAddr(ip), 443); d.Allow != allow {
+			t.Errorf("DecideIP(%s) = %+v", ip, d)
+		}
+	}
+	if p.NamesIP(netip.MustParseAddr("10.1.2.3")) {
+		t.Error("a denied range still names its addresses")
+	}
+	// Listed, in order, and they survive a save and a re-parse.
+	var texts []string
+	for _, r := range p.Rules {
+		texts = append(texts, r.Text)
+	}
+	if !slices.Contains(texts, "deny:other.example.com") || !slices.Contains(texts, "deny:ssh.example.com:22") {
+		t.Fatalf("rules %q", texts)
+	}
+	again, err := Parse(texts, ParseOptions{})
+	if err != nil || again.Decide("other.example.com", 443).Allow {
+		t.Fatalf("re-parsed: %v", err)
+	}
+	// Allowing exactly a denied host again takes its deny rule away.
+	r, _ := ParseRule("other.example.com", ParseOptions{})
+	p.Add(r)
+	if d := p.Decide("other.example.com", 443); !d.Allow {
+		t.Fatalf("allowed again, still refused: %+v", d)
+	}
+	// Removing: a target that matches nothing removes nothing.
+	if n, err := p.Remove("nothing.example.org"); err != nil || n != 0 {
+		t.Fatalf("Remove of nothing: %d %v", n, err)
+	}
+	if n, _ := p.Remove("deny:*.bad.example.com"); n != 1 || !p.Decide("x.bad.example.com", 443).Allow {
+		t.Fatalf("Remove of a deny rule: %d", n)
+	}
+}
+
+func TestDenyRuleParse(t *testing.T) {
+	for in, want := range map[string]string{
+		"deny:Other.Example.com.": "deny:other.example.com",
+		"deny:*":                  "deny:*",
+		"deny:*.com":              "deny:*.com",
+		"deny:10.0.0.0/8:5432":    "deny:10.0.0.0/8:5432",
+		"deny:x.com:80,443":       "deny:x.com:80,443",
+	} {
+		r, err := ParseRule(in, ParseOptions{})
+		if err != nil || r.Text != want || !r.Deny {
+			t.Errorf("ParseRule(%q) = %q %v, want %q", in, r.Text, err, want)
+		}
+	}
+	for _, bad := range []string{"deny:", "deny:read:x.com", "deny:inspect:x.com", "deny:deny:x.com"} {
+		if _, err := ParseRule(bad, ParseOptions{}); err == nil {
+			t.Errorf("ParseRule(%q) accepted", bad)
+		}
+	}
+}
+
+// FuzzDenyWins: whatever the host, a policy that allows everything under
+// example.com and denies other.example.com never allows that name, in
+// any spelling.
+func FuzzDenyWins(f *testing.F) {
+	for _, s := range []string{"other.example.com", "OTHER.example.com.", "xn--other.example.com", "other.example.com\x00", "other.example.com:443"} {
+		f.Add(s, uint16(443))
+	}
+	p, _ := Parse([]string{"*.example.com", "deny:other.example.com"}, ParseOptions{})
+	f.Fuzz(func(t *testing.T, host string, port uint16) {
+		d := p.Decide(host, port)
+		if h, err := NormalizeHost(host); err == nil && h == "other.example.com" && (d.Allow || p.AllowsName(host).Allow) {
+			t.Fatalf("denied host %q allowed: %+v", host, d)
 		}
 	})
 }

@@ -198,15 +198,27 @@ func New(link io.ReadWriteCloser, h Handler, log *slog.Logger) (*Stack, error) {
 	return st, nil
 }
 
-// tuneTCP sets what both stacks need for bulk transfers: SACK, and send and
-// receive buffers that let a window cover a fast upstream's bandwidth-delay
-// product (the defaults cap it at about 1 MiB).
+// Buffer sizes of the stack's TCP endpoints. Both ends of the guest's link
+// are in this machine, so a window needs to cover microseconds (a few
+// milliseconds under TCG), not a WAN's bandwidth-delay product: 512 KiB
+// is ample. They are also what a guest that stops reading makes the host
+// hold per connection (the send buffer towards it fills, then the copy
+// from upstream waits), so they are kept small: a connection costs at most
+// MaxBufferPerConn of the supervisor's memory in each direction.
+const (
+	defaultBuffer    = 128 << 10
+	MaxBufferPerConn = 512 << 10
+)
+
+// tuneTCP sets what both stacks need for bulk transfers: SACK, and send
+// and receive buffers that grow with use (receive moderation, send
+// auto-tuning) up to MaxBufferPerConn.
 func tuneTCP(s *stack.Stack) {
 	sack := tcpip.TCPSACKEnabled(true)
 	_ = s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
-	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: 4096, Default: 1 << 20, Max: 8 << 20}
+	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: 4096, Default: defaultBuffer, Max: MaxBufferPerConn}
 	_ = s.SetTransportProtocolOption(tcp.ProtocolNumber, &rcv)
-	snd := tcpip.TCPSendBufferSizeRangeOption{Min: 4096, Default: 1 << 20, Max: 8 << 20}
+	snd := tcpip.TCPSendBufferSizeRangeOption{Min: 4096, Default: defaultBuffer, Max: MaxBufferPerConn}
 	_ = s.SetTransportProtocolOption(tcp.ProtocolNumber, &snd)
 	moderate := tcpip.TCPModerateReceiveBufferOption(true)
 	_ = s.SetTransportProtocolOption(tcp.ProtocolNumber, &moderate)

@@ -140,12 +140,31 @@ func (s *supervisor) routes() http.Handler {
 		if !decodeBody(w, r, &req) {
 			return
 		}
-		p, n, err := s.net.deny(req.Rules)
+		p, err := s.net.deny(req.Rules)
 		if err != nil {
 			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
 			return
 		}
-		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p), Removed: n})
+		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p)})
+	})
+	mux.HandleFunc("GET /v1/net/refused", func(w http.ResponseWriter, r *http.Request) {
+		// A stream for 'kosa8 net approve': one JSON object a line per
+		// refused host, as it happens.
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		rc := http.NewResponseController(w)
+		_ = s.net.streamRefused(r.Context(), w, func() { _ = rc.Flush() })
+	})
+	mux.HandleFunc("POST /v1/net/rm", func(w http.ResponseWriter, r *http.Request) {
+		var req NetRequest
+		if !decodeBody(w, r, &req) {
+			return
+		}
+		p, err := s.net.remove(req.Rules)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p)})
 	})
 	mux.HandleFunc("GET /v1/debug/memory", s.handleMemory)
 	mux.HandleFunc("POST /v1/debug/plain-migrate", s.handlePlainMigrate)
@@ -594,11 +613,50 @@ func (c *Client) Allow(ctx context.Context, rules []string, broad bool) ([]strin
 	return out.Rules, err
 }
 
-// Deny removes rules from a running sandbox's allow-list.
-func (c *Client) Deny(ctx context.Context, targets []string) (*NetResponse, error) {
+// Deny adds deny rules (which win over allow rules) to a running
+// sandbox's policy.
+func (c *Client) Deny(ctx context.Context, targets []string) ([]string, error) {
 	var out NetResponse
 	err := c.do(ctx, "POST", "/v1/net/deny", NetRequest{Rules: targets}, &out)
-	return &out, err
+	return out.Rules, err
+}
+
+// RemoveRules removes the rules for targets from a running sandbox's
+// policy; a target no rule has is an error.
+func (c *Client) RemoveRules(ctx context.Context, targets []string) ([]string, error) {
+	var out NetResponse
+	err := c.do(ctx, "POST", "/v1/net/rm", NetRequest{Rules: targets}, &out)
+	return out.Rules, err
+}
+
+// Refused calls f with each host the sandbox is refused, as it happens,
+// until ctx ends or f returns an error.
+func (c *Client) Refused(ctx context.Context, f func(Blocked) error) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://kosa8/v1/net/refused", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("supervisor: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return decodeResponse(resp, nil)
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var b Blocked
+		if err := dec.Decode(&b); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("supervisor stream: %w", err)
+		}
+		if err := f(b); err != nil {
+			return err
+		}
+	}
 }
 
 // Ports lists a running sandbox's port forwards.

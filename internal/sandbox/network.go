@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +31,8 @@ const (
 	portsFile  = "ports.json"
 	namesFile  = "dns-names" // name ↔ synthetic address bindings
 	AuditLog   = "audit.log"
+	// SecurityLog is the evidence kept apart from AuditLog (audit.SecurityFile).
+	SecurityLog = audit.SecurityFile
 )
 
 // NetworkConfig is the network a sandbox is created with.
@@ -206,7 +209,7 @@ func startNetwork(sb *Sandbox, configDir string, log *slog.Logger) (*network, er
 		return nil, fmt.Errorf("DNS name map: %w", err)
 	}
 	cfg := egress.Config{Policy: pol, Names: names, Audit: al, Log: log, Overrides: overrides,
-		Credentials: creds, CA: ca, UpstreamRoots: roots}
+		Credentials: creds, CA: ca, UpstreamRoots: roots, Sandbox: sb.Config.Name}
 	if res != nil {
 		cfg.Resolver = res
 	}
@@ -304,25 +307,73 @@ func (n *network) allow(rules []string, broad bool) (*netpolicy.Policy, error) {
 	return p, nil
 }
 
-// deny removes the rules for targets.
-func (n *network) deny(targets []string) (*netpolicy.Policy, int, error) {
+// deny adds deny rules for targets (hosts, wildcards, ranges, with ports
+// or not): they win over every allow rule, at once.
+func (n *network) deny(targets []string) (*netpolicy.Policy, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	p := n.gw.Policy().Clone()
-	total := 0
-	for _, t := range targets {
-		c, err := p.Remove(t)
-		if err != nil {
-			return nil, 0, err
-		}
-		total += c
+	if err := AddDenyRules(p, targets); err != nil {
+		return nil, err
 	}
 	if err := n.sb.SavePolicy(p); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	n.gw.SetPolicy(p)
-	n.audit.Add(audit.Event{Kind: "policy", Decision: "deny", Rule: strings.Join(targets, " ")})
-	return p, total, nil
+	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: "deny", Rule: strings.Join(targets, " ")})
+	return p, nil
+}
+
+// remove takes the rules for targets out of the policy.
+func (n *network) remove(targets []string) (*netpolicy.Policy, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.gw.Policy().Clone()
+	if err := RemoveRules(p, targets); err != nil {
+		return nil, err
+	}
+	if err := n.sb.SavePolicy(p); err != nil {
+		return nil, err
+	}
+	n.gw.SetPolicy(p)
+	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: "remove", Rule: strings.Join(targets, " ")})
+	return p, nil
+}
+
+// AddDenyRules adds a deny rule for each target ("other.example.com",
+// "*.example.com:22", "10.0.0.0/8").
+func AddDenyRules(p *netpolicy.Policy, targets []string) error {
+	for _, t := range targets {
+		if !strings.HasPrefix(t, "deny:") {
+			t = "deny:" + t
+		}
+		r, err := netpolicy.ParseRule(t, netpolicy.ParseOptions{})
+		if err != nil {
+			return err
+		}
+		p.Add(r)
+	}
+	return nil
+}
+
+// ErrNoRule: a target to remove matches no rule.
+var ErrNoRule = errors.New("no rule matches")
+
+// RemoveRules removes every rule for each target; a target that matches
+// no rule is an error (and nothing is removed).
+func RemoveRules(p *netpolicy.Policy, targets []string) error {
+	c := p.Clone()
+	for _, t := range targets {
+		n, err := c.Remove(t)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("%w %q: see the rules with 'kosa8 net ls'", ErrNoRule, t)
+		}
+	}
+	p.Rules = c.Rules
+	return nil
 }
 
 // ErrPortInUse: the host port is taken.
@@ -501,4 +552,49 @@ func BlockedHosts(events []audit.Event, pol *netpolicy.Policy) []Blocked {
 		return out[i].Rule < out[j].Rule
 	})
 	return out
+}
+
+// auditLog is the sandbox's audit log, or nil when the network is not up
+// (audit.Log's methods accept nil). Workspace and checkpoint code records
+// held writes, rewinds and checkpoints with auditLog().Security(…).
+func (n *network) auditLog() *audit.Log {
+	if n == nil {
+		return nil
+	}
+	return n.audit
+}
+
+// RefusedHost tells whether e records a host the guest asked for and was
+// refused that pol still refuses (a candidate for 'kosa8 net approve'),
+// and what 'net allow' would take for it.
+func RefusedHost(e audit.Event, pol *netpolicy.Policy) (Blocked, bool) {
+	list := BlockedHosts([]audit.Event{e}, pol)
+	if len(list) != 1 {
+		return Blocked{}, false
+	}
+	return list[0], true
+}
+
+// streamRefused writes each host the guest is refused, as it happens, as
+// one JSON object a line, until ctx ends.
+func (n *network) streamRefused(ctx context.Context, w io.Writer, flush func()) error {
+	events, cancel := n.audit.Subscribe()
+	defer cancel()
+	enc := json.NewEncoder(w)
+	flush() // the client knows the stream is open
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-events:
+			b, ok := RefusedHost(e, n.gw.Policy())
+			if !ok {
+				continue
+			}
+			if err := enc.Encode(b); err != nil {
+				return err
+			}
+			flush()
+		}
+	}
 }

@@ -228,3 +228,28 @@ func TestBlockedHosts(t *testing.T) {
 		t.Fatalf("registry entry: %+v", got[2])
 	}
 }
+
+func TestRefusedHost(t *testing.T) {
+	pol, err := netpolicy.Parse([]string{"allowed.test", "*.example.com", "deny:other.example.com"}, netpolicy.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		e    audit.Event
+		rule string // "" when not a candidate
+	}{
+		{audit.Event{Kind: "dns", Name: "wanted.test", Decision: "deny"}, "wanted.test"},
+		{audit.Event{Kind: "tcp", Name: "allowed.test", Dest: "198.18.0.5:8080", Decision: "deny"}, "allowed.test:8080"},
+		{audit.Event{Kind: "dns", Name: "allowed.test", Decision: "deny"}, ""}, // allowed since
+		{audit.Event{Kind: "dns", Name: "wanted.test", Decision: "allow"}, ""},
+		{audit.Event{Kind: "dns", Name: "other.example.com", Decision: "deny"}, "other.example.com"},
+		{audit.Event{Kind: "exfiltration", Name: "x.test", Decision: "deny"}, ""},
+		{audit.Event{Kind: "tcp", Dest: "203.0.113.1:80", Decision: "deny"}, ""},
+	}
+	for _, tc := range cases {
+		b, ok := RefusedHost(tc.e, pol)
+		if ok != (tc.rule != "") || ok && b.Rule != tc.rule {
+			t.Errorf("RefusedHost(%+v) = %+v %v, want %q", tc.e, b, ok, tc.rule)
+		}
+	}
+}

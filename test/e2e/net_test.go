@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/creack/pty"
 	"github.com/miekg/dns"
 )
 
@@ -150,7 +152,7 @@ func TestNetwork(t *testing.T) {
 	srv := startServers(t)
 	upstream := startCountingDNS(t)
 	env := []string{
-		"KOSA8_NET_OVERRIDES=allowed.test=127.0.0.1,late.test=127.0.0.1",
+		"KOSA8_NET_OVERRIDES=allowed.test=127.0.0.1,late.test=127.0.0.1,a.wild.test=127.0.0.1,other.wild.test=127.0.0.1",
 		"KOSA8_NET_RESOLVER=" + upstream.addr,
 	}
 	name := "net"
@@ -264,12 +266,37 @@ s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(5);s.sendto(q,("1
 		if r := sh("curl -sS -m 20 " + url); r.code != 0 || !strings.Contains(r.stdout, "hello late.test") {
 			t.Fatalf("after net allow:\n%s", r)
 		}
+		// A plain-HTTP request on a port the allow-list refuses says why
+		// and how to allow it.
+		if r := sh("curl -s -m 10 http://late.test/"); !strings.Contains(r.stdout, "allow-listed") || !strings.Contains(r.stdout, "kosa8 net allow "+name+" late.test") {
+			t.Fatalf("a refused plain-HTTP request does not explain itself:\n%s", r)
+		}
 		must(t, "net", "deny", name, "late.test")
 		if r := sh("curl -sS -m 10 " + url); r.code == 0 {
 			t.Fatalf("late.test still reachable after net deny:\n%s", r)
 		}
-		if ls := must(t, "net", "ls", name, "--json").stdout; strings.Contains(ls, "late.test") || !strings.Contains(ls, "allowed.test") {
+		if ls := must(t, "net", "ls", name, "--json").stdout; !strings.Contains(ls, `"deny:late.test"`) || !strings.Contains(ls, "allowed.test") {
 			t.Fatalf("net ls after deny: %s", ls)
+		}
+		must(t, "net", "rm", name, "late.test")
+		if ls := must(t, "net", "ls", name, "--json").stdout; strings.Contains(ls, "late.test") {
+			t.Fatalf("net ls after rm: %s", ls)
+		}
+		if r := run(t, "", "net", "rm", name, "never-allowed.test"); r.code == 0 || !strings.Contains(r.stderr, "no rule matches") {
+			t.Fatalf("net rm of a rule that matches nothing: %s", r)
+		}
+	})
+	t.Run("net deny wins over a wildcard", func(t *testing.T) {
+		must(t, "net", "allow", name, fmt.Sprintf("*.wild.test:%d", srv.httpPort))
+		must(t, "net", "deny", name, "other.wild.test")
+		for host, want := range map[string]bool{"a.wild.test": true, "other.wild.test": false} {
+			r := sh(fmt.Sprintf("curl -sS -m 10 http://%s:%d/", host, srv.httpPort))
+			if got := r.code == 0 && strings.Contains(r.stdout, "hello "+host); got != want {
+				t.Errorf("%s reachable=%v, want %v:\n%s", host, got, want, r)
+			}
+		}
+		if sec := must(t, "net", "log", "--security", name).stdout; !strings.Contains(sec, "other.wild.test") || !strings.Contains(sec, "deny:other.wild.test") {
+			t.Errorf("the security log does not show the denial by the deny rule:\n%s", sec)
 		}
 	})
 	t.Run("audit log lists every attempt", func(t *testing.T) {
@@ -358,5 +385,70 @@ func TestPortForward(t *testing.T) {
 	}
 	if out := must(t, "port", "ls", name).stdout; !strings.Contains(out, fmt.Sprintf("127.0.0.1:%d -> 8000", hostPort)) {
 		t.Fatalf("port ls: %q", out)
+	}
+}
+
+// 'kosa8 net approve' in a second terminal: a host the agent is refused
+// shows up with a question, 'y' allows it, and the agent's next try works;
+// 'n' leaves the next host refused. --json prints the events.
+func TestNetApprove(t *testing.T) {
+	srv := startServers(t)
+	env := []string{"KOSA8_NET_OVERRIDES=wanted.test=127.0.0.1,unwanted.test=127.0.0.1"}
+	name := "approve"
+	if r := runWith(t, env, "create", name); r.code != 0 {
+		t.Fatalf("create: %s", r)
+	}
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
+	if r := runWith(t, env, "start", name); r.code != 0 {
+		t.Fatalf("start: %s", r)
+	}
+	sh := func(script string) result {
+		t.Helper()
+		return run(t, "", "exec", name, "--", "sh", "-c", script)
+	}
+	jsonCmd := kosa8Cmd(t.Context(), "net", "approve", "--json", name)
+	var jsonOut screen
+	jsonCmd.Stdout = &jsonOut
+	if err := jsonCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer jsonCmd.Process.Kill()
+	cmd := kosa8Cmd(t.Context(), "net", "approve", name)
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	defer cmd.Process.Kill()
+	var scr screen
+	go io.Copy(&scr, ptmx)
+	pos := scr.waitFor(t, 0, "watching")
+	url := fmt.Sprintf("http://wanted.test:%d/", srv.httpPort)
+	if r := sh("curl -sS -m 10 " + url); r.code == 0 {
+		t.Fatalf("wanted.test reachable before approval:\n%s", r)
+	}
+	pos = scr.waitFor(t, pos, "wanted.test")
+	pos = scr.waitFor(t, pos, "allow it? [y/N]")
+	ptmx.Write([]byte("y\r"))
+	pos = scr.waitFor(t, pos, "allowed: wanted.test")
+	// The rule has no port: a port other than 80 and 443 is asked for as
+	// host:port; allow the one the server listens on the same way.
+	sh("curl -sS -m 10 " + url + " || true")
+	pos = scr.waitFor(t, pos, fmt.Sprintf("wanted.test:%d", srv.httpPort))
+	ptmx.Write([]byte("y\r"))
+	pos = scr.waitFor(t, pos, "allowed: wanted.test:")
+	if r := sh("curl -sS -m 20 " + url); r.code != 0 || !strings.Contains(r.stdout, "hello wanted.test") {
+		t.Fatalf("after approval:\n%s", r)
+	}
+	sh(fmt.Sprintf("curl -sS -m 10 http://unwanted.test:%d/ || true", srv.httpPort))
+	pos = scr.waitFor(t, pos, "unwanted.test")
+	ptmx.Write([]byte("n\r"))
+	scr.waitFor(t, pos, "left refused: unwanted.test")
+	if r := sh(fmt.Sprintf("curl -sS -m 10 http://unwanted.test:%d/", srv.httpPort)); r.code == 0 {
+		t.Fatalf("unwanted.test reachable after 'n':\n%s", r)
+	}
+	jsonOut.waitFor(t, 0, `"host":"unwanted.test"`)
+	if !strings.Contains(jsonOut.String(), `"host":"wanted.test"`) {
+		t.Fatalf("--json events: %s", jsonOut.String())
 	}
 }
