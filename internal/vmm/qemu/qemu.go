@@ -165,7 +165,11 @@ func (m *Machine) Wait(ctx context.Context) error {
 	}
 }
 
-// Kill ends QEMU at once.
+// killWait bounds the wait for QEMU to be reaped after SIGKILL (a process
+// in uninterruptible sleep on a dead disk takes time to die).
+var killWait = 10 * time.Second
+
+// Kill ends QEMU at once: SIGKILL, then a bounded wait for it to be gone.
 func (m *Machine) Kill() error {
 	select {
 	case <-m.done:
@@ -173,10 +177,25 @@ func (m *Machine) Kill() error {
 	default:
 	}
 	if err := m.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return err
+		return fmt.Errorf("kill qemu (pid %d): %w", m.pid, err)
 	}
-	<-m.done
-	return nil
+	select {
+	case <-m.done:
+		return nil
+	case <-time.After(killWait):
+		return fmt.Errorf("qemu (pid %d) was sent SIGKILL but has not exited after %v", m.pid, killWait)
+	}
+}
+
+// RunState asks QEMU whether the guest's CPUs run, and its run state
+// ("running", "paused", "io-error", …).
+func (m *Machine) RunState(ctx context.Context) (string, bool, error) {
+	var st struct {
+		Status  string `json:"status"`
+		Running bool   `json:"running"`
+	}
+	err := m.qmp.Execute(ctx, "query-status", nil, &st)
+	return st.Status, st.Running, err
 }
 
 // Stderr returns the last of what QEMU printed.
