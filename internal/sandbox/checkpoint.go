@@ -100,6 +100,7 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err 
 		return err
 	}
 	m := mach.(*qemu.Machine)
+	s.log.Info("qemu started", "pid", m.Pid(), "confined", m.Confined())
 	s.clientMu.Lock()
 	s.machine = m
 	s.clientMu.Unlock()

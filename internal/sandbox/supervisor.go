@@ -328,7 +328,13 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if err != nil {
 		return err
 	}
-	drv, err := qemu.New(qemu.Config{Arch: vmspec.Arch(cfg.Arch), Accel: vmm.Accel(cfg.Accel)})
+	// QEMU reaches its image and this sandbox's disk layers and nothing
+	// else of the host (it runs as a uid of its own under root).
+	confine := &qemu.Confinement{ReadWrite: []string{s.sb.Path(disksDir)}, ReadOnly: []string{img.Dir, s.sb.Path(RootDisk)}}
+	if cfg.Workspace != nil {
+		confine.ReadOnly = append(confine.ReadOnly, s.sb.Path(WorkspaceDisk))
+	}
+	drv, err := qemu.New(qemu.Config{Arch: vmspec.Arch(cfg.Arch), Accel: vmm.Accel(cfg.Accel), Confine: confine})
 	if err != nil {
 		return err
 	}

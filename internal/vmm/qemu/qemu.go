@@ -24,9 +24,10 @@ import (
 
 // Driver starts QEMU machines.
 type Driver struct {
-	binary string
-	accel  vmm.Accel
-	ramDir string
+	binary  string
+	accel   vmm.Accel
+	ramDir  string
+	confine *Confinement
 }
 
 // Config selects how a Driver runs QEMU.
@@ -39,6 +40,9 @@ type Config struct {
 	// RAMDir holds guest RAM files; it must be tmpfs on Linux. Default:
 	// a private directory under /dev/shm.
 	RAMDir string
+	// Confine, when set, confines QEMU to these files and its own (see
+	// confine_linux.go).
+	Confine *Confinement
 }
 
 // New finds QEMU and decides the acceleration.
@@ -57,7 +61,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.RAMDir == "" {
 		cfg.RAMDir = defaultRAMDir()
 	}
-	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir}, nil
+	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, confine: cfg.Confine}, nil
 }
 
 // FindBinary locates the QEMU program for arch.
@@ -143,9 +147,10 @@ type Machine struct {
 	agent net.Conn
 	ram   *os.File
 
-	done    chan struct{}
-	waitErr error
-	stderr  *tail
+	done     chan struct{}
+	waitErr  error
+	stderr   *tail
+	confined string
 }
 
 func (m *Machine) Pid() int              { return m.pid }
@@ -153,6 +158,10 @@ func (m *Machine) Agent() net.Conn       { return m.agent }
 func (m *Machine) QMP() *QMP             { return m.qmp }
 func (m *Machine) RAM() *os.File         { return m.ram }
 func (m *Machine) Done() <-chan struct{} { return m.done }
+
+// Confined says how QEMU is confined ("none", or its uid, no_new_privs,
+// the Landlock version).
+func (m *Machine) Confined() string { return m.confined }
 
 // Wait blocks until QEMU exits (its error, with the tail of what QEMU
 // printed) or ctx ends.
@@ -216,6 +225,14 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		return fail(err)
 	}
 	cleanup = append(cleanup, func() { ram.Close() })
+	plan, err := planConfinement(d.confine, d.binary, d.ramDir, spec, d.accel)
+	if err != nil {
+		return fail(err)
+	}
+	defer plan.close() // the child holds its domain; the ruleset is not needed after the fork
+	if err := plan.prepare(ram); err != nil {
+		return fail(err)
+	}
 	qmpHost, qmpQemu, err := SocketPair("qmp")
 	if err != nil {
 		return fail(err)
@@ -258,7 +275,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	if err != nil {
 		return fail(err)
 	}
-	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10)}
+	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10), confined: plan.String()}
 	cmd := exec.Command(d.binary, args...)
 	cmd.ExtraFiles = extra
 	cmd.Stdin = nil
@@ -268,13 +285,19 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}
 	cmd.Stdout, cmd.Stderr = errOut, errOut
 	cmd.SysProcAttr = procAttr()
+	plan.apply(cmd.SysProcAttr)
 	m.cmd = cmd
 
 	started := make(chan error, 1)
 	go func() {
 		// The parent-death signal fires when the thread that forked QEMU
 		// exits, not the process: keep this thread for QEMU's whole life.
+		// The confinement goes on this thread too, and the fork inherits it.
 		runtime.LockOSThread()
+		if err := plan.enterThread(); err != nil {
+			started <- fmt.Errorf("confine QEMU: %w", err)
+			return
+		}
 		if err := cmd.Start(); err != nil {
 			started <- err
 			return
