@@ -385,6 +385,7 @@ func (s *supervisor) checkpointFinal(ctx context.Context, message, kind string, 
 			err = fmt.Errorf("not enough disk space for a checkpoint in %s (%w): delete old checkpoints ('kosa8 checkpoints %s', 'kosa8 checkpoint rm %s ID') or free space; the sandbox runs on unchanged",
 				s.sb.Dir, err, s.sb.Config.Name, s.sb.Config.Name)
 		}
+		s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "failed", Name: kind, Reason: err.Error()})
 	}
 	return meta, finish, err
 }

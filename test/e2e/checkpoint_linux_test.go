@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -80,10 +81,13 @@ func timed(t *testing.T, bound time.Duration, args ...string) result {
 // the checkpoint fails and says why, and stop and rm -f finish in bounded
 // time.
 func TestCheckpointDiskFullNoHang(t *testing.T) {
-	name := sandbox(t, "cphang", "--memory", "512M")
+	name := "cphang"
+	must(t, "create", name, "--memory", "512M")
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
 	dir := ls(t)[name].Dir
 	// One small filesystem under both the checkpoints and the disk layers
 	// a checkpoint starts: once it is full, guest writes fail on the host.
+	// Mounted before the start, which hands the layers' directory to QEMU.
 	small := t.TempDir()
 	if err := syscall.Mount("tmpfs", small, "tmpfs", 0, "size=300m,mode=0700"); err != nil {
 		t.Skipf("this test mounts a small tmpfs to fill, which needs root (CI runs as root): %v", err)
@@ -106,6 +110,22 @@ func TestCheckpointDiskFullNoHang(t *testing.T) {
 		}
 	}
 	t.Cleanup(unmount)
+	must(t, "start", name)
+	free := func() int64 {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(small, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * st.Bsize
+	}
+	// The spare RAM file the supervisor prepares after the start does not
+	// fit: wait until it has given up on it.
+	for deadline := time.Now().Add(time.Minute); free() < 250<<20; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the small filesystem stays full after the start: %d MiB free", free()>>20)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	// The first checkpoint moves the disks' writes onto the small
 	// filesystem.
 	checkpointNow(t, name, "moves the disk layers")
@@ -119,16 +139,9 @@ func TestCheckpointDiskFullNoHang(t *testing.T) {
 	}
 	defer writer.Wait()
 	defer cancel()
-	for deadline := time.Now().Add(3 * time.Minute); ; {
-		var st syscall.Statfs_t
-		if err := syscall.Statfs(small, &st); err != nil {
-			t.Fatal(err)
-		}
-		if int64(st.Bavail)*st.Bsize < 1<<20 {
-			break
-		}
+	for deadline := time.Now().Add(3 * time.Minute); free() >= 1<<20; {
 		if time.Now().After(deadline) {
-			t.Fatalf("the guest did not fill the disk: %d MiB still free", int64(st.Bavail)*st.Bsize>>20)
+			t.Fatalf("the guest did not fill the disk: %d MiB still free", free()>>20)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -191,4 +204,63 @@ func TestUnresponsiveQEMUStopAndRemove(t *testing.T) {
 	if _, ok := ls(t)[name]; ok {
 		t.Fatalf("%s is still listed after rm -f", name)
 	}
+}
+
+// A rewind whose restore fails after QEMU started (the checkpoint's device
+// state is missing) leaves no QEMU running beside a supervisor that gave
+// up on it: the sandbox ends as crashed, nothing of it keeps running, and
+// it starts again.
+func TestFailedRewindLeavesNothingRunning(t *testing.T) {
+	name := sandbox(t, "badrewind", "--memory", "384M")
+	cp := checkpointNow(t, name, "to damage")
+	e := ls(t)[name]
+	// Its device state gone: QEMU is up, waiting for a stream that never
+	// comes (damaged state makes QEMU exit by itself, which proves less).
+	if err := os.Remove(filepath.Join(e.Dir, "checkpoints", cp.ID, "devices")); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, "", "rewind", name, cp.ID)
+	if r.code == 0 {
+		t.Fatalf("a rewind to damaged device state succeeded:\n%s", r)
+	}
+	t.Logf("the failed rewind said: %s", strings.TrimSpace(r.stderr))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cur := ls(t)[name]
+		qemus := qemuProcesses(t, name)
+		if cur.State != "running" && len(qemus) == 0 && !processRunning(e.Status.SupervisorPID) {
+			if cur.State != "crashed" {
+				t.Errorf("state after the failed rewind: %q, want crashed", cur.State)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after a failed rewind: state %q, QEMU processes %v, supervisor running %v",
+				cur.State, qemus, processRunning(e.Status.SupervisorPID))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, err := os.Stat(filepath.Join(e.Dir, "api.sock")); err == nil {
+		t.Errorf("the API socket is left behind")
+	}
+	must(t, "start", name)
+	must(t, "exec", name, "--", "true")
+}
+
+// qemuProcesses lists the live QEMU processes of a sandbox.
+func qemuProcesses(t *testing.T, name string) []int {
+	t.Helper()
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(b), "kosa8-"+name+",") && processRunning(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
