@@ -582,7 +582,7 @@ func (c *Client) Info(ctx context.Context) (*guest.Info, error) {
 // poweroff, then SIGKILL); one that overruns these is wedged, and the
 // caller ends it (its QEMU dies with it).
 const (
-	stopTimeout = 2 * time.Minute
+	stopTimeout = 3 * time.Minute
 	killTimeout = 30 * time.Second
 )
 

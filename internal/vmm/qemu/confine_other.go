@@ -10,8 +10,8 @@ import (
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
-// confinePlan is empty off Linux: macOS has no Landlock, and QEMU runs as
-// the user, under its own seccomp-less sandbox options only.
+// confinePlan is empty off Linux: macOS has no Landlock and no seccomp,
+// and QEMU runs as the user (see the README).
 type confinePlan struct{}
 
 func planConfinement(c *Confinement, binary, ramDir string, spec *vmspec.Spec, accel vmm.Accel) (*confinePlan, error) {
