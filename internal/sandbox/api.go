@@ -597,12 +597,23 @@ func (c *Client) Info(ctx context.Context) (*guest.Info, error) {
 	return &out, c.do(ctx, "GET", "/v1/info", nil, &out)
 }
 
-// Stop stops the sandbox and returns once its VM is gone.
+// Stop deadlines: a supervisor's stop is bounded (a last sync pass, a
+// poweroff, then SIGKILL); one that overruns these is wedged, and the
+// caller ends it (its QEMU dies with it).
+const (
+	stopTimeout = 3 * time.Minute
+	killTimeout = 30 * time.Second
+)
+
+// Stop stops the sandbox and returns once its VM is gone, or with an
+// error once the supervisor overran its deadline.
 func (c *Client) Stop(ctx context.Context, kill bool) error {
-	p := "/v1/stop"
+	p, d := "/v1/stop", stopTimeout
 	if kill {
-		p += "?kill=1"
+		p, d = p+"?kill=1", killTimeout
 	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
 	return c.do(ctx, "POST", p, nil, nil)
 }
 

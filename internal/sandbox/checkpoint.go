@@ -67,7 +67,7 @@ func (s *supervisor) disks() []vmspec.Disk {
 
 // launch starts QEMU and connects to the agent: a cold boot, or (restore
 // set) a restore of the checkpoint's RAM and devices.
-func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) error {
+func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err error) {
 	netEnd, err := s.net.attachLink()
 	if err != nil {
 		return err
@@ -100,9 +100,19 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) error
 		return err
 	}
 	m := mach.(*qemu.Machine)
+	s.log.Info("qemu started", "pid", m.Pid(), "confined", m.Confined())
 	s.clientMu.Lock()
 	s.machine = m
 	s.clientMu.Unlock()
+	defer func() {
+		// All or nothing: a QEMU whose guest never came up is not left
+		// running beside a supervisor that gave up on it.
+		if err != nil {
+			if kerr := m.Kill(); kerr != nil {
+				s.log.Error("kill the QEMU of a failed start", "err", kerr)
+			}
+		}
+	}()
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -291,6 +301,61 @@ func virtualSize(path, format string) (int64, error) {
 	return 0, fmt.Errorf("unknown disk format %q", format)
 }
 
+// Deadlines of a checkpoint's steps. A guest or QEMU that does not answer
+// in time fails the checkpoint, which then resumes and thaws the machine
+// and says so, instead of hanging the supervisor (and with it stop and
+// rm, which wait for the checkpoint's locks).
+const (
+	guestCallTimeout  = 15 * time.Second // one agent call: ping, freeze, thaw
+	vmCallTimeout     = 15 * time.Second // one QMP command: pause, resume, a disk snapshot
+	preSyncTimeout    = 60 * time.Second // the sync pass before the freeze
+	checkpointTimeout = 5 * time.Minute  // the whole checkpoint, its RAM copy included
+	rewindTimeout     = 5 * time.Minute  // a rewind, a cold boot from disks included
+)
+
+// withTimeout is ctx bounded by d.
+func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d)
+}
+
+// responsive checks, each within a short deadline, that QEMU answers, the
+// VM runs and the agent answers: a checkpoint of a machine that does not
+// would wait on it.
+func (s *supervisor) responsive(ctx context.Context) error {
+	m := s.currentMachine()
+	qctx, cancel := withTimeout(ctx, vmCallTimeout)
+	state, running, err := m.RunState(qctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("QEMU does not answer (%w): 'kosa8 stop --kill %s' ends it", err, s.sb.Config.Name)
+	}
+	if !running {
+		return fmt.Errorf("the VM is not running (QEMU's state: %s): 'kosa8 stop --kill %s' ends it", state, s.sb.Config.Name)
+	}
+	return s.agentAnswers(ctx)
+}
+
+// answers checks that QEMU and the guest agent answer, as a clean stop
+// needs; the VM may be paused for a moment (a checkpoint's pause).
+func (s *supervisor) answers(ctx context.Context) error {
+	qctx, cancel := withTimeout(ctx, vmCallTimeout)
+	_, _, err := s.currentMachine().RunState(qctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("QEMU does not answer: %w", err)
+	}
+	return s.agentAnswers(ctx)
+}
+
+func (s *supervisor) agentAnswers(ctx context.Context) error {
+	gctx, cancel := withTimeout(ctx, guestCallTimeout)
+	defer cancel()
+	if err := within(gctx, s.currentClient().Ping); err != nil {
+		return fmt.Errorf("the guest agent does not answer (%w): 'kosa8 stop --kill %s' ends it", err, s.sb.Config.Name)
+	}
+	return nil
+}
+
 // checkpoint saves the whole running machine: the workloads are frozen and
 // the sync quiesced; the VM pauses while each disk's layer is frozen (new
 // writes go to a new overlay), the device state is saved and the RAM file
@@ -320,6 +385,7 @@ func (s *supervisor) checkpointFinal(ctx context.Context, message, kind string, 
 			err = fmt.Errorf("not enough disk space for a checkpoint in %s (%w): delete old checkpoints ('kosa8 checkpoints %s', 'kosa8 checkpoint rm %s ID') or free space; the sandbox runs on unchanged",
 				s.sb.Dir, err, s.sb.Config.Name, s.sb.Config.Name)
 		}
+		s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "failed", Name: kind, Reason: err.Error()})
 	}
 	return meta, finish, err
 }
@@ -370,6 +436,11 @@ func diskFull(err error, dir string) bool {
 // the returned finish writes it out and commits the checkpoint, and must
 // be called once QEMU is gone (it holds its own descriptor of the RAM).
 func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, final bool) (meta *checkpoint.Meta, finish func() error, err error) {
+	ctx, cancel := withTimeout(ctx, checkpointTimeout)
+	defer cancel()
+	if err := s.responsive(ctx); err != nil {
+		return nil, nil, fmt.Errorf("no checkpoint taken: %w", err)
+	}
 	store := s.sb.Checkpoints()
 	store.Sweep()
 	id := checkpoint.NewID()
@@ -387,20 +458,33 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	if s.ws != nil && s.ws.engine != nil {
 		// Everything the guest wrote so far goes out first; then the sync
 		// holds still until the checkpoint is taken.
-		s.ws.syncNow(ctx, nil)
+		sctx, cancel := withTimeout(ctx, preSyncTimeout)
+		s.ws.syncNow(sctx, nil)
+		cancel()
 		resume := s.ws.Pause()
 		defer resume()
 	}
 	client := s.currentClient()
-	if err := client.Freeze(ctx); err != nil {
+	fctx, cancel := withTimeout(ctx, guestCallTimeout)
+	if err := within(fctx, client.Freeze); err != nil {
 		s.log.Warn("freeze workloads", "err", err)
 	}
+	cancel()
 	defer func() {
 		if final && handedOver {
 			return // the machine ends frozen: a rewind replaces it
 		}
-		if err := client.Thaw(context.Background()); err != nil {
-			s.log.Warn("thaw workloads", "err", err)
+		// Its own deadline: ctx may be over (that may be why we are here).
+		tctx, cancel := withTimeout(context.Background(), guestCallTimeout)
+		defer cancel()
+		if terr := within(tctx, client.Thaw); terr != nil {
+			s.log.Error("thaw workloads", "err", terr)
+			terr = fmt.Errorf("the guest did not thaw its workloads (%w): processes in the sandbox stay stopped; 'kosa8 stop %s' and start it again", terr, s.sb.Config.Name)
+			if err != nil {
+				err = errors.Join(err, terr)
+			} else {
+				s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "thaw-failed", Name: meta.ID, Reason: terr.Error()})
+			}
 		}
 	}()
 	dev, err := os.OpenFile(filepath.Join(tmp, checkpoint.DevicesFile), os.O_CREATE|os.O_RDWR, 0o600)
@@ -422,8 +506,11 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 
 	m := s.currentMachine()
 	pauseStart := time.Now()
-	if err := m.Pause(ctx); err != nil {
-		return nil, nil, err
+	pctx, cancel := withTimeout(ctx, vmCallTimeout)
+	err = m.Pause(pctx)
+	cancel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("pause the VM: %w", err)
 	}
 	resumed := false
 	resume := func() error {
@@ -431,9 +518,22 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 			return nil
 		}
 		resumed = true
-		return m.Resume(context.Background())
+		// Its own deadline: ctx may be over (that may be why we are here).
+		rctx, cancel := withTimeout(context.Background(), vmCallTimeout)
+		defer cancel()
+		if err := m.Resume(rctx); err != nil {
+			return fmt.Errorf("the VM did not resume (%w): 'kosa8 stop --kill %s' ends it", err, s.sb.Config.Name)
+		}
+		return nil
 	}
-	defer resume() // on failure, final or not, the machine runs on
+	defer func() {
+		// On failure, final or not, the machine runs on; if it cannot,
+		// the error says so.
+		if rerr := resume(); rerr != nil {
+			s.log.Error("resume after a failed checkpoint", "err", rerr)
+			err = errors.Join(err, rerr)
+		}
+	}()
 	frozen := s.sb.activeDisks()
 	next := map[string]checkpoint.Disk{}
 	if err := os.MkdirAll(s.sb.Path(disksDir), 0o700); err != nil {
@@ -441,7 +541,10 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	}
 	for diskID := range frozen {
 		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
-		if err := m.SnapshotDisk(ctx, diskID, s.sb.Path(overlay)); err != nil {
+		sctx, cancel := withTimeout(ctx, vmCallTimeout)
+		err := m.SnapshotDisk(sctx, diskID, s.sb.Path(overlay))
+		cancel()
+		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot disk %s: %w", diskID, err)
 		}
 		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
@@ -628,6 +731,8 @@ type RewindResult struct {
 func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, error) {
 	s.cpMu.Lock()
 	defer s.cpMu.Unlock()
+	ctx, cancel := withTimeout(ctx, rewindTimeout)
+	defer cancel()
 	target, err := s.sb.Checkpoints().Load(id)
 	if err != nil {
 		return nil, err

@@ -56,6 +56,7 @@ type supervisor struct {
 	ws      *workspace
 
 	drv         *qemu.Driver
+	qemuConfig  qemu.Config // how drv was made; the TCG fallback changes only the accelerator
 	spec        *vmspec.Spec
 	qemuVersion string
 	cpMu        sync.Mutex // one checkpoint or rewind at a time
@@ -120,13 +121,7 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 		*st = Status{State: Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
 	})
 	if err := s.boot(ctx, m, o); err != nil {
-		s.setStatus(func(st *Status) { st.State, st.Error, st.Stopped = Crashed, err.Error(), time.Now().UTC() })
-		if s.machine != nil {
-			_ = s.machine.Kill()
-		}
-		if s.net != nil {
-			s.net.close()
-		}
+		s.failedStart(err)
 		return err
 	}
 	defer s.net.close()
@@ -138,8 +133,7 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 	})
 	srv, err := s.serveAPI()
 	if err != nil {
-		_ = s.machine.Kill()
-		s.setStatus(func(st *Status) { st.State, st.Error = Crashed, err.Error() })
+		s.failedStart(err)
 		return err
 	}
 	go s.prepareSpare()
@@ -201,19 +195,55 @@ wait:
 		}
 	}
 	s.setStatus(func(st *Status) { st.State = Stopping })
-	if s.ws != nil {
-		if !exited && !req.kill {
-			// A last pass, so nothing the guest just wrote is left behind.
-			wctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			s.ws.stop(wctx)
-			cancel()
-		} else {
-			s.ws.detach()
-			s.ws.closeFiles()
+	stopped := exited
+	kill := req.kill
+	if !stopped && !kill {
+		if err := s.answers(context.Background()); err != nil {
+			// A clean stop would only wait on it.
+			log.Warn("the machine does not answer: killing QEMU", "err", err)
+			kill = true
 		}
 	}
-	if !exited {
+	if !stopped && kill {
+		// QEMU goes first: whatever waits on the guest or on QEMU (a
+		// checkpoint, a sync pass, holding the locks the sync's detach
+		// waits for) fails at once instead of holding up the stop.
+		exitErr = s.shutdown(true)
+		stopped = true
+	}
+	var syncDone chan struct{}
+	if s.ws != nil {
+		syncDone = make(chan struct{})
+		last := !stopped
+		go func() {
+			defer close(syncDone)
+			if last {
+				// A last pass, so nothing the guest just wrote is left behind.
+				wctx, cancel := context.WithTimeout(context.Background(), syncStopTimeout)
+				s.ws.stop(wctx)
+				cancel()
+			} else {
+				s.ws.detach()
+				s.ws.closeFiles()
+			}
+		}()
+		select {
+		case <-syncDone:
+			syncDone = nil
+		case <-time.After(syncStopTimeout + 5*time.Second):
+			// Waiting on a lock a stuck call holds: stopping QEMU ends it.
+			log.Warn("the workspace sync did not stop in time: stopping the VM without its last pass")
+		}
+	}
+	if !stopped {
 		exitErr = s.shutdown(req.kill)
+	}
+	if syncDone != nil {
+		select {
+		case <-syncDone:
+		case <-time.After(10 * time.Second):
+			log.Error("the workspace sync did not end after the VM did")
+		}
 	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = srv.Shutdown(shutCtx)
@@ -236,6 +266,28 @@ wait:
 		return m.Remove(name)
 	}
 	return nil
+}
+
+// failedStart undoes what a start that failed had set up: QEMU (with it
+// its descriptors of the unlinked RAM file), the workspace's watchers and
+// lock, the network; the API socket is never left behind.
+func (s *supervisor) failedStart(err error) {
+	if m := s.currentMachine(); m != nil {
+		if kerr := m.Kill(); kerr != nil {
+			s.log.Error("kill QEMU after a failed start", "err", kerr)
+		}
+	}
+	if s.ws != nil {
+		s.ws.detach()
+		s.ws.closeFiles()
+	}
+	if s.net != nil {
+		s.net.close()
+	}
+	os.Remove(s.sb.Path(APISocket))
+	s.setStatus(func(st *Status) {
+		st.State, st.Error, st.Stopped, st.QEMUPID = Crashed, err.Error(), time.Now().UTC(), 0
+	})
 }
 
 func (s *supervisor) setStatus(f func(*Status)) {
@@ -280,8 +332,15 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if err != nil {
 		return err
 	}
+	// QEMU reaches its image and this sandbox's disk layers and nothing
+	// else of the host (it runs as a uid of its own under root).
+	confine := &qemu.Confinement{ReadWrite: []string{s.sb.Path(disksDir)}, ReadOnly: []string{img.Dir, s.sb.Path(RootDisk)}}
+	if cfg.Workspace != nil {
+		confine.ReadOnly = append(confine.ReadOnly, s.sb.Path(WorkspaceDisk))
+	}
 	forced := vmm.Accel(cfg.Accel)
-	drv, err := qemu.New(qemu.Config{Arch: vmspec.Arch(cfg.Arch), Accel: forced, RecordDir: m.Paths.Home})
+	s.qemuConfig = qemu.Config{Arch: vmspec.Arch(cfg.Arch), Accel: forced, RecordDir: m.Paths.Home, Confine: confine}
+	drv, err := qemu.New(s.qemuConfig)
 	if err != nil {
 		return err
 	}
@@ -390,7 +449,9 @@ func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, 
 		return fmt.Errorf("booting under %s failed: %w\nkosa8 was asked for %s (KOSA8_ACCEL or --accel); to run under emulation instead, set KOSA8_ACCEL=tcg", tried, err, tried)
 	}
 	s.log.Warn("hardware acceleration failed to boot the sandbox: trying tcg", "accel", tried, "err", err)
-	drv, derr := qemu.New(qemu.Config{Arch: s.spec.Arch, Accel: vmm.TCG})
+	tcg := s.qemuConfig
+	tcg.Accel = vmm.TCG
+	drv, derr := qemu.New(tcg)
 	if derr != nil {
 		return errors.Join(err, derr)
 	}
@@ -448,13 +509,17 @@ func consoleTail(path string) string {
 	return "\nlast console lines:\n  " + strings.Join(lines, "\n  ")
 }
 
+// syncStopTimeout bounds the workspace's last pass at a stop.
+const syncStopTimeout = 60 * time.Second
+
 // shutdown stops the guest: a clean poweroff through the agent unless
 // kill, then QEMU is killed if it is still there after a grace period.
+// Every wait in it has a deadline.
 func (s *supervisor) shutdown(kill bool) error {
 	m := s.currentMachine()
 	if c := s.currentClient(); !kill && c != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := c.Poweroff(ctx)
+		err := within(ctx, c.Poweroff)
 		cancel()
 		if err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -468,8 +533,24 @@ func (s *supervisor) shutdown(kill bool) error {
 			s.log.Warn("poweroff request failed: killing QEMU", "err", err)
 		}
 	}
-	_ = m.Kill()
+	if err := m.Kill(); err != nil {
+		s.log.Error("kill QEMU", "err", err)
+	}
 	return nil
+}
+
+// within runs f and returns when it does or when ctx ends, whichever is
+// first: a call into the guest can block past its context on a channel the
+// guest no longer reads (yamux opens a stream without one).
+func within(ctx context.Context, f func(context.Context) error) error {
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (s *supervisor) requestStop(req stopRequest) {

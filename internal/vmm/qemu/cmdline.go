@@ -190,7 +190,11 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		if strings.Contains(d.Path, ",") {
 			return nil, fmt.Errorf("qemu: disk path %q contains a comma", d.Path)
 		}
-		drive := "id=" + d.ID + ",file=" + d.Path + ",format=" + d.Format + ",if=none,discard=unmap,detect-zeroes=unmap"
+		// werror/rerror=report: a write that fails on the host (a full disk
+		// under a checkpoint) is an I/O error in the guest. QEMU's default,
+		// enospc, stops the whole VM until someone sends "cont", and a
+		// stopped guest answers no agent call: the supervisor hung there.
+		drive := "id=" + d.ID + ",file=" + d.Path + ",format=" + d.Format + ",if=none,discard=unmap,detect-zeroes=unmap,werror=report,rerror=report"
 		if d.ReadOnly {
 			drive += ",read-only=on"
 		}

@@ -118,6 +118,13 @@ func TestArgsDevices(t *testing.T) {
 	if len(drives) != 2 || !strings.Contains(drives[1], "read-only=on") || strings.Contains(drives[0], "read-only") {
 		t.Errorf("drives = %q", drives)
 	}
+	// A host disk error must reach the guest as an I/O error, never stop
+	// the VM (QEMU's default werror=enospc), which hung the supervisor.
+	for _, d := range drives {
+		if !strings.Contains(d, ",werror=report,") || !strings.HasSuffix(d, ",rerror=report") && !strings.Contains(d, ",rerror=report,") {
+			t.Errorf("drive %q does not report errors to the guest", d)
+		}
+	}
 	chardevs := values(args, "-chardev")
 	want := []string{"socket,id=qmp,fd=4", "socket,id=agent,fd=5", "file,id=console,path=/sb/console.log,append=on"}
 	if !slices.Equal(chardevs, want) {

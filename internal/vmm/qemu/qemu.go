@@ -24,11 +24,12 @@ import (
 
 // Driver starts QEMU machines.
 type Driver struct {
-	binary string
-	accel  vmm.Accel
-	ramDir string
-	host   Host
-	inst   Install
+	binary  string
+	accel   vmm.Accel
+	ramDir  string
+	host    Host
+	inst    Install
+	confine *Confinement
 }
 
 // Config selects how a Driver runs QEMU.
@@ -46,6 +47,9 @@ type Config struct {
 	// directory, KOSA8_HOME); they are not chosen again unless forced.
 	// Empty: none are remembered.
 	RecordDir string
+	// Confine, when set, confines QEMU to these files and its own (see
+	// confine_linux.go).
+	Confine *Confinement
 }
 
 // New finds QEMU and decides the acceleration.
@@ -74,7 +78,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.RAMDir == "" {
 		cfg.RAMDir = defaultRAMDir()
 	}
-	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, host: host, inst: inst}, nil
+	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, host: host, inst: inst, confine: cfg.Confine}, nil
 }
 
 // FindBinary locates the QEMU program for arch.
@@ -192,10 +196,11 @@ type Machine struct {
 	agent net.Conn
 	ram   *os.File
 
-	done    chan struct{}
-	waitErr error
-	stderr  *tail
-	version Version // chooses the migration URI
+	done     chan struct{}
+	waitErr  error
+	stderr   *tail
+	version  Version // chooses the migration URI
+	confined string
 }
 
 func (m *Machine) Pid() int              { return m.pid }
@@ -203,6 +208,10 @@ func (m *Machine) Agent() net.Conn       { return m.agent }
 func (m *Machine) QMP() *QMP             { return m.qmp }
 func (m *Machine) RAM() *os.File         { return m.ram }
 func (m *Machine) Done() <-chan struct{} { return m.done }
+
+// Confined says how QEMU is confined ("none", or its uid, no_new_privs,
+// the Landlock version).
+func (m *Machine) Confined() string { return m.confined }
 
 // Wait blocks until QEMU exits (its error, with the tail of what QEMU
 // printed) or ctx ends.
@@ -215,7 +224,11 @@ func (m *Machine) Wait(ctx context.Context) error {
 	}
 }
 
-// Kill ends QEMU at once.
+// killWait bounds the wait for QEMU to be reaped after SIGKILL (a process
+// in uninterruptible sleep on a dead disk takes time to die).
+var killWait = 10 * time.Second
+
+// Kill ends QEMU at once: SIGKILL, then a bounded wait for it to be gone.
 func (m *Machine) Kill() error {
 	select {
 	case <-m.done:
@@ -223,10 +236,25 @@ func (m *Machine) Kill() error {
 	default:
 	}
 	if err := m.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return err
+		return fmt.Errorf("kill qemu (pid %d): %w", m.pid, err)
 	}
-	<-m.done
-	return nil
+	select {
+	case <-m.done:
+		return nil
+	case <-time.After(killWait):
+		return fmt.Errorf("qemu (pid %d) was sent SIGKILL but has not exited after %v", m.pid, killWait)
+	}
+}
+
+// RunState asks QEMU whether the guest's CPUs run, and its run state
+// ("running", "paused", "io-error", …).
+func (m *Machine) RunState(ctx context.Context) (string, bool, error) {
+	var st struct {
+		Status  string `json:"status"`
+		Running bool   `json:"running"`
+	}
+	err := m.qmp.Execute(ctx, "query-status", nil, &st)
+	return st.Status, st.Running, err
 }
 
 // Stderr returns the last of what QEMU printed.
@@ -247,6 +275,14 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		return fail(err)
 	}
 	cleanup = append(cleanup, func() { ram.Close() })
+	plan, err := planConfinement(d.confine, d.binary, d.ramDir, spec, d.accel)
+	if err != nil {
+		return fail(err)
+	}
+	defer plan.close() // the child holds its domain; the ruleset is not needed after the fork
+	if err := plan.prepare(ram); err != nil {
+		return fail(err)
+	}
 	qmpHost, qmpQemu, err := SocketPair("qmp")
 	if err != nil {
 		return fail(err)
@@ -290,7 +326,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	if err != nil {
 		return fail(err)
 	}
-	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10), version: d.inst.Version}
+	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10), version: d.inst.Version, confined: plan.String()}
 	cmd := exec.Command(d.binary, args...)
 	cmd.ExtraFiles = extra
 	cmd.Stdin = nil
@@ -300,13 +336,19 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}
 	cmd.Stdout, cmd.Stderr = errOut, errOut
 	cmd.SysProcAttr = procAttr()
+	plan.apply(cmd.SysProcAttr)
 	m.cmd = cmd
 
 	started := make(chan error, 1)
 	go func() {
 		// The parent-death signal fires when the thread that forked QEMU
 		// exits, not the process: keep this thread for QEMU's whole life.
+		// The confinement goes on this thread too, and the fork inherits it.
 		runtime.LockOSThread()
+		if err := plan.enterThread(); err != nil {
+			started <- fmt.Errorf("confine QEMU: %w", err)
+			return
+		}
 		if err := cmd.Start(); err != nil {
 			started <- err
 			return

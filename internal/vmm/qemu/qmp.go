@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // QMP is a client of QEMU's machine protocol over a connected socket.
@@ -168,7 +169,17 @@ func (q *QMP) ExecuteWithFile(ctx context.Context, cmd string, args any, f *os.F
 	return q.execute(ctx, cmd, args, nil, f)
 }
 
+// CommandTimeout bounds a command whose caller set no deadline: a QEMU
+// that stopped answering (wedged on a host disk, or stopped) must never
+// hang the supervisor that waits on it.
+var CommandTimeout = 30 * time.Second
+
 func (q *QMP) execute(ctx context.Context, cmd string, args, out any, f *os.File) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, CommandTimeout)
+		defer cancel()
+	}
 	q.mu.Lock()
 	if q.err != nil {
 		q.mu.Unlock()
@@ -190,6 +201,10 @@ func (q *QMP) execute(ctx context.Context, cmd string, args, out any, f *os.File
 	}
 	b = append(b, '\n')
 	q.wmu.Lock()
+	// A QEMU that reads no more commands fills the socket: the write too
+	// ends with the command's deadline.
+	dl, _ := ctx.Deadline()
+	_ = q.conn.SetWriteDeadline(dl)
 	if f != nil {
 		rights := syscall.UnixRights(int(f.Fd()))
 		_, _, err = q.conn.WriteMsgUnix(b, rights, nil)

@@ -1,0 +1,190 @@
+package qemu
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// startConfined starts cmd as Start starts QEMU: from a locked thread
+// that carries the plan's no_new_privs and Landlock domain, with its
+// credentials, and kept until cmd ends (its parent-death signal).
+func startConfined(t *testing.T, p *confinePlan, cmd *exec.Cmd) (wait func() (string, error)) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = procAttr()
+	p.apply(cmd.SysProcAttr)
+	started, done := make(chan error, 1), make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := p.enterThread(); err != nil {
+			started <- err
+			return
+		}
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		done <- cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		t.Fatalf("start %v: %v", cmd.Args, err)
+	}
+	return func() (string, error) {
+		select {
+		case err := <-done:
+			return out.String(), err
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("%v did not end", cmd.Args)
+			return "", nil
+		}
+	}
+}
+
+func runConfined(t *testing.T, p *confinePlan, cmd *exec.Cmd) (string, error) {
+	return startConfined(t, p, cmd)()
+}
+
+// confinedSetup lays out a sandbox-like tree and a file outside it.
+func confinedSetup(t *testing.T) (dir string, c *Confinement, spec *vmspec.Spec, outside string) {
+	dir = t.TempDir()
+	os.Chmod(dir, 0o755)
+	for _, d := range []string{"image", "sb/disks", "ram"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(p, s string) string {
+		p = filepath.Join(dir, p)
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	spec = &vmspec.Spec{
+		Kernel: write("image/kernel", "k"), Initrd: write("image/initrd", "i"),
+		ConsoleLog: filepath.Join(dir, "sb/console.log"),
+		Disks:      []vmspec.Disk{{ID: "root", Path: write("sb/root.qcow2", "r"), Format: "raw"}},
+	}
+	write("image/rootfs", "base")
+	outside = write("secret", "host secret")
+	c = &Confinement{ReadWrite: []string{filepath.Join(dir, "sb/disks")}, ReadOnly: []string{filepath.Join(dir, "image")}}
+	return dir, c, spec, outside
+}
+
+func requireLandlock(t *testing.T) {
+	if landlockABI() <= 0 {
+		t.Skip("this kernel has no Landlock: QEMU is confined by its uid only (under root), or not at all")
+	}
+}
+
+// A process under the plan reads and writes what it is given and nothing
+// else, cannot gain privileges, and under root runs as its own uid with
+// one capability.
+func TestConfinementLimitsFiles(t *testing.T) {
+	requireLandlock(t)
+	dir, c, spec, outside := confinedSetup(t)
+	p, err := planConfinement(c, "/bin/sh", filepath.Join(dir, "ram"), spec, vmm.TCG)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	ram, _ := os.Create(filepath.Join(dir, "ram", "x.ram"))
+	defer ram.Close()
+	if err := p.prepare(ram); err != nil {
+		t.Fatal(err)
+	}
+	probes := []struct {
+		cmd  string
+		want string
+	}{
+		{"cat " + spec.Kernel, "ok"},                                                 // its kernel
+		{"cat " + filepath.Join(dir, "image/rootfs"), "ok"},                          // its image
+		{"cp " + spec.Kernel + " " + filepath.Join(dir, "sb/disks/new.qcow2"), "ok"}, // a new disk layer
+		{"echo x >> " + spec.Disks[0].Path, "ok"},                                    // its disk
+		{"echo x >> " + spec.ConsoleLog, "ok"},                                       // its console
+		{"cat " + outside, "denied"},                                                 // a host file
+		{"echo x >> " + spec.Kernel, "denied"},                                       // the image, written
+		{"cp " + spec.Kernel + " " + filepath.Join(dir, "sb/planted"), "denied"},     // beside its files
+		{"cat /etc/hostname", "denied"},
+		{"ls /root", "denied"},
+	}
+	script := ""
+	for _, pr := range probes {
+		script += "if (" + pr.cmd + ") >/dev/null 2>&1; then echo ok; else echo denied; fi\n"
+	}
+	out, err := runConfined(t, p, exec.Command("/bin/sh", "-c", script))
+	if err != nil {
+		t.Fatalf("confined shell: %v\n%s", err, out)
+	}
+	lines := strings.Fields(out)
+	if len(lines) != len(probes) {
+		t.Fatalf("output:\n%s", out)
+	}
+	for i, pr := range probes {
+		if lines[i] != pr.want {
+			t.Errorf("%s: %s, want %s", pr.cmd, lines[i], pr.want)
+		}
+	}
+
+	// Its credentials, seen from outside (its own /proc is out of reach).
+	sleep := exec.Command("/bin/sleep", "30")
+	wait := startConfined(t, p, sleep)
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(sleep.Process.Pid) + "/status")
+	sleep.Process.Kill()
+	wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := string(b)
+	if !strings.Contains(status, "NoNewPrivs:\t1") {
+		t.Errorf("no_new_privs is not set:\n%s", status)
+	}
+	if os.Geteuid() == 0 {
+		want := "Uid:\t" + strconv.Itoa(p.uid) + "\t"
+		if !strings.Contains(status, want) || !strings.Contains(status, "CapEff:\t0000000000000004") || p.uid == 0 {
+			t.Errorf("under root the confined process must run as its own uid with CAP_DAC_READ_SEARCH only:\n%s", status)
+		}
+	}
+}
+
+// QEMU itself, confined as Start confines it, cannot open a host file
+// outside its set (a disk it is told to open), and opens one inside it.
+func TestConfinedQEMUCannotOpenOutside(t *testing.T) {
+	requireLandlock(t)
+	bin, err := FindBinary(vmspec.HostArch(), "")
+	if err != nil {
+		t.Skipf("QEMU is not installed: %v", err)
+	}
+	dir, c, spec, outside := confinedSetup(t)
+	open := func(path string) string {
+		p, err := planConfinement(c, bin, filepath.Join(dir, "ram"), spec, vmm.TCG)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.close()
+		cmd := exec.Command(bin, "-M", "none", "-nodefaults", "-display", "none", "-S", "-qmp", "stdio",
+			"-drive", "id=d,if=none,format=raw,read-only=on,file="+path)
+		cmd.Stdin = strings.NewReader(`{"execute":"qmp_capabilities"}` + "\n" + `{"execute":"quit"}` + "\n")
+		out, _ := runConfined(t, p, cmd)
+		return out
+	}
+	if out := open(filepath.Join(dir, "image/rootfs")); !strings.Contains(out, `"return"`) || strings.Contains(out, "denied") {
+		t.Fatalf("confined QEMU could not open a disk inside its set:\n%s", out)
+	}
+	if out := open(outside); !strings.Contains(out, "Permission denied") {
+		t.Fatalf("confined QEMU opened %s, outside its set:\n%s", outside, out)
+	}
+}

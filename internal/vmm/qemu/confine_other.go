@@ -1,0 +1,25 @@
+//go:build !linux
+
+package qemu
+
+import (
+	"os"
+	"syscall"
+
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// confinePlan is empty off Linux: macOS has no Landlock and no seccomp,
+// and QEMU runs as the user (see the README).
+type confinePlan struct{}
+
+func planConfinement(c *Confinement, binary, ramDir string, spec *vmspec.Spec, accel vmm.Accel) (*confinePlan, error) {
+	return nil, nil
+}
+
+func (p *confinePlan) enterThread() error              { return nil }
+func (p *confinePlan) prepare(ram *os.File) error      { return nil }
+func (p *confinePlan) apply(attr *syscall.SysProcAttr) {}
+func (p *confinePlan) close()                          {}
+func (p *confinePlan) String() string                  { return "none" }
