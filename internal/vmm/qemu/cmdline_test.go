@@ -234,7 +234,7 @@ func TestArgsPerQEMUVersion(t *testing.T) {
 		" -chardev socket,id=qmp,fd=4 -mon chardev=qmp,mode=control -chardev socket,id=agent,fd=5" +
 		" -device virtio-serial-device,max_ports=2 -device virtserialport,chardev=agent,name=org.kosa8.agent" +
 		" -chardev file,id=console,path=/sb/console.log,append=on -serial chardev:console" +
-		" -drive id=root,file=/sb/root.qcow2,format=qcow2,if=none,discard=unmap,detect-zeroes=unmap -device virtio-blk-device,drive=root" +
+		" -drive id=root,file=/sb/root.qcow2,format=qcow2,if=none,discard=unmap,detect-zeroes=unmap,werror=report,rerror=report -device virtio-blk-device,drive=root" +
 		" -object rng-random,id=rng0,filename=/dev/urandom -device virtio-rng-device,rng=rng0 -device virtio-balloon-device,free-page-reporting=on"
 	if got := strings.Join(want72, " "); got != golden {
 		t.Fatalf("7.2 command line:\n got %s\nwant %s", got, golden)
