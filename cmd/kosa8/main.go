@@ -6,9 +6,12 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -23,7 +26,57 @@ type exitError struct{ code int }
 
 func (e *exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
+// errInterrupted is a start ended by ^C (or SIGTERM, SIGHUP): exit 130, as a
+// shell reports a command ended by SIGINT.
+var errInterrupted = errors.New("interrupted")
+
+// Exit statuses of kosa8 itself, as docker run has them: scripts can tell
+// kosa8's failures from the command's.
+const (
+	exitKosa8       = 125 // kosa8 failed: a bad flag or value, no such sandbox, a boot failure
+	exitNotRunnable = 126 // the command exists but cannot be run
+	exitNotFound    = 127 // no such command in the guest
+	exitInterrupted = 130 // ^C before the command started
+)
+
+// exitCode is the status kosa8 exits with for err.
+func exitCode(err error) int {
+	var ee *exitError
+	var ce *sandbox.CommandError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &ce) && (ce.Code == exitNotRunnable || ce.Code == exitNotFound):
+		return ce.Code
+	case errors.Is(err, errInterrupted):
+		return exitInterrupted
+	}
+	return exitKosa8
+}
+
 func main() {
+	// A closed pipe on stdout must end the command in the guest, not kill
+	// kosa8 before it can clean up: with SIGPIPE notified, writes return
+	// EPIPE instead (and exec'd children still get the default action).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	os.Exit(execute(newRoot(), os.Args[1:], os.Stderr))
+}
+
+// execute runs the command line and returns the exit status, printing
+// kosa8's own error.
+func execute(root *cobra.Command, args []string, stderr io.Writer) int {
+	root.SetArgs(args)
+	err := root.Execute()
+	var ee *exitError
+	if err != nil && !errors.As(err, &ee) {
+		fmt.Fprintln(stderr, "kosa8: "+err.Error())
+	}
+	return exitCode(err)
+}
+
+func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kosa8",
 		Short:         "Run AI agents in a sandbox on your own machine",
@@ -44,14 +97,11 @@ func main() {
 		checkpointCmd(), checkpointsCmd(), rewindCmd(), pauseCmd(),
 		trustCmd(), debugCmd(), superviseCmd(),
 	)
-	if err := root.Execute(); err != nil {
-		var ee *exitError
-		if errors.As(err, &ee) {
-			os.Exit(ee.code)
-		}
-		fmt.Fprintln(os.Stderr, "kosa8: "+err.Error())
-		os.Exit(1)
-	}
+	// A bad flag says which command's help lists the real ones.
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return fmt.Errorf("%w ('%s --help' lists its flags)", err, c.CommandPath())
+	})
+	return root
 }
 
 // manager returns the sandbox manager for this user's directories.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -17,17 +18,24 @@ import (
 
 func runCmd() *cobra.Command {
 	var f createFlags
-	var tty, noTTY, detach bool
+	var interactive, tty, noTTY, detach bool
 	var workdir, userName string
 	cmd := &cobra.Command{
 		Use:   "run [flags] [-- COMMAND [ARG...]]",
 		Short: "Create a sandbox, start it and run a command (or a login shell) in it",
-		Long: `Create a sandbox, start it and run COMMAND in it, or an interactive login shell
-when no command is given. The command's exit status is kosa8's. The sandbox is
-stopped when the command ends, and removed as well with --rm.`,
-		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run",
+		Long: `Create a sandbox on the current folder (or --workspace), start it and run
+COMMAND in it, or an interactive login shell when no command is given. The
+command starts in the workspace folder and its exit status is kosa8's; kosa8's
+own failures exit 125, a command that cannot be run 126, one not found 127, and
+^C while booting 130. Standard input is passed only with -i (or when it is a
+terminal). The sandbox is stopped when the command ends, and removed as well
+with --rm (kept if it holds changes waiting for review).`,
+		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run -i --rm -- sh < script.sh\n  kosa8 run",
 		Args:    cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.check(cmd.Flags()); err != nil {
+				return err
+			}
 			m, err := manager()
 			if err != nil {
 				return err
@@ -37,55 +45,48 @@ stopped when the command ends, and removed as well with --rm.`,
 			if err != nil {
 				return err
 			}
+			name := sb.Config.Name
 			// From here on the sandbox exists: stop it (and remove it with
 			// --rm) however the command ends, ^C included.
-			sigs := make(chan os.Signal, 1)
-			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-			defer signal.Stop(sigs)
-			cleanup := func() {
-				if detach {
-					return
-				}
-				sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
-				_ = stopSandbox(sctx, sb, sb.Config.Ephemeral)
-				if sb.Config.Ephemeral {
-					_ = m.Remove(sb.Config.Name) // the supervisor removes it too; either wins
-				}
-			}
-			startCtx, cancel := context.WithCancel(ctx)
-			go func() {
-				select {
-				case <-sigs:
-					cancel()
-				case <-startCtx.Done():
-				}
-			}()
+			startCtx, interrupted, stopSignals := interruptible(ctx)
 			st, err := startSandbox(startCtx, sb, false)
-			cancel()
+			stopSignals()
 			if err != nil {
-				cleanup()
-				if !sb.Config.Ephemeral {
-					err = fmt.Errorf("%w\n(the sandbox %s was kept: 'kosa8 logs %s', 'kosa8 rm %s')", err, sb.Config.Name, sb.Config.Name, sb.Config.Name)
+				if interrupted() {
+					// Never got to run anything: nothing of it is worth keeping.
+					removeSandbox(sb, m)
+					return fmt.Errorf("%w: sandbox %s removed", errInterrupted, name)
 				}
-				return err
+				if sb.Config.Ephemeral {
+					stopQuietly(sb)
+					if dir, kerr := keepFailedLogs(m, sb); kerr == nil && dir != "" {
+						err = fmt.Errorf("%w\n(its logs are kept in %s)", err, dir)
+					}
+					_ = m.Remove(name)
+					return err
+				}
+				stopQuietly(sb)
+				return fmt.Errorf("%w\n(the sandbox %s was kept: 'kosa8 logs %s', 'kosa8 rm %s')", err, name, name, name)
 			}
-			signal.Stop(sigs)
 			warnTCG(st)
 			if detach {
-				fmt.Println(sb.Config.Name)
+				fmt.Println(name)
 				return nil
 			}
-			o := execOptions{argv: args, stdin: true, dir: workdir, user: userName}
+			o := execOptions{argv: args, dir: workdir, user: userName}
 			if len(o.argv) == 0 {
 				o.argv = []string{"/bin/bash", "-l"}
 			}
-			o.tty = (isTerminal(os.Stdin) && isTerminal(os.Stdout)) || tty
+			o.tty = tty || (isTerminal(os.Stdin) && isTerminal(os.Stdout))
 			if noTTY {
 				o.tty = false
 			}
+			// Standard input only when asked for, or when it is the user's
+			// terminal: a script's stdin (while read …; do kosa8 run …) is
+			// not the guest's to swallow.
+			o.stdin = interactive || (o.tty && isTerminal(os.Stdin))
 			code, err := execIn(ctx, sb, o)
-			cleanup()
+			finishRun(sb, m)
 			if err != nil {
 				return err
 			}
@@ -96,12 +97,89 @@ stopped when the command ends, and removed as well with --rm.`,
 		},
 	}
 	f.register(cmd.Flags())
+	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "pass standard input to the command")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "allocate a terminal even when not attached to one")
 	cmd.Flags().BoolVarP(&noTTY, "no-tty", "T", false, "never allocate a terminal")
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the sandbox and leave it running; print its name")
-	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest (default: the user's home)")
-	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest (default: yours; root for root)")
+	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest (default: the workspace folder, or the user's home without one)")
+	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest (default: your name and ids; kosa8 (1000) when you are root)")
 	return cmd
+}
+
+// interruptible is ctx cancelled by ^C, SIGTERM or SIGHUP; interrupted
+// says whether that happened. stop ends the signal handling.
+func interruptible(ctx context.Context) (_ context.Context, interrupted func() bool, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	var hit atomic.Bool
+	go func() {
+		select {
+		case <-sigs:
+			hit.Store(true)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, hit.Load, func() { signal.Stop(sigs); cancel() }
+}
+
+// stopQuietly stops a sandbox within a minute, whatever state it is in.
+func stopQuietly(sb *sandbox.Sandbox) {
+	sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_ = stopSandbox(sctx, sb, true)
+}
+
+// removeSandbox stops and removes a sandbox this command made.
+func removeSandbox(sb *sandbox.Sandbox, m *sandbox.Manager) {
+	stopQuietly(sb)
+	_ = m.Remove(sb.Config.Name)
+}
+
+// finishRun stops the sandbox run made once its command has ended, and
+// removes it with --rm, unless it holds changes waiting for review: those
+// stay, and the user is told how to reach them.
+func finishRun(sb *sandbox.Sandbox, m *sandbox.Manager) {
+	name := sb.Config.Name
+	sctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	// A workspace gets a clean stop: its last sync pass carries what the
+	// command wrote just before it ended.
+	kill := sb.Config.Workspace == nil && sb.Config.Ephemeral
+	if err := stopSandbox(sctx, sb, kill); err != nil {
+		fmt.Fprintf(os.Stderr, "kosa8: stop %s: %v\n", name, err)
+	}
+	now, err := m.Open(name)
+	if err != nil {
+		return // an ephemeral sandbox removes itself when stopped
+	}
+	if n := now.Status().Pending; n > 0 {
+		fmt.Fprintf(os.Stderr, "kosa8: %s pending in %s: 'kosa8 diff %s', then 'kosa8 apply %s' or 'kosa8 discard %s'\n",
+			plural(n, "change"), name, name, name, name)
+		return
+	}
+	if sb.Config.Ephemeral {
+		_ = m.Remove(name)
+	}
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// keepFailedLogs moves a failed sandbox's logs out of its directory before
+// it is removed: the console and the supervisor's log are the evidence of
+// what went wrong.
+func keepFailedLogs(m *sandbox.Manager, sb *sandbox.Sandbox) (string, error) {
+	dir, err := m.KeepLogs(sb.Config.Name)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kosa8: could not keep the logs of %s: %v\n", sb.Config.Name, err)
+	}
+	return dir, err
 }
 
 func createCmd() *cobra.Command {
@@ -119,6 +197,9 @@ func createCmd() *cobra.Command {
 			}
 			m, err := manager()
 			if err != nil {
+				return err
+			}
+			if err := f.check(cmd.Flags()); err != nil {
 				return err
 			}
 			sb, err := createSandbox(cmd.Context(), m, &f)
@@ -176,8 +257,13 @@ disks as they were are kept as a checkpoint first, so nothing is lost.`,
 						rewind = true
 					}
 				}
-				st2, err := startSandboxFrom(cmd.Context(), sb, false, restore, rewind)
+				ctx, interrupted, stopSignals := interruptible(cmd.Context())
+				st2, err := startSandboxFrom(ctx, sb, false, restore, rewind)
+				stopSignals()
 				if err != nil {
+					if interrupted() {
+						return fmt.Errorf("%w: %s was not started", errInterrupted, name)
+					}
 					return fmt.Errorf("start %s: %w", name, err)
 				}
 				warnTCG(st2)

@@ -39,6 +39,10 @@ type Status struct {
 	// Checkpoint is the checkpoint the running machine descends from (the
 	// parent of the next one); for a paused sandbox, the one to resume.
 	Checkpoint string `json:"checkpoint,omitempty"`
+	// Pending counts the workspace changes left waiting for review or
+	// approval when the sandbox stopped: they live on its disk, and
+	// 'kosa8 diff', 'apply', 'discard' and 'rm' must not forget them.
+	Pending int `json:"pending,omitempty"`
 }
 
 // Files in a sandbox's directory.

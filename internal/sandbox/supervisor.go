@@ -198,6 +198,7 @@ wait:
 		}
 	}
 	s.setStatus(func(st *Status) { st.State = Stopping })
+	pending := 0
 	if s.ws != nil {
 		if !exited && !req.kill {
 			// A last pass, so nothing the guest just wrote is left behind.
@@ -208,6 +209,21 @@ wait:
 			s.ws.detach()
 			s.ws.closeFiles()
 		}
+		if s.ws.engine != nil {
+			ws := s.ws.engine.Status()
+			pending = len(ws.Pending) + len(ws.Held)
+		}
+	}
+	keep := sb.Config.Ephemeral && pending > 0
+	if keep {
+		// The agent's unreviewed work lives on this sandbox's disk: --rm
+		// must not throw it away. It stays, stopped, until applied or
+		// discarded and removed.
+		sb.Config.Ephemeral = false
+		if err := sb.SaveConfig(); err != nil {
+			log.Error("keep the sandbox for its pending changes", "err", err)
+		}
+		log.Info("kept for review", "pending", pending)
 	}
 	if !exited {
 		exitErr = s.shutdown(req.kill)
@@ -226,6 +242,7 @@ wait:
 		if req.pausedAt != "" {
 			st.State, st.Checkpoint = Paused, req.pausedAt
 		}
+		st.Pending = pending
 	})
 	log.Info("stopped", "err", exitErr)
 	if sb.Config.Ephemeral {
