@@ -165,7 +165,7 @@ func rewindCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p := newProgress(os.Stderr)
+			p := newProgress()
 			p.Step("rewinding " + args[0] + " to " + args[1])
 			res, err := sandbox.NewClient(sb).Rewind(cmd.Context(), args[1])
 			p.Done()

@@ -145,7 +145,7 @@ func logsCmd() *cobra.Command {
 			defer f.Close()
 			// The console carries what the guest printed: never raw to the
 			// user's terminal.
-			w := sanitizeWriter{os.Stdout}
+			w := os.Stdout // cleaned by guardOutput
 			if _, err := io.Copy(w, f); err != nil {
 				return err
 			}

@@ -417,7 +417,7 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 
 	var p *progress
 	if !quiet {
-		p = newProgress(os.Stderr)
+		p = newProgress()
 		if restore != "" {
 			p.Step("resuming sandbox " + sb.Config.Name)
 		} else {
@@ -474,7 +474,7 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 
 func logTail(path string) string {
 	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(sanitize(string(b), true)), "\n")
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	if len(lines) > 10 {
 		lines = lines[len(lines)-10:]
 	}
@@ -533,7 +533,7 @@ type execOptions struct {
 func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error) {
 	req := &guest.ExecRequest{Argv: o.argv, Env: o.env, Dir: o.dir, User: o.user, TTY: o.tty}
 	if o.tty {
-		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+		if w, h, err := term.GetSize(int(termOut.Fd())); err == nil {
 			req.Cols, req.Rows = uint16(w), uint16(h)
 		}
 		if t := os.Getenv("TERM"); t != "" {
@@ -547,8 +547,9 @@ func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error
 	defer conn.Close()
 
 	sigs := make(chan byte, 8)
-	out := &pipeWriter{w: os.Stdout, sigs: sigs}
-	sio := guest.StdIO{Stdout: out, Stderr: &pipeWriter{w: os.Stderr, sigs: sigs}, Signals: sigs}
+	// The process's own output, raw: the user attached it on purpose.
+	out := &pipeWriter{w: termOut, sigs: sigs}
+	sio := guest.StdIO{Stdout: out, Stderr: &pipeWriter{w: termErr, sigs: sigs}, Signals: sigs}
 	if o.stdin {
 		sio.Stdin = os.Stdin
 	}
@@ -563,7 +564,7 @@ func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error
 		defer signal.Stop(winch)
 		go func() {
 			for range winch {
-				if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+				if w, h, err := term.GetSize(int(termOut.Fd())); err == nil {
 					select {
 					case resize <- guest.WindowSize{Rows: uint16(h), Cols: uint16(w)}:
 					default:

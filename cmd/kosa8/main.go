@@ -61,18 +61,35 @@ func main() {
 	// kosa8 before it can clean up: with SIGPIPE notified, writes return
 	// EPIPE instead (and exec'd children still get the default action).
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	os.Exit(execute(newRoot(), os.Args[1:], os.Stderr))
+	os.Exit(execute(newRoot(), os.Args[1:], termOut, termErr))
 }
 
 // execute runs the command line and returns the exit status, printing
-// kosa8's own error.
-func execute(root *cobra.Command, args []string, stderr io.Writer) int {
+// kosa8's own error. What it prints reaches out and errw through
+// termsafe (see guardOutput).
+func execute(root *cobra.Command, args []string, out, errw io.Writer) int {
 	root.SetArgs(args)
+	top := ""
+	if c, _, err := root.Find(args); err == nil {
+		for ; c.HasParent(); c = c.Parent() {
+			top = c.Name()
+		}
+	}
+	if top == "supervise" {
+		// The detached supervisor writes its log, not to a terminal.
+		return exitCode(root.Execute())
+	}
+	finish, gerr := guardOutput(rawStdout[top], out, errw)
+	if gerr != nil {
+		fmt.Fprintln(errw, "kosa8: "+gerr.Error())
+		return exitKosa8
+	}
 	err := root.Execute()
 	var ee *exitError
 	if err != nil && !errors.As(err, &ee) {
-		fmt.Fprintln(stderr, "kosa8: "+err.Error())
+		fmt.Fprintln(os.Stderr, "kosa8: "+err.Error())
 	}
+	finish()
 	return exitCode(err)
 }
 

@@ -77,7 +77,7 @@ with --rm (kept if it holds changes waiting for review).`,
 			if len(o.argv) == 0 {
 				o.argv = []string{"/bin/bash", "-l"}
 			}
-			o.tty = tty || (isTerminal(os.Stdin) && isTerminal(os.Stdout))
+			o.tty = tty || (isTerminal(os.Stdin) && isTerminal(termOut))
 			if noTTY {
 				o.tty = false
 			}
