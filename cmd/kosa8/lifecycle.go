@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
@@ -58,7 +59,9 @@ type createFlags struct {
 	force      bool
 }
 
-func (f *createFlags) register(fs *pflag.FlagSet) {
+func (f *createFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	defer func() { _ = cmd.RegisterFlagCompletionFunc("net", completePresets) }()
 	fs.StringVar(&f.name, "name", "", "sandbox name (default: the folder's name and a random suffix)")
 	fs.IntVar(&f.cpus, "cpus", 0, fmt.Sprintf("virtual CPUs (default %d)", sandbox.DefaultCPUs))
 	fs.StringVar(&f.memory, "memory", "", fmt.Sprintf("guest memory, e.g. 2G (default %dM)", sandbox.DefaultMemoryMiB))

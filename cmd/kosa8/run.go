@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/sandbox"
 )
 
@@ -96,7 +97,7 @@ with --rm (kept if it holds changes waiting for review).`,
 			return nil
 		},
 	}
-	f.register(cmd.Flags())
+	f.register(cmd)
 	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "pass standard input to the command")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "allocate a terminal even when not attached to one")
 	cmd.Flags().BoolVarP(&noTTY, "no-tty", "T", false, "never allocate a terminal")
@@ -210,7 +211,7 @@ func createCmd() *cobra.Command {
 			return nil
 		},
 	}
-	f.register(cmd.Flags())
+	f.register(cmd)
 	return cmd
 }
 
@@ -220,6 +221,7 @@ func startCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "start NAME...",
 		Aliases: []string{"resume"},
+		ValidArgsFunction: completeAllSandboxes,
 		Short:   "Start stopped sandboxes (a paused one continues where it was)",
 		Long: `Start stopped sandboxes. A paused sandbox continues where it was; others boot
 from their disks. --from ID (or --from latest) starts the machine saved in a
@@ -245,7 +247,7 @@ disks as they were are kept as a checkpoint first, so nothing is lost.`,
 					restore = st.Checkpoint
 				}
 				if from != "" {
-					if restore, err = resolveCheckpoint(sb, from); err != nil {
+					if restore, err = resolveCheckpoint(sb, from, true); err != nil {
 						return err
 					}
 					if st.State != sandbox.Paused || restore != st.Checkpoint {
@@ -273,28 +275,59 @@ disks as they were are kept as a checkpoint first, so nothing is lost.`,
 		},
 	}
 	cmd.Flags().BoolVar(&cold, "cold", false, "boot a paused sandbox from its disks instead of resuming its memory")
-	cmd.Flags().StringVar(&from, "from", "", "start the machine saved in this checkpoint (an id, or latest)")
+	cmd.Flags().StringVar(&from, "from", "", "start the machine saved in this checkpoint (an id, a unique prefix, or latest)")
+	_ = cmd.RegisterFlagCompletionFunc("from", func(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		if len(args) == 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		return checkpointIDs(args[0], toComplete), cobra.ShellCompDirectiveNoFileComp
+	})
 	return cmd
 }
 
-// resolveCheckpoint turns an id or "latest" into a checkpoint id of sb.
-func resolveCheckpoint(sb *sandbox.Sandbox, ref string) (string, error) {
-	if ref != "latest" {
-		if _, err := sb.Checkpoints().Load(ref); err != nil {
-			return "", fmt.Errorf("%w %q of %s ('kosa8 checkpoints %s' lists them)", err, ref, sb.Config.Name, sb.Config.Name)
-		}
-		return ref, nil
-	}
+// resolveCheckpoint turns a checkpoint reference into a checkpoint id of
+// sb: a whole id, a prefix of exactly one id, or latest (the newest one
+// with a machine in it when machine is set, else the newest of all).
+func resolveCheckpoint(sb *sandbox.Sandbox, ref string, machine bool) (string, error) {
+	name := sb.Config.Name
 	list, err := sb.Checkpoints().List()
 	if err != nil {
 		return "", err
 	}
-	for i := len(list) - 1; i >= 0; i-- {
-		if !list[i].DisksOnly {
-			return list[i].ID, nil
+	if ref == "latest" {
+		newest := (*checkpoint.Meta)(nil)
+		for _, c := range list {
+			if machine && c.DisksOnly {
+				continue
+			}
+			if newest == nil || c.Created.After(newest.Created) || (c.Created.Equal(newest.Created) && c.ID > newest.ID) {
+				newest = c
+			}
+		}
+		if newest == nil {
+			if machine {
+				return "", fmt.Errorf("%s has no checkpoint with a machine in it", name)
+			}
+			return "", fmt.Errorf("%s has no checkpoints ('kosa8 checkpoint %s' takes one)", name, name)
+		}
+		return newest.ID, nil
+	}
+	var found []string
+	for _, c := range list {
+		if c.ID == ref {
+			return c.ID, nil
+		}
+		if ref != "" && strings.HasPrefix(c.ID, ref) {
+			found = append(found, c.ID)
 		}
 	}
-	return "", fmt.Errorf("%s has no checkpoint with a machine in it to start from", sb.Config.Name)
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return "", fmt.Errorf("no checkpoint %q in %s ('kosa8 checkpoints %s' lists them)", ref, name, name)
+	}
+	return "", fmt.Errorf("checkpoint %q of %s is ambiguous: it starts %s", ref, name, strings.Join(found, ", "))
 }
 
 func execCmd() *cobra.Command {
@@ -303,6 +336,7 @@ func execCmd() *cobra.Command {
 	var workdir, userName string
 	cmd := &cobra.Command{
 		Use:     "exec [flags] NAME -- COMMAND [ARG...]",
+		ValidArgsFunction: completeSandboxes,
 		Short:   "Run a command in a running sandbox",
 		Example: "  kosa8 exec demo -- ls -la\n  kosa8 exec -it demo -- bash",
 		Args:    cobra.MinimumNArgs(2),
@@ -345,6 +379,7 @@ func shellCmd() *cobra.Command {
 	var userName string
 	cmd := &cobra.Command{
 		Use:   "shell NAME",
+		ValidArgsFunction: completeSandboxes,
 		Short: "Open an interactive login shell in a running sandbox",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -370,6 +405,7 @@ func stopCmd() *cobra.Command {
 	var kill bool
 	cmd := &cobra.Command{
 		Use:   "stop NAME...",
+		ValidArgsFunction: completeAllSandboxes,
 		Short: "Stop running sandboxes (a clean poweroff of the guest)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -402,6 +438,7 @@ func rmCmd() *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "rm [-f] NAME...",
+		ValidArgsFunction: completeAllSandboxes,
 		Short: "Remove sandboxes and everything they hold",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -421,6 +458,13 @@ func rmCmd() *cobra.Command {
 					if err := stopSandbox(cmd.Context(), sb, true); err != nil {
 						return err
 					}
+				} else if n := sb.Status().Pending; n > 0 && !force {
+					// The agent's unreviewed work is only on this sandbox's disk.
+					q := fmt.Sprintf("%s holds %s not applied to %s; remove it anyway?", name, plural(n, "change"), sb.Config.Workspace.Path)
+					if !isTerminal(os.Stdin) || !confirm(q) {
+						return fmt.Errorf("%s holds %s not applied to the host folder: 'kosa8 diff %s', 'kosa8 apply %s' or 'kosa8 discard %s' first, or 'kosa8 rm -f %s'",
+							name, plural(n, "change"), name, name, name, name)
+					}
 				}
 				if err := m.Remove(name); err != nil {
 					if errors.Is(err, sandbox.ErrNotFound) && sb.Config.Ephemeral {
@@ -434,6 +478,6 @@ func rmCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVarP(&force, "force", "f", false, "stop a running sandbox first")
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "stop a running sandbox first; remove one with unapplied changes without asking")
 	return cmd
 }
