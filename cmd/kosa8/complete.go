@@ -87,4 +87,3 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
-

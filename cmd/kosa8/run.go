@@ -219,10 +219,10 @@ func startCmd() *cobra.Command {
 	var cold bool
 	var from string
 	cmd := &cobra.Command{
-		Use:     "start NAME...",
-		Aliases: []string{"resume"},
+		Use:               "start NAME...",
+		Aliases:           []string{"resume"},
 		ValidArgsFunction: completeAllSandboxes,
-		Short:   "Start stopped sandboxes (a paused one continues where it was)",
+		Short:             "Start stopped sandboxes (a paused one continues where it was)",
 		Long: `Start stopped sandboxes. A paused sandbox continues where it was; others boot
 from their disks. --from ID (or --from latest) starts the machine saved in a
 checkpoint instead, processes and memory included (after a host reboot, say); the
@@ -335,11 +335,11 @@ func execCmd() *cobra.Command {
 	var env []string
 	var workdir, userName string
 	cmd := &cobra.Command{
-		Use:     "exec [flags] NAME -- COMMAND [ARG...]",
+		Use:               "exec [flags] NAME -- COMMAND [ARG...]",
 		ValidArgsFunction: completeSandboxes,
-		Short:   "Run a command in a running sandbox",
-		Example: "  kosa8 exec demo -- ls -la\n  kosa8 exec -it demo -- bash",
-		Args:    cobra.MinimumNArgs(2),
+		Short:             "Run a command in a running sandbox",
+		Example:           "  kosa8 exec demo -- ls -la\n  kosa8 exec -it demo -- bash",
+		Args:              cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := runningSandbox(args[0])
 			if err != nil {
@@ -378,10 +378,10 @@ func execCmd() *cobra.Command {
 func shellCmd() *cobra.Command {
 	var userName string
 	cmd := &cobra.Command{
-		Use:   "shell NAME",
+		Use:               "shell NAME",
 		ValidArgsFunction: completeSandboxes,
-		Short: "Open an interactive login shell in a running sandbox",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Open an interactive login shell in a running sandbox",
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := runningSandbox(args[0])
 			if err != nil {
@@ -404,10 +404,10 @@ func shellCmd() *cobra.Command {
 func stopCmd() *cobra.Command {
 	var kill bool
 	cmd := &cobra.Command{
-		Use:   "stop NAME...",
+		Use:               "stop NAME...",
 		ValidArgsFunction: completeAllSandboxes,
-		Short: "Stop running sandboxes (a clean poweroff of the guest)",
-		Args:  cobra.MinimumNArgs(1),
+		Short:             "Stop running sandboxes (a clean poweroff of the guest)",
+		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := manager()
 			if err != nil {
@@ -437,10 +437,10 @@ func stopCmd() *cobra.Command {
 func rmCmd() *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "rm [-f] NAME...",
+		Use:               "rm [-f] NAME...",
 		ValidArgsFunction: completeAllSandboxes,
-		Short: "Remove sandboxes and everything they hold",
-		Args:  cobra.MinimumNArgs(1),
+		Short:             "Remove sandboxes and everything they hold",
+		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := manager()
 			if err != nil {

@@ -57,8 +57,8 @@ func reachWorkspace(ctx context.Context, name string) (sb *sandbox.Sandbox, done
 // type in words, not wsync's byte.
 type changeView struct {
 	Path string `json:"path"`
-	Kind string `json:"kind"`          // added, modified, deleted
-	Why  string `json:"why,omitempty"` // held: the reason
+	Kind string `json:"kind"`           // added, modified, deleted
+	Why  string `json:"why,omitempty"`  // held: the reason
 	Type string `json:"type,omitempty"` // file, dir, link (the sandbox's side; none when deleted)
 	Size int64  `json:"size,omitempty"`
 	Link string `json:"link,omitempty"` // a link's target
