@@ -434,12 +434,22 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 	}
 	res := make(chan result, 1)
 	go func() {
-		line, err := bufio.NewReader(pr).ReadBytes('\n')
-		var msg sandbox.ReadyMessage
-		if err == nil {
-			err = json.Unmarshal(line, &msg)
+		r := bufio.NewReader(pr)
+		for {
+			line, err := r.ReadBytes('\n')
+			var msg sandbox.ReadyMessage
+			if err == nil {
+				err = json.Unmarshal(line, &msg)
+			}
+			if err == nil && msg.Progress != nil {
+				if p != nil {
+					p.Step(fmt.Sprintf("copying %s in: %d files, %s", sb.Config.Workspace.Path, msg.Progress.Files, humanBytes(msg.Progress.Bytes)))
+				}
+				continue
+			}
+			res <- result{msg, err}
+			return
 		}
-		res <- result{msg, err}
 	}()
 	select {
 	case r := <-res:

@@ -338,8 +338,11 @@ func execCmd() *cobra.Command {
 		Use:               "exec [flags] NAME -- COMMAND [ARG...]",
 		ValidArgsFunction: completeSandboxes,
 		Short:             "Run a command in a running sandbox",
-		Example:           "  kosa8 exec demo -- ls -la\n  kosa8 exec -it demo -- bash",
-		Args:              cobra.MinimumNArgs(2),
+		Long: `Run COMMAND in a running sandbox, in its workspace folder. Its exit status is
+kosa8's; kosa8's own failures exit 125, a command that cannot be run 126, one not
+found 127. Standard input is passed only with -i; -t allocates a terminal.`,
+		Example: "  kosa8 exec demo -- ls -la\n  kosa8 exec -it demo -- bash",
+		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := runningSandbox(args[0])
 			if err != nil {
@@ -370,8 +373,8 @@ func execCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&checkpointFirst, "checkpoint", false, "take a checkpoint first, to rewind to if the command goes wrong")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "allocate a terminal")
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "set KEY=VALUE, or pass the host's KEY (repeatable)")
-	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest")
-	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest")
+	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest (default: the workspace folder, or the user's home without one)")
+	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest (default: the sandbox's user)")
 	return cmd
 }
 

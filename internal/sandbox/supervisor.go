@@ -43,6 +43,9 @@ type ReadyMessage struct {
 	OK     bool    `json:"ok"`
 	Error  string  `json:"error,omitempty"`
 	Status *Status `json:"status,omitempty"`
+	// Progress lines come before the last one (OK or Error set), while
+	// the host folder is copied in.
+	Progress *CopyProgress `json:"progress,omitempty"`
 }
 
 // supervisor owns one running sandbox.
@@ -344,6 +347,14 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if cfg.Workspace != nil {
 		if s.ws, err = openWorkspace(s.sb, m.Paths.Home, s.log); err != nil {
 			return fmt.Errorf("workspace: %w", err)
+		}
+		if ready := o.Ready; ready != nil {
+			// Once the sandbox is ready the pipe is closed: later writes
+			// fail at once, harmlessly.
+			s.ws.progress = func(p CopyProgress) {
+				b, _ := json.Marshal(ReadyMessage{Progress: &p})
+				_, _ = ready.Write(append(b, '\n'))
+			}
 		}
 		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.loadManifest(), o.Restore != "" && o.Rewind); err != nil {
 			return fmt.Errorf("workspace: %w", err)
