@@ -181,7 +181,7 @@ keeping your own edits.`,
 			if err != nil {
 				return err
 			}
-			p := newProgress()
+			p := newProgress(os.Stderr)
 			p.Step("rewinding " + args[0] + " to " + id)
 			res, err := sandbox.NewClient(sb).Rewind(cmd.Context(), id)
 			p.Done()

@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -247,6 +249,33 @@ func TestJSONEmptyListsAndLowerCaseKeys(t *testing.T) {
 		code, out, stderr := kosa8(t, args...)
 		if code != 0 || strings.TrimSpace(out) != "[]" {
 			t.Errorf("kosa8 %v: exit %d, %q %q; want []", args, code, out, stderr)
+		}
+	}
+}
+
+// TestJSONKeysLowerCase: every key of what --json and inspect print is
+// lower case (a Go field without a tag would show up capitalised).
+func TestJSONKeysLowerCase(t *testing.T) {
+	home := fakeHome(t)
+	sb := fakeSandbox(t, home, "keys", t.TempDir(), sandbox.Status{State: sandbox.Stopped, Pending: 1})
+	sb.Config.Network = sandbox.NetworkConfig{Rules: []string{"example.com"}, Ports: []sandbox.PortForward{{HostPort: 8080, GuestPort: 80}}}
+	sb.Config.Secrets = []string{"K"}
+	sb.Config.Env = []string{"A=1"}
+	l := describe(sb)
+	l.Network = &networkView{Rules: []string{"x"}, Secrets: []string{"K"}, Ports: sb.Config.Network.Ports}
+	values := []any{
+		l,
+		syncView{Pending: []changeView{{Path: "a", Kind: "added", Type: "file"}}},
+		checkpoint.Meta{ID: "x", Disks: map[string]checkpoint.Disk{"root": {}}},
+	}
+	upper := regexp.MustCompile(`"([A-Za-z_]*[A-Z][A-Za-z_]*)":`)
+	for _, v := range values {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := upper.FindAllStringSubmatch(string(b), -1); m != nil {
+			t.Errorf("%T has keys that are not lower case: %v", v, m)
 		}
 	}
 }

@@ -420,7 +420,7 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 
 	var p *progress
 	if !quiet {
-		p = newProgress()
+		p = newProgress(os.Stderr)
 		if restore != "" {
 			p.Step("resuming sandbox " + sb.Config.Name)
 		} else {

@@ -91,7 +91,7 @@ func buildImage(ctx context.Context, m *sandbox.Manager, rebuild bool) (*image.I
 		return nil, err
 	}
 	defer logf.Close()
-	p := newProgress()
+	p := newProgress(os.Stderr)
 	p.Step("building the guest image (log: " + logPath + ")")
 	img, err := store.Build(ctx, r, image.BuildOptions{Progress: p.Step, Log: logf, Rebuild: rebuild})
 	p.Done()

@@ -29,10 +29,13 @@ type progress struct {
 	done chan struct{}
 }
 
-// newProgress shows progress on kosa8's own stderr: the spinner's line
-// rewriting needs the raw terminal, so each step's text is cleaned here.
-func newProgress() *progress {
-	out := termErr
+// newProgress shows progress on kosa8's own stderr (out is os.Stderr or
+// nil): the spinner's line rewriting needs the raw terminal, so each step's
+// text is cleaned here instead.
+func newProgress(out *os.File) *progress {
+	if out == nil || out == os.Stderr {
+		out = termErr
+	}
 	p := &progress{out: out, tty: isTerminal(out), start: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
 	if p.tty {
 		go p.spin()
@@ -150,4 +153,15 @@ func guardOutput(rawOut bool, out, errw io.Writer) (finish func(), err error) {
 		wg.Wait()
 		os.Stdout, os.Stderr = origOut, origErr
 	}, nil
+}
+
+// sanitizeWriter cleans a stream on its way to w (lines kept); output to
+// os.Stdout is already cleaned by guardOutput.
+type sanitizeWriter struct{ w io.Writer }
+
+func (s sanitizeWriter) Write(p []byte) (int, error) {
+	if _, err := io.WriteString(s.w, termsafe.Clean(string(p), true)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
