@@ -86,6 +86,9 @@ with --rm (kept if it holds changes waiting for review).`,
 			// terminal: a script's stdin (while read …; do kosa8 run …) is
 			// not the guest's to swallow.
 			o.stdin = interactive || (o.tty && isTerminal(os.Stdin))
+			if len(args) == 0 && !o.stdin {
+				fmt.Fprintln(os.Stderr, "kosa8: no terminal and no -i: the login shell gets no input (use -i to pass stdin)")
+			}
 			code, err := execIn(ctx, sb, o)
 			finishRun(sb, m)
 			if err != nil {
