@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"io"
 	"sync"
 	"time"
 
@@ -16,8 +17,9 @@ type CopyProgress struct {
 	Bytes int64 `json:"bytes"`
 }
 
-// countingGuest is the guest side of the sync with every batch it writes
-// counted: the engine sees the same GuestSide, Put included.
+// countingGuest is the guest side of the sync with the files it writes
+// counted, during the first pass only: the engine sees the same GuestSide,
+// Put included.
 type countingGuest struct {
 	*wsync.GuestSide
 	mu    sync.Mutex
@@ -29,21 +31,38 @@ type countingGuest struct {
 const progressInterval = time.Second
 
 func (c *countingGuest) Put(ctx context.Context, items []wsync.PutItem) (map[string]error, error) {
-	failed, err := c.GuestSide.Put(ctx, items)
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, it := range items {
-		if it.Entry == nil || failed[it.Entry.Path] != nil {
+	active := c.tell != nil
+	c.mu.Unlock()
+	if !active {
+		return c.GuestSide.Put(ctx, items)
+	}
+	// One Put carries a whole pass: count each file as it is opened to be
+	// streamed, so a large first copy reports as it goes.
+	counted := make([]wsync.PutItem, len(items))
+	for i, it := range items {
+		counted[i] = it
+		if it.Open == nil || it.Entry == nil {
 			continue
 		}
-		c.total.Files++
-		c.total.Bytes += it.Entry.Size
+		open, size := it.Open, it.Entry.Size
+		counted[i].Open = func() (io.ReadCloser, error) {
+			c.count(size)
+			return open()
+		}
 	}
+	return c.GuestSide.Put(ctx, counted)
+}
+
+func (c *countingGuest) count(size int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.total.Files++
+	c.total.Bytes += size
 	if c.tell != nil && time.Since(c.last) >= progressInterval {
 		c.last = time.Now()
 		c.tell(c.total)
 	}
-	return failed, err
 }
 
 // done tells the final count of the first pass (when it copied anything)
