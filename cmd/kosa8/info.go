@@ -112,6 +112,9 @@ func lsCmd() *cobra.Command {
 				if l.Config.Ephemeral {
 					state += " (--rm)"
 				}
+				if n := l.Status.Pending; n > 0 && !l.Config.Ephemeral && l.State != sandbox.Running {
+					state += fmt.Sprintf(" (%d pending)", n)
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dG\t%s\n", sanitize(l.Name, false), state, accel, l.Config.CPUs, l.Config.MemoryMiB, l.Config.DiskGiB, ago(l.Config.Created))
 			}
 			return tw.Flush()
