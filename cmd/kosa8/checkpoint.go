@@ -26,9 +26,10 @@ func checkpointCmd() *cobra.Command {
 	var message string
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "checkpoint NAME",
-		Short: "Save the whole running machine (RAM, devices, disks, workspace) to rewind to",
-		Args:  cobra.ExactArgs(1),
+		Use:               "checkpoint NAME",
+		Short:             "Save the whole running machine (RAM, devices, disks, workspace) to rewind to",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := runningSandbox(args[0])
 			if err != nil {
@@ -52,15 +53,20 @@ func checkpointCmd() *cobra.Command {
 	cmd.Flags().StringVarP(&message, "message", "m", "", "what this checkpoint is")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	rm := &cobra.Command{
-		Use:   "rm NAME ID...",
-		Short: "Delete checkpoints",
-		Args:  cobra.MinimumNArgs(2),
+		Use:               "rm NAME ID...",
+		Short:             "Delete checkpoints (ids, unique prefixes, or latest)",
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: completeCheckpoints,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := openSandbox(args[0])
 			if err != nil {
 				return err
 			}
-			for _, id := range args[1:] {
+			for _, ref := range args[1:] {
+				id, err := resolveCheckpoint(sb, ref, false)
+				if err != nil {
+					return err
+				}
 				if sb.Alive() {
 					err = sandbox.NewClient(sb).DeleteCheckpoint(cmd.Context(), id)
 				} else {
@@ -81,9 +87,10 @@ func checkpointCmd() *cobra.Command {
 func checkpointsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "checkpoints NAME",
-		Short: "List a sandbox's checkpoints as a tree",
-		Args:  cobra.ExactArgs(1),
+		Use:               "checkpoints NAME",
+		Short:             "List a sandbox's checkpoints as a tree",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := openSandbox(args[0])
 			if err != nil {
@@ -157,17 +164,26 @@ func checkpointsCmd() *cobra.Command {
 func rewindCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "rewind NAME ID",
+		Use:   "rewind NAME ID|latest",
 		Short: "Return the machine and the workspace to a checkpoint (the state just before is saved as one)",
-		Args:  cobra.ExactArgs(2),
+		Long: `Return the running machine and the workspace to a checkpoint: ID is a checkpoint
+id, a unique prefix of one, or latest (the newest). The state just before the rewind
+is saved as a checkpoint, so a rewind can be undone; the host folder is merged back,
+keeping your own edits.`,
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: completeCheckpoints,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := runningSandbox(args[0])
 			if err != nil {
 				return err
 			}
+			id, err := resolveCheckpoint(sb, args[1], false)
+			if err != nil {
+				return err
+			}
 			p := newProgress(os.Stderr)
-			p.Step("rewinding " + args[0] + " to " + args[1])
-			res, err := sandbox.NewClient(sb).Rewind(cmd.Context(), args[1])
+			p.Step("rewinding " + args[0] + " to " + id)
+			res, err := sandbox.NewClient(sb).Rewind(cmd.Context(), id)
 			p.Done()
 			if err != nil {
 				return err
@@ -200,7 +216,12 @@ func pauseCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "pause NAME...",
 		Short: "Write running sandboxes out to disk and free their memory ('kosa8 resume' continues them)",
-		Args:  cobra.MinimumNArgs(1),
+		Long: `Save each running sandbox's whole machine to a checkpoint on disk and stop its VM,
+freeing the host's memory. 'kosa8 resume NAME' (or 'kosa8 start NAME') continues it
+where it was, processes included; 'kosa8 start --cold NAME' boots it from its disks
+instead.`,
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: completeAllSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, name := range args {
 				sb, err := runningSandbox(name)

@@ -20,7 +20,7 @@ func debugCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if isTerminal(os.Stdout) {
+			if isTerminal(termOut) {
 				return errors.New("refusing to write guest memory to a terminal: redirect it to a file")
 			}
 			return sandbox.NewClient(sb).Memory(cmd.Context(), os.Stdout)

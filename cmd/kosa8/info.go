@@ -17,12 +17,38 @@ import (
 
 // listing is one sandbox as ls --json and inspect show it.
 type listing struct {
-	Name   string         `json:"name"`
-	State  sandbox.State  `json:"state"`
-	Dir    string         `json:"dir"`
-	Config sandbox.Config `json:"config"`
-	Status sandbox.Status `json:"status"`
-	Guest  *guest.Info    `json:"guest,omitempty"`
+	Name    string         `json:"name"`
+	State   sandbox.State  `json:"state"`
+	Dir     string         `json:"dir"`
+	Config  sandbox.Config `json:"config"`
+	Status  sandbox.Status `json:"status"`
+	Network *networkView   `json:"network,omitempty"`
+	Guest   *guest.Info    `json:"guest,omitempty"`
+}
+
+// networkView is what inspect shows of a sandbox's network as it is now
+// (net allow/deny and port changes included, not only the create flags).
+type networkView struct {
+	Rules   []string              `json:"rules"`
+	Secrets []string              `json:"secrets"`
+	Ports   []sandbox.PortForward `json:"ports"`
+}
+
+func describeNetwork(sb *sandbox.Sandbox) (*networkView, error) {
+	v := &networkView{Rules: []string{}, Secrets: append([]string{}, sb.Config.Secrets...), Ports: []sandbox.PortForward{}}
+	pol, err := sb.LoadPolicy()
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range pol.Rules {
+		v.Rules = append(v.Rules, r.Text)
+	}
+	ports, err := sb.LoadPorts()
+	if err != nil {
+		return nil, err
+	}
+	v.Ports = append(v.Ports, ports...)
+	return v, nil
 }
 
 func describe(sb *sandbox.Sandbox) listing {
@@ -86,6 +112,9 @@ func lsCmd() *cobra.Command {
 				if l.Config.Ephemeral {
 					state += " (--rm)"
 				}
+				if n := l.Status.Pending; n > 0 && !l.Config.Ephemeral && l.State != sandbox.Running {
+					state += fmt.Sprintf(" (%d pending)", n)
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dG\t%s\n", sanitize(l.Name, false), state, accel, l.Config.CPUs, l.Config.MemoryMiB, l.Config.DiskGiB, ago(l.Config.Created))
 			}
 			return tw.Flush()
@@ -97,25 +126,34 @@ func lsCmd() *cobra.Command {
 
 func inspectCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "inspect NAME",
-		Short: "Show a sandbox's settings and state as JSON",
-		Args:  cobra.ExactArgs(1),
+		Use:   "inspect NAME...",
+		Short: "Show sandboxes' settings, state and network as JSON (a list, one entry per NAME)",
+		Long: `Show each sandbox's settings, state, network as it is now (allow-list rules,
+bound secrets, published ports) and, when it runs, what its guest reports, as one
+JSON list.`,
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: completeAllSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := openSandbox(args[0])
-			if err != nil {
-				return err
-			}
-			l := describe(sb)
-			if sb.Alive() {
-				ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
-				defer cancel()
-				if info, err := sandbox.NewClient(sb).Info(ctx); err == nil {
-					info.Hostname = sanitize(info.Hostname, false)
-					info.Kernel = sanitize(info.Kernel, false)
-					l.Guest = info
+			out := make([]listing, 0, len(args))
+			for _, name := range args {
+				sb, err := openSandbox(name)
+				if err != nil {
+					return err
 				}
+				l := describe(sb)
+				if l.Network, err = describeNetwork(sb); err != nil {
+					return fmt.Errorf("inspect %s: %w", name, err)
+				}
+				if sb.Alive() {
+					ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
+					if info, err := sandbox.NewClient(sb).Info(ctx); err == nil {
+						l.Guest = info
+					}
+					cancel()
+				}
+				out = append(out, l)
 			}
-			return printJSON(l)
+			return printJSON(out)
 		},
 	}
 }
@@ -123,9 +161,10 @@ func inspectCmd() *cobra.Command {
 func logsCmd() *cobra.Command {
 	var supervisorLog, follow bool
 	cmd := &cobra.Command{
-		Use:   "logs [flags] NAME",
-		Short: "Print a sandbox's console log (or its supervisor's)",
-		Args:  cobra.ExactArgs(1),
+		Use:               "logs [flags] NAME",
+		Short:             "Print a sandbox's console log (or its supervisor's)",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := openSandbox(args[0])
 			if err != nil {
@@ -145,7 +184,7 @@ func logsCmd() *cobra.Command {
 			defer f.Close()
 			// The console carries what the guest printed: never raw to the
 			// user's terminal.
-			w := sanitizeWriter{os.Stdout}
+			w := os.Stdout // cleaned by guardOutput
 			if _, err := io.Copy(w, f); err != nil {
 				return err
 			}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -19,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
@@ -31,10 +33,6 @@ import (
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
-
-// errorCode is kosa8's own exit status for failures that are not the
-// command's (as Docker's 125), so scripts can tell them apart.
-const errorCode = 125
 
 // createFlags are shared by create and run.
 type createFlags struct {
@@ -61,7 +59,9 @@ type createFlags struct {
 	force      bool
 }
 
-func (f *createFlags) register(fs *pflag.FlagSet) {
+func (f *createFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	defer func() { _ = cmd.RegisterFlagCompletionFunc("net", completePresets) }()
 	fs.StringVar(&f.name, "name", "", "sandbox name (default: the folder's name and a random suffix)")
 	fs.IntVar(&f.cpus, "cpus", 0, fmt.Sprintf("virtual CPUs (default %d)", sandbox.DefaultCPUs))
 	fs.StringVar(&f.memory, "memory", "", fmt.Sprintf("guest memory, e.g. 2G (default %dM)", sandbox.DefaultMemoryMiB))
@@ -83,6 +83,43 @@ func (f *createFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.force, "force", false, "allow your home directory or / as the workspace")
 	fs.DurationVar(&f.cpEvery, "checkpoint-every", 0, "take a checkpoint at this interval while running (e.g. 10m)")
 	fs.IntVar(&f.maxCP, "max-checkpoints", 0, fmt.Sprintf("keep at most this many checkpoints (default %d)", sandbox.DefaultMaxCheckpoints))
+}
+
+// check validates the flags' own values before anything is created or
+// started: a value the user typed is never silently replaced by a default.
+func (f *createFlags) check(fs *pflag.FlagSet) error {
+	if fs.Changed("cpus") && (f.cpus < 1 || f.cpus > 64) {
+		return fmt.Errorf("--cpus %d is out of range: use 1 to 64", f.cpus)
+	}
+	for _, sz := range []struct{ flag, val string }{{"memory", f.memory}, {"disk", f.disk}} {
+		if !fs.Changed(sz.flag) {
+			continue
+		}
+		mib, err := sandbox.ParseSize(sz.val)
+		if err != nil {
+			return fmt.Errorf("--%s: %w", sz.flag, err)
+		}
+		bare := strings.Trim(sz.val, "0123456789. ") == ""
+		switch {
+		case sz.flag == "memory" && mib < 256 && bare:
+			return fmt.Errorf("--memory %s is %d MiB, below the 256M minimum: a bare number is MiB (did you mean %sG?)", sz.val, mib, sz.val)
+		case sz.flag == "disk" && mib < 2<<10 && bare:
+			return fmt.Errorf("--disk %s is %d MiB, below the 2G minimum: a bare number is MiB (did you mean %sG?)", sz.val, mib, sz.val)
+		}
+	}
+	if f.maxCP < 0 {
+		return fmt.Errorf("--max-checkpoints %d: use 0 (the default, %d) or more", f.maxCP, sandbox.DefaultMaxCheckpoints)
+	}
+	if f.cpEvery < 0 || (f.cpEvery > 0 && f.cpEvery < 10*time.Second) {
+		return fmt.Errorf("--checkpoint-every %s: use 10s or more", f.cpEvery)
+	}
+	if f.noWS && f.workspace != "" {
+		return errors.New("--workspace and --no-workspace exclude each other")
+	}
+	if f.noWS && f.review {
+		return errors.New("--review needs a workspace: drop --no-workspace")
+	}
+	return nil
 }
 
 var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
@@ -289,11 +326,33 @@ func createSandbox(ctx context.Context, m *sandbox.Manager, f *createFlags) (*sa
 	if err != nil {
 		return nil, err
 	}
+	if err := checkFolderFree(m, cfg.Name, cfg.Workspace); err != nil {
+		return nil, err
+	}
 	img, err := image.Store{Dir: m.Paths.Cache}.Lookup(image.DefaultRecipe(vmspec.Arch(cfg.Arch)))
 	if err != nil {
 		return nil, err
 	}
 	return m.Create(ctx, cfg, img)
+}
+
+// checkFolderFree fails when another sandbox syncs the workspace folder, a
+// folder above it or one inside it: found before anything boots, so the
+// failure leaves nothing behind.
+func checkFolderFree(m *sandbox.Manager, self string, ws *sandbox.WorkspaceConfig) error {
+	if ws == nil {
+		return nil
+	}
+	other, err := m.WorkspaceOverlap(self, ws.Path)
+	if err != nil || other == nil {
+		return err
+	}
+	how := "is"
+	if other.Config.Workspace.Path != ws.Path {
+		how = "overlaps " + other.Config.Workspace.Path + ", which is"
+	}
+	return fmt.Errorf("%s %s synced by sandbox %s (%s): stop it first ('kosa8 stop %s') or use another folder",
+		ws.Path, how, other.Config.Name, other.Status().State, other.Config.Name)
 }
 
 // startSandbox starts the sandbox's supervisor, detached, and waits for it
@@ -310,6 +369,14 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 	if sb.Alive() {
 		return nil, fmt.Errorf("%w: %s", sandbox.ErrRunning, sb.Config.Name)
 	}
+	m, err := manager()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFolderFree(m, sb.Config.Name, sb.Config.Workspace); err != nil {
+		return nil, err
+	}
+	before := sb.Status()
 	agent, err := agentPath()
 	if err != nil {
 		return nil, err
@@ -348,7 +415,8 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 		return nil, fmt.Errorf("start supervisor: %w", err)
 	}
 	pw.Close()
-	go func() { _ = cmd.Wait() }() // reaped if it dies while we wait; detached otherwise
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }() // reaped if it dies while we wait; detached otherwise
 
 	var p *progress
 	if !quiet {
@@ -366,12 +434,22 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 	}
 	res := make(chan result, 1)
 	go func() {
-		line, err := bufio.NewReader(pr).ReadBytes('\n')
-		var msg sandbox.ReadyMessage
-		if err == nil {
-			err = json.Unmarshal(line, &msg)
+		r := bufio.NewReader(pr)
+		for {
+			line, err := r.ReadBytes('\n')
+			var msg sandbox.ReadyMessage
+			if err == nil {
+				err = json.Unmarshal(line, &msg)
+			}
+			if err == nil && msg.Progress != nil {
+				if p != nil {
+					p.Step(fmt.Sprintf("copying %s in: %d files, %s", sb.Config.Workspace.Path, msg.Progress.Files, humanBytes(msg.Progress.Bytes)))
+				}
+				continue
+			}
+			res <- result{msg, err}
+			return
 		}
-		res <- result{msg, err}
 	}()
 	select {
 	case r := <-res:
@@ -383,14 +461,33 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 		}
 		return r.msg.Status, nil
 	case <-ctx.Done():
+		// Interrupted while booting: end the supervisor (QEMU dies with
+		// it) and put the sandbox back as it was, not crashed.
 		_ = cmd.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+		}
+		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = sb.WaitStopped(wctx)
+		if !sb.Alive() {
+			before.SupervisorPID, before.QEMUPID = 0, 0
+			if before.State != sandbox.Paused {
+				before.State = sandbox.Stopped
+				if before.Started.IsZero() {
+					before.State = sandbox.Created
+				}
+			}
+			_ = sb.WriteStatus(before)
+		}
 		return nil, ctx.Err()
 	}
 }
 
 func logTail(path string) string {
 	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(sanitize(string(b), true)), "\n")
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	if len(lines) > 10 {
 		lines = lines[len(lines)-10:]
 	}
@@ -460,7 +557,7 @@ type execOptions struct {
 func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error) {
 	req := &guest.ExecRequest{Argv: o.argv, Env: o.env, Dir: o.dir, User: o.user, TTY: o.tty}
 	if o.tty {
-		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+		if w, h, err := term.GetSize(int(termOut.Fd())); err == nil {
 			req.Cols, req.Rows = uint16(w), uint16(h)
 		}
 		if t := os.Getenv("TERM"); t != "" {
@@ -469,11 +566,14 @@ func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error
 	}
 	conn, err := sandbox.NewClient(sb).Exec(ctx, req)
 	if err != nil {
-		return errorCode, err
+		return exitKosa8, err
 	}
 	defer conn.Close()
 
-	sio := guest.StdIO{Stdout: os.Stdout, Stderr: os.Stderr}
+	sigs := make(chan byte, 8)
+	// The process's own output, raw: the user attached it on purpose.
+	out := &pipeWriter{w: termOut, sigs: sigs}
+	sio := guest.StdIO{Stdout: out, Stderr: &pipeWriter{w: termErr, sigs: sigs}, Signals: sigs}
 	if o.stdin {
 		sio.Stdin = os.Stdin
 	}
@@ -488,7 +588,7 @@ func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error
 		defer signal.Stop(winch)
 		go func() {
 			for range winch {
-				if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+				if w, h, err := term.GetSize(int(termOut.Fd())); err == nil {
 					select {
 					case resize <- guest.WindowSize{Rows: uint16(h), Cols: uint16(w)}:
 					default:
@@ -499,7 +599,6 @@ func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error
 		sio.Resize = resize
 	} else {
 		// Without a terminal, signals to kosa8 go to the process in the guest.
-		sigs := make(chan byte, 4)
 		osig := make(chan os.Signal, 4)
 		signal.Notify(osig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 		defer signal.Stop(osig)
@@ -508,16 +607,47 @@ func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error
 				sigs <- byte(s.(syscall.Signal))
 			}
 		}()
-		sio.Signals = sigs
 	}
 	st, err := guest.Pump(conn, sio)
 	if err != nil {
-		return errorCode, err
+		return exitKosa8, err
 	}
 	if st.Error != "" {
-		return errorCode, errors.New(st.Error)
+		return exitKosa8, errors.New(st.Error)
 	}
 	return st.Code, nil
+}
+
+// pipeWriter passes a guest process's output on. When the reader has gone
+// (EPIPE: 'kosa8 run … | head') the process gets SIGPIPE, as it would
+// writing to that pipe itself; if it ignores that and keeps writing, it
+// gets SIGTERM, then SIGKILL, a few seconds apart. Its output after that
+// is dropped.
+type pipeWriter struct {
+	w    io.Writer
+	sigs chan<- byte
+
+	broken time.Time // when the pipe broke
+	sent   int       // escalation steps taken
+}
+
+func (p *pipeWriter) Write(b []byte) (int, error) {
+	if p.broken.IsZero() {
+		_, err := p.w.Write(b)
+		if err == nil || !errors.Is(err, syscall.EPIPE) {
+			return len(b), nil
+		}
+		p.broken = time.Now()
+	}
+	steps := []syscall.Signal{syscall.SIGPIPE, syscall.SIGTERM, syscall.SIGKILL}
+	if p.sent < len(steps) && time.Since(p.broken) >= time.Duration(p.sent)*3*time.Second {
+		select {
+		case p.sigs <- byte(steps[p.sent]):
+			p.sent++
+		default:
+		}
+	}
+	return len(b), nil
 }
 
 // stopSandbox stops a running sandbox and waits until it has.

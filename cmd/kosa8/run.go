@@ -7,27 +7,36 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/sandbox"
 )
 
 func runCmd() *cobra.Command {
 	var f createFlags
-	var tty, noTTY, detach bool
+	var interactive, tty, noTTY, detach bool
 	var workdir, userName string
 	cmd := &cobra.Command{
 		Use:   "run [flags] [-- COMMAND [ARG...]]",
 		Short: "Create a sandbox, start it and run a command (or a login shell) in it",
-		Long: `Create a sandbox, start it and run COMMAND in it, or an interactive login shell
-when no command is given. The command's exit status is kosa8's. The sandbox is
-stopped when the command ends, and removed as well with --rm.`,
-		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run",
+		Long: `Create a sandbox on the current folder (or --workspace), start it and run
+COMMAND in it, or an interactive login shell when no command is given. The
+command starts in the workspace folder and its exit status is kosa8's; kosa8's
+own failures exit 125, a command that cannot be run 126, one not found 127, and
+^C while booting 130. Standard input is passed only with -i (or when it is a
+terminal). The sandbox is stopped when the command ends, and removed as well
+with --rm (kept if it holds changes waiting for review).`,
+		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run -i --rm -- sh < script.sh\n  kosa8 run",
 		Args:    cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.check(cmd.Flags()); err != nil {
+				return err
+			}
 			m, err := manager()
 			if err != nil {
 				return err
@@ -37,55 +46,51 @@ stopped when the command ends, and removed as well with --rm.`,
 			if err != nil {
 				return err
 			}
+			name := sb.Config.Name
 			// From here on the sandbox exists: stop it (and remove it with
 			// --rm) however the command ends, ^C included.
-			sigs := make(chan os.Signal, 1)
-			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-			defer signal.Stop(sigs)
-			cleanup := func() {
-				if detach {
-					return
-				}
-				sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
-				_ = stopSandbox(sctx, sb, sb.Config.Ephemeral)
-				if sb.Config.Ephemeral {
-					_ = m.Remove(sb.Config.Name) // the supervisor removes it too; either wins
-				}
-			}
-			startCtx, cancel := context.WithCancel(ctx)
-			go func() {
-				select {
-				case <-sigs:
-					cancel()
-				case <-startCtx.Done():
-				}
-			}()
+			startCtx, interrupted, stopSignals := interruptible(ctx)
 			st, err := startSandbox(startCtx, sb, false)
-			cancel()
+			stopSignals()
 			if err != nil {
-				cleanup()
-				if !sb.Config.Ephemeral {
-					err = fmt.Errorf("%w\n(the sandbox %s was kept: 'kosa8 logs %s', 'kosa8 rm %s')", err, sb.Config.Name, sb.Config.Name, sb.Config.Name)
+				if interrupted() {
+					// Never got to run anything: nothing of it is worth keeping.
+					removeSandbox(sb, m)
+					return fmt.Errorf("%w: sandbox %s removed", errInterrupted, name)
 				}
-				return err
+				if sb.Config.Ephemeral {
+					stopQuietly(sb)
+					if dir, kerr := keepFailedLogs(m, sb); kerr == nil && dir != "" {
+						err = fmt.Errorf("%w\n(its logs are kept in %s)", err, dir)
+					}
+					_ = m.Remove(name)
+					return err
+				}
+				stopQuietly(sb)
+				return fmt.Errorf("%w\n(the sandbox %s was kept: 'kosa8 logs %s', 'kosa8 rm %s')", err, name, name, name)
 			}
-			signal.Stop(sigs)
 			warnTCG(st)
 			if detach {
-				fmt.Println(sb.Config.Name)
+				fmt.Println(name)
 				return nil
 			}
-			o := execOptions{argv: args, stdin: true, dir: workdir, user: userName}
+			o := execOptions{argv: args, dir: workdir, user: userName}
 			if len(o.argv) == 0 {
 				o.argv = []string{"/bin/bash", "-l"}
 			}
-			o.tty = (isTerminal(os.Stdin) && isTerminal(os.Stdout)) || tty
+			o.tty = tty || (isTerminal(os.Stdin) && isTerminal(termOut))
 			if noTTY {
 				o.tty = false
 			}
+			// Standard input only when asked for, or when it is the user's
+			// terminal: a script's stdin (while read …; do kosa8 run …) is
+			// not the guest's to swallow.
+			o.stdin = interactive || (o.tty && isTerminal(os.Stdin))
+			if len(args) == 0 && !o.stdin {
+				fmt.Fprintln(os.Stderr, "kosa8: no terminal and no -i: the login shell gets no input (use -i to pass stdin)")
+			}
 			code, err := execIn(ctx, sb, o)
-			cleanup()
+			finishRun(sb, m)
 			if err != nil {
 				return err
 			}
@@ -95,13 +100,90 @@ stopped when the command ends, and removed as well with --rm.`,
 			return nil
 		},
 	}
-	f.register(cmd.Flags())
+	f.register(cmd)
+	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "pass standard input to the command")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "allocate a terminal even when not attached to one")
 	cmd.Flags().BoolVarP(&noTTY, "no-tty", "T", false, "never allocate a terminal")
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the sandbox and leave it running; print its name")
-	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest (default: the user's home)")
-	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest (default: yours; root for root)")
+	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest (default: the workspace folder, or the user's home without one)")
+	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest (default: your name and ids; kosa8 (1000) when you are root)")
 	return cmd
+}
+
+// interruptible is ctx cancelled by ^C, SIGTERM or SIGHUP; interrupted
+// says whether that happened. stop ends the signal handling.
+func interruptible(ctx context.Context) (_ context.Context, interrupted func() bool, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	var hit atomic.Bool
+	go func() {
+		select {
+		case <-sigs:
+			hit.Store(true)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, hit.Load, func() { signal.Stop(sigs); cancel() }
+}
+
+// stopQuietly stops a sandbox within a minute, whatever state it is in.
+func stopQuietly(sb *sandbox.Sandbox) {
+	sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_ = stopSandbox(sctx, sb, true)
+}
+
+// removeSandbox stops and removes a sandbox this command made.
+func removeSandbox(sb *sandbox.Sandbox, m *sandbox.Manager) {
+	stopQuietly(sb)
+	_ = m.Remove(sb.Config.Name)
+}
+
+// finishRun stops the sandbox run made once its command has ended, and
+// removes it with --rm, unless it holds changes waiting for review: those
+// stay, and the user is told how to reach them.
+func finishRun(sb *sandbox.Sandbox, m *sandbox.Manager) {
+	name := sb.Config.Name
+	sctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	// A workspace gets a clean stop: its last sync pass carries what the
+	// command wrote just before it ended.
+	kill := sb.Config.Workspace == nil && sb.Config.Ephemeral
+	if err := stopSandbox(sctx, sb, kill); err != nil {
+		fmt.Fprintf(os.Stderr, "kosa8: stop %s: %v\n", name, err)
+	}
+	now, err := m.Open(name)
+	if err != nil {
+		return // an ephemeral sandbox removes itself when stopped
+	}
+	if n := now.Status().Pending; n > 0 {
+		fmt.Fprintf(os.Stderr, "kosa8: %s pending in %s: 'kosa8 diff %s', then 'kosa8 apply %s' or 'kosa8 discard %s'\n",
+			plural(n, "change"), name, name, name, name)
+		return
+	}
+	if sb.Config.Ephemeral {
+		_ = m.Remove(name)
+	}
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// keepFailedLogs moves a failed sandbox's logs out of its directory before
+// it is removed: the console and the supervisor's log are the evidence of
+// what went wrong.
+func keepFailedLogs(m *sandbox.Manager, sb *sandbox.Sandbox) (string, error) {
+	dir, err := m.KeepLogs(sb.Config.Name)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kosa8: could not keep the logs of %s: %v\n", sb.Config.Name, err)
+	}
+	return dir, err
 }
 
 func createCmd() *cobra.Command {
@@ -121,6 +203,9 @@ func createCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := f.check(cmd.Flags()); err != nil {
+				return err
+			}
 			sb, err := createSandbox(cmd.Context(), m, &f)
 			if err != nil {
 				return err
@@ -129,7 +214,7 @@ func createCmd() *cobra.Command {
 			return nil
 		},
 	}
-	f.register(cmd.Flags())
+	f.register(cmd)
 	return cmd
 }
 
@@ -137,9 +222,10 @@ func startCmd() *cobra.Command {
 	var cold bool
 	var from string
 	cmd := &cobra.Command{
-		Use:     "start NAME...",
-		Aliases: []string{"resume"},
-		Short:   "Start stopped sandboxes (a paused one continues where it was)",
+		Use:               "start NAME...",
+		Aliases:           []string{"resume"},
+		ValidArgsFunction: completeAllSandboxes,
+		Short:             "Start stopped sandboxes (a paused one continues where it was)",
 		Long: `Start stopped sandboxes. A paused sandbox continues where it was; others boot
 from their disks. --from ID (or --from latest) starts the machine saved in a
 checkpoint instead, processes and memory included (after a host reboot, say); the
@@ -164,7 +250,7 @@ disks as they were are kept as a checkpoint first, so nothing is lost.`,
 					restore = st.Checkpoint
 				}
 				if from != "" {
-					if restore, err = resolveCheckpoint(sb, from); err != nil {
+					if restore, err = resolveCheckpoint(sb, from, true); err != nil {
 						return err
 					}
 					if st.State != sandbox.Paused || restore != st.Checkpoint {
@@ -176,8 +262,13 @@ disks as they were are kept as a checkpoint first, so nothing is lost.`,
 						rewind = true
 					}
 				}
-				st2, err := startSandboxFrom(cmd.Context(), sb, false, restore, rewind)
+				ctx, interrupted, stopSignals := interruptible(cmd.Context())
+				st2, err := startSandboxFrom(ctx, sb, false, restore, rewind)
+				stopSignals()
 				if err != nil {
+					if interrupted() {
+						return fmt.Errorf("%w: %s was not started", errInterrupted, name)
+					}
 					return fmt.Errorf("start %s: %w", name, err)
 				}
 				warnTCG(st2)
@@ -190,28 +281,59 @@ disks as they were are kept as a checkpoint first, so nothing is lost.`,
 		},
 	}
 	cmd.Flags().BoolVar(&cold, "cold", false, "boot a paused sandbox from its disks instead of resuming its memory")
-	cmd.Flags().StringVar(&from, "from", "", "start the machine saved in this checkpoint (an id, or latest)")
+	cmd.Flags().StringVar(&from, "from", "", "start the machine saved in this checkpoint (an id, a unique prefix, or latest)")
+	_ = cmd.RegisterFlagCompletionFunc("from", func(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		if len(args) == 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		return checkpointIDs(args[0], toComplete), cobra.ShellCompDirectiveNoFileComp
+	})
 	return cmd
 }
 
-// resolveCheckpoint turns an id or "latest" into a checkpoint id of sb.
-func resolveCheckpoint(sb *sandbox.Sandbox, ref string) (string, error) {
-	if ref != "latest" {
-		if _, err := sb.Checkpoints().Load(ref); err != nil {
-			return "", fmt.Errorf("%w %q of %s ('kosa8 checkpoints %s' lists them)", err, ref, sb.Config.Name, sb.Config.Name)
-		}
-		return ref, nil
-	}
+// resolveCheckpoint turns a checkpoint reference into a checkpoint id of
+// sb: a whole id, a prefix of exactly one id, or latest (the newest one
+// with a machine in it when machine is set, else the newest of all).
+func resolveCheckpoint(sb *sandbox.Sandbox, ref string, machine bool) (string, error) {
+	name := sb.Config.Name
 	list, err := sb.Checkpoints().List()
 	if err != nil {
 		return "", err
 	}
-	for i := len(list) - 1; i >= 0; i-- {
-		if !list[i].DisksOnly {
-			return list[i].ID, nil
+	if ref == "latest" {
+		newest := (*checkpoint.Meta)(nil)
+		for _, c := range list {
+			if machine && c.DisksOnly {
+				continue
+			}
+			if newest == nil || c.Created.After(newest.Created) || (c.Created.Equal(newest.Created) && c.ID > newest.ID) {
+				newest = c
+			}
+		}
+		if newest == nil {
+			if machine {
+				return "", fmt.Errorf("%s has no checkpoint with a machine in it", name)
+			}
+			return "", fmt.Errorf("%s has no checkpoints ('kosa8 checkpoint %s' takes one)", name, name)
+		}
+		return newest.ID, nil
+	}
+	var found []string
+	for _, c := range list {
+		if c.ID == ref {
+			return c.ID, nil
+		}
+		if ref != "" && strings.HasPrefix(c.ID, ref) {
+			found = append(found, c.ID)
 		}
 	}
-	return "", fmt.Errorf("%s has no checkpoint with a machine in it to start from", sb.Config.Name)
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return "", fmt.Errorf("no checkpoint %q in %s ('kosa8 checkpoints %s' lists them)", ref, name, name)
+	}
+	return "", fmt.Errorf("checkpoint %q of %s is ambiguous: it starts %s", ref, name, strings.Join(found, ", "))
 }
 
 func execCmd() *cobra.Command {
@@ -219,8 +341,12 @@ func execCmd() *cobra.Command {
 	var env []string
 	var workdir, userName string
 	cmd := &cobra.Command{
-		Use:     "exec [flags] NAME -- COMMAND [ARG...]",
-		Short:   "Run a command in a running sandbox",
+		Use:               "exec [flags] NAME -- COMMAND [ARG...]",
+		ValidArgsFunction: completeSandboxes,
+		Short:             "Run a command in a running sandbox",
+		Long: `Run COMMAND in a running sandbox, in its workspace folder. Its exit status is
+kosa8's; kosa8's own failures exit 125, a command that cannot be run 126, one not
+found 127. Standard input is passed only with -i; -t allocates a terminal.`,
 		Example: "  kosa8 exec demo -- ls -la\n  kosa8 exec -it demo -- bash",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -253,17 +379,18 @@ func execCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&checkpointFirst, "checkpoint", false, "take a checkpoint first, to rewind to if the command goes wrong")
 	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "allocate a terminal")
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "set KEY=VALUE, or pass the host's KEY (repeatable)")
-	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest")
-	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest")
+	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "working directory in the guest (default: the workspace folder, or the user's home without one)")
+	cmd.Flags().StringVarP(&userName, "user", "u", "", "user in the guest (default: the sandbox's user)")
 	return cmd
 }
 
 func shellCmd() *cobra.Command {
 	var userName string
 	cmd := &cobra.Command{
-		Use:   "shell NAME",
-		Short: "Open an interactive login shell in a running sandbox",
-		Args:  cobra.ExactArgs(1),
+		Use:               "shell NAME",
+		ValidArgsFunction: completeSandboxes,
+		Short:             "Open an interactive login shell in a running sandbox",
+		Args:              cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sb, err := runningSandbox(args[0])
 			if err != nil {
@@ -286,9 +413,10 @@ func shellCmd() *cobra.Command {
 func stopCmd() *cobra.Command {
 	var kill bool
 	cmd := &cobra.Command{
-		Use:   "stop NAME...",
-		Short: "Stop running sandboxes (a clean poweroff of the guest)",
-		Args:  cobra.MinimumNArgs(1),
+		Use:               "stop NAME...",
+		ValidArgsFunction: completeAllSandboxes,
+		Short:             "Stop running sandboxes (a clean poweroff of the guest)",
+		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := manager()
 			if err != nil {
@@ -318,9 +446,10 @@ func stopCmd() *cobra.Command {
 func rmCmd() *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "rm [-f] NAME...",
-		Short: "Remove sandboxes and everything they hold",
-		Args:  cobra.MinimumNArgs(1),
+		Use:               "rm [-f] NAME...",
+		ValidArgsFunction: completeAllSandboxes,
+		Short:             "Remove sandboxes and everything they hold",
+		Args:              cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := manager()
 			if err != nil {
@@ -338,6 +467,13 @@ func rmCmd() *cobra.Command {
 					if err := stopSandbox(cmd.Context(), sb, true); err != nil {
 						return err
 					}
+				} else if n := sb.Status().Pending; n > 0 && !force {
+					// The agent's unreviewed work is only on this sandbox's disk.
+					q := fmt.Sprintf("%s holds %s not applied to %s; remove it anyway?", name, plural(n, "change"), sb.Config.Workspace.Path)
+					if !isTerminal(os.Stdin) || !confirm(q) {
+						return fmt.Errorf("%s holds %s not applied to the host folder: 'kosa8 diff %s', 'kosa8 apply %s' or 'kosa8 discard %s' first, or 'kosa8 rm -f %s'",
+							name, plural(n, "change"), name, name, name, name)
+					}
 				}
 				if err := m.Remove(name); err != nil {
 					if errors.Is(err, sandbox.ErrNotFound) && sb.Config.Ephemeral {
@@ -351,6 +487,6 @@ func rmCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVarP(&force, "force", "f", false, "stop a running sandbox first")
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "stop a running sandbox first; remove one with unapplied changes without asking")
 	return cmd
 }

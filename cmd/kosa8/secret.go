@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/secrets"
 )
 
@@ -69,6 +71,12 @@ signature covers the request and needs the key inside.`,
 				return err
 			}
 			sec := secrets.Secret{Name: args[0], Hosts: hosts, Header: header, Format: format}
+			for _, h := range hosts {
+				// A key may only go to hosts named narrowly: no flag widens that.
+				if _, err := netpolicy.ParseRule(h, netpolicy.ParseOptions{}); errors.Is(err, netpolicy.ErrBroad) {
+					return fmt.Errorf("secret %s: --host %s matches a whole public suffix or everything: name the hosts the key is for", sec.Name, h)
+				}
+			}
 			if err := sec.Validate(); err != nil {
 				return err
 			}

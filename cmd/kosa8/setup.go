@@ -168,7 +168,16 @@ func imageCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return printJSON(imgs)
+				type imageView struct {
+					Name string `json:"name"`
+					Dir  string `json:"dir"`
+					image.Manifest
+				}
+				out := make([]imageView, 0, len(imgs))
+				for _, img := range imgs {
+					out = append(out, imageView{filepath.Base(img.Dir), img.Dir, img.Manifest})
+				}
+				return printJSON(out)
 			}
 			for _, img := range imgs {
 				fmt.Printf("%s\t%s\tkernel %s\t%d MiB\tbuilt %s\n", filepath.Base(img.Dir), img.Manifest.Recipe.Arch, img.Manifest.KernelVersion, img.Manifest.RootFSBytes>>20, ago(img.Manifest.Built))

@@ -1,34 +1,122 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/wsync"
 )
 
-func workspaceSandbox(name string) (*sandbox.Sandbox, error) {
-	sb, err := runningSandbox(name)
+// reachWorkspace opens a sandbox's workspace for a command that needs the
+// guest's side of it. A stopped sandbox is started for the command, quietly,
+// and stopped again by done: its pending changes live on its disk, and
+// diff, apply and discard must work on a sandbox that 'run --rm --review'
+// kept for them.
+func reachWorkspace(ctx context.Context, name string) (sb *sandbox.Sandbox, done func(), err error) {
+	sb, err = openSandbox(name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if sb.Config.Workspace == nil {
-		return nil, fmt.Errorf("sandbox %s has no workspace", name)
+		return nil, nil, fmt.Errorf("sandbox %s has no workspace", name)
 	}
-	return sb, nil
+	if sb.Alive() {
+		return sb, func() {}, nil
+	}
+	switch st := sb.Status(); st.State {
+	case sandbox.Paused:
+		return nil, nil, fmt.Errorf("sandbox %s is paused: 'kosa8 resume %s' first", name, name)
+	default:
+		fmt.Fprintf(os.Stderr, "kosa8: starting %s to reach its workspace (stopped again after)\n", name)
+		if _, err := startSandbox(ctx, sb, true); err != nil {
+			return nil, nil, fmt.Errorf("start %s to reach its workspace: %w", name, err)
+		}
+	}
+	return sb, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		if err := stopSandbox(sctx, sb, false); err != nil {
+			fmt.Fprintf(os.Stderr, "kosa8: stop %s again: %v\n", name, err)
+		}
+	}, nil
+}
+
+// changeView is a pending or held change as --json shows it: the entry's
+// type in words, not wsync's byte.
+type changeView struct {
+	Path string `json:"path"`
+	Kind string `json:"kind"`           // added, modified, deleted
+	Why  string `json:"why,omitempty"`  // held: the reason
+	Type string `json:"type,omitempty"` // file, dir, link (the sandbox's side; none when deleted)
+	Size int64  `json:"size,omitempty"`
+	Link string `json:"link,omitempty"` // a link's target
+}
+
+func viewChanges(cs []wsync.Change) []changeView {
+	out := make([]changeView, 0, len(cs))
+	for _, c := range cs {
+		v := changeView{Path: c.Path, Kind: c.Kind, Why: c.Why}
+		if c.Why == "review" {
+			v.Why = ""
+		}
+		if g := c.Guest; g != nil {
+			v.Type, v.Size, v.Link = entryType(g.Type), g.Size, g.Link
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func entryType(t byte) string {
+	switch t {
+	case 'f':
+		return "file"
+	case 'd':
+		return "dir"
+	case 'l':
+		return "link"
+	}
+	return "other"
+}
+
+// syncView is sync status --json.
+type syncView struct {
+	Path      string           `json:"path"`
+	Files     int              `json:"files"`
+	LastSync  time.Time        `json:"last_sync"`
+	Pending   []changeView     `json:"pending"`
+	Held      []changeView     `json:"held"`
+	Conflicts []wsync.Conflict `json:"conflicts"`
+	Skipped   []string         `json:"skipped"`
+	Errors    []string         `json:"errors"`
 }
 
 func printSyncStatus(st *sandbox.SyncStatus, asJSON bool) error {
 	if asJSON {
-		return printJSON(st)
+		v := syncView{Path: st.Path, Files: st.Files, LastSync: st.LastSync, Pending: viewChanges(st.Pending), Held: viewChanges(st.Held),
+			Conflicts: st.Conflicts, Skipped: st.Skipped, Errors: st.Errors}
+		if v.Conflicts == nil {
+			v.Conflicts = []wsync.Conflict{}
+		}
+		if v.Skipped == nil {
+			v.Skipped = []string{}
+		}
+		if v.Errors == nil {
+			v.Errors = []string{}
+		}
+		return printJSON(v)
 	}
 	fmt.Printf("workspace %s: %d paths in step, last sync %s\n", sanitize(st.Path, false), st.Files, ago(st.LastSync))
 	q := st.Quota
@@ -45,7 +133,7 @@ func printSyncStatus(st *sandbox.SyncStatus, asJSON bool) error {
 		}
 		fmt.Printf("%s:\n", title)
 		for _, l := range lines {
-			fmt.Printf("  %s\n", sanitize(l, false))
+			fmt.Printf("  %s\n", l)
 		}
 	}
 	var pending, held, conflicts []string
@@ -53,7 +141,11 @@ func printSyncStatus(st *sandbox.SyncStatus, asJSON bool) error {
 		pending = append(pending, fmt.Sprintf("%-8s %s", c.Kind, c.Path))
 	}
 	for _, c := range st.Held {
-		held = append(held, fmt.Sprintf("%-8s %s  (%s)", c.Kind, c.Path, c.Why))
+		line := fmt.Sprintf("%-8s %s  (%s)", c.Kind, c.Path, c.Why)
+		if c.Guest != nil && c.Guest.Type == 'l' {
+			line = fmt.Sprintf("%-8s %s -> %s  (%s)", c.Kind, c.Path, c.Guest.Link, c.Why)
+		}
+		held = append(held, line)
 	}
 	for _, c := range st.Conflicts {
 		conflicts = append(conflicts, fmt.Sprintf("%s: the sandbox's version is in %s", c.Path, c.Copy))
@@ -72,14 +164,16 @@ func syncCmd() *cobra.Command {
 	// sub is status (full false) or now (a whole pass first).
 	sub := func(use, short string, full bool) *cobra.Command {
 		c := &cobra.Command{
-			Use:   use,
-			Short: short,
-			Args:  cobra.ExactArgs(1),
+			Use:               use,
+			Short:             short,
+			Args:              cobra.ExactArgs(1),
+			ValidArgsFunction: completeSandboxes,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				sb, err := workspaceSandbox(args[0])
+				sb, done, err := reachWorkspace(cmd.Context(), args[0])
 				if err != nil {
 					return err
 				}
+				defer done()
 				st, err := sandbox.NewClient(sb).Sync(cmd.Context(), full)
 				if err != nil {
 					return err
@@ -101,21 +195,31 @@ func heldCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "held NAME",
 		Short: "List changes held for approval (files host tools run or obey)",
-		Args:  cobra.ExactArgs(1),
+		Long: `List the sandbox's changes to files that host tools run or obey (.envrc,
+kosa8.toml, editor and agent settings, git hooks and config, ...): they are not
+written to the host folder until 'kosa8 approve NAME PATH'. 'kosa8 diff NAME PATH'
+shows one; 'kosa8 discard NAME PATH' undoes it inside the sandbox.`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := workspaceSandbox(args[0])
+			sb, done, err := reachWorkspace(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
+			defer done()
 			st, err := sandbox.NewClient(sb).Sync(cmd.Context(), false)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return printJSON(st.Held)
+				return printJSON(viewChanges(st.Held))
 			}
-			for _, c := range st.Held {
-				fmt.Printf("%-8s %s  (%s)\n", c.Kind, sanitize(c.Path, false), sanitize(c.Why, false))
+			for _, c := range viewChanges(st.Held) {
+				what := c.Path
+				if c.Type == "link" {
+					what += " -> " + c.Link
+				}
+				fmt.Printf("%-8s %-4s %s  (%s)\n", c.Kind, c.Type, sanitize(what, false), sanitize(c.Why, false))
 			}
 			return nil
 		},
@@ -124,64 +228,133 @@ func heldCmd() *cobra.Command {
 	return cmd
 }
 
-func changeCmd(use, short, what string, needPaths bool) *cobra.Command {
-	return &cobra.Command{
-		Use:   use,
-		Short: short,
-		Args:  cobra.MinimumNArgs(map[bool]int{true: 2, false: 1}[needPaths]),
+func changeCmd(use, short, long, what string, needPaths bool) *cobra.Command {
+	var yes bool
+	cmd := &cobra.Command{
+		Use:               use,
+		Short:             short,
+		Long:              long,
+		Args:              cobra.MinimumNArgs(map[bool]int{true: 2, false: 1}[needPaths]),
+		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := workspaceSandbox(args[0])
+			sb, done, err := reachWorkspace(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			done, err := sandbox.NewClient(sb).SyncChange(cmd.Context(), what, args[1:])
+			defer done()
+			client := sandbox.NewClient(sb)
+			if what == "approve" {
+				// The user approves what they have seen: each file's diff first.
+				st, err := client.Sync(cmd.Context(), false)
+				if err != nil {
+					return err
+				}
+				if err := showChanges(cmd.Context(), sb, st, args[1:], true, false); err != nil {
+					return err
+				}
+				if !yes && isTerminal(os.Stdin) && !confirm(fmt.Sprintf("write %s to %s?", plural(len(args)-1, "held change"), st.Path)) {
+					return errors.New("nothing approved")
+				}
+			}
+			changed, err := client.SyncChange(cmd.Context(), what, args[1:])
 			if err != nil {
 				return err
 			}
-			for _, p := range done {
-				fmt.Println(sanitize(p, false))
+			for _, p := range changed {
+				fmt.Println(p)
 			}
 			return nil
 		},
 	}
+	if what == "approve" {
+		cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask after showing the diff")
+	}
+	return cmd
+}
+
+// confirm asks a yes/no question on the terminal; no is the default.
+func confirm(q string) bool {
+	fmt.Fprintf(os.Stderr, "%s [y/N] ", q)
+	line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+	a := strings.ToLower(strings.TrimSpace(line))
+	return a == "y" || a == "yes"
 }
 
 func diffCmd() *cobra.Command {
 	var stat bool
 	cmd := &cobra.Command{
 		Use:   "diff NAME [PATH...]",
-		Short: "Show the sandbox's changes waiting for review",
-		Args:  cobra.MinimumNArgs(1),
+		Short: "Show the sandbox's changes waiting for review or approval",
+		Long: `Show the sandbox's changes that have not reached the host folder: those waiting
+for review (--review: 'kosa8 apply') and held files ('kosa8 approve'), as unified
+diffs of the host's version against the sandbox's. A stopped sandbox is started
+for it and stopped again.`,
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := workspaceSandbox(args[0])
+			sb, done, err := reachWorkspace(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
+			defer done()
 			st, err := sandbox.NewClient(sb).Sync(cmd.Context(), false)
 			if err != nil {
 				return err
 			}
-			want := map[string]bool{}
-			for _, p := range args[1:] {
-				want[p] = true
-			}
-			for _, c := range st.Pending {
-				if len(want) > 0 && !want[c.Path] {
-					continue
-				}
-				fmt.Printf("%s %s\n", strings.ToUpper(c.Kind[:1]), sanitize(c.Path, false))
-				if stat || c.Guest == nil || c.Guest.Type != 'f' || c.Guest.Size > 1<<20 {
-					continue
-				}
-				if err := showDiff(cmd.Context(), sb, st.Path, c.Path); err != nil {
-					fmt.Fprintf(os.Stderr, "  (no diff: %v)\n", err)
-				}
-			}
-			return nil
+			return showChanges(cmd.Context(), sb, st, args[1:], false, stat)
 		},
 	}
 	cmd.Flags().BoolVar(&stat, "stat", false, "list paths only")
 	return cmd
+}
+
+// showChanges prints the pending and held changes (only those at paths,
+// when given; then each must be one), with their diffs unless stat.
+func showChanges(ctx context.Context, sb *sandbox.Sandbox, st *sandbox.SyncStatus, paths []string, heldOnly, stat bool) error {
+	want := map[string]bool{}
+	for _, p := range paths {
+		want[filepath.Clean(p)] = true
+	}
+	all := st.Held
+	if !heldOnly {
+		all = append(append([]wsync.Change(nil), st.Pending...), st.Held...)
+	}
+	seen := map[string]bool{}
+	for _, c := range all {
+		if len(want) > 0 && !want[c.Path] {
+			continue
+		}
+		seen[c.Path] = true
+		note := ""
+		if c.Why != "" && c.Why != "review" {
+			note = "  (held: " + c.Why + ")"
+		}
+		fmt.Printf("%s %s%s\n", strings.ToUpper(c.Kind[:1]), c.Path, note)
+		if stat || c.Guest == nil {
+			continue
+		}
+		switch {
+		case c.Guest.Type == 'l':
+			fmt.Printf("  link -> %s\n", c.Guest.Link)
+		case c.Guest.Type != 'f':
+		case c.Guest.Size > 1<<20:
+			fmt.Printf("  (%s: too large to show)\n", humanBytes(c.Guest.Size))
+		default:
+			if err := showDiff(ctx, sb, st.Path, c.Path); err != nil {
+				fmt.Fprintf(os.Stderr, "  (no diff: %v)\n", err)
+			}
+		}
+	}
+	for p := range want {
+		if !seen[p] {
+			what := "neither pending nor held"
+			if heldOnly {
+				what = "not held"
+			}
+			return fmt.Errorf("%s is %s in %s ('kosa8 sync status %s' lists the changes)", p, what, sb.Config.Name, sb.Config.Name)
+		}
+	}
+	return nil
 }
 
 // showDiff prints a unified diff of the host's and the guest's version.
@@ -207,6 +380,6 @@ func showDiff(ctx context.Context, sb *sandbox.Sandbox, root, rel string) error 
 		host = os.DevNull // never read through a link
 	}
 	out, _ := exec.CommandContext(ctx, "diff", "-u", "--label", "host/"+rel, "--label", "sandbox/"+rel, host, tmp.Name()).Output()
-	os.Stdout.Write([]byte(sanitize(string(out), true)))
+	os.Stdout.Write(out)
 	return nil
 }

@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"sync"
 	"time"
-	"unicode"
 
 	"golang.org/x/term"
+
+	"github.com/kosa8/kosa8/internal/termsafe"
 )
 
 // isTerminal reports whether f is a terminal.
@@ -29,7 +29,13 @@ type progress struct {
 	done chan struct{}
 }
 
+// newProgress shows progress on kosa8's own stderr (out is os.Stderr or
+// nil): the spinner's line rewriting needs the raw terminal, so each step's
+// text is cleaned here instead.
 func newProgress(out *os.File) *progress {
+	if out == nil || out == os.Stderr {
+		out = termErr
+	}
 	p := &progress{out: out, tty: isTerminal(out), start: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
 	if p.tty {
 		go p.spin()
@@ -63,6 +69,7 @@ func (p *progress) spin() {
 func (p *progress) Step(s string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	s = sanitize(s, false)
 	if s == "" || s == p.step {
 		return
 	}
@@ -86,31 +93,75 @@ func (p *progress) Done() {
 	<-p.done
 }
 
-// sanitize removes terminal control sequences from text that came from the
-// guest before it is printed anywhere but an attached terminal: a guest
-// must not be able to rewrite the user's screen through 'kosa8 ls' or logs.
-// Newlines and tabs stay when keepLines is set.
-func sanitize(s string, keepLines bool) string {
-	var b strings.Builder
-	for _, r := range s {
-		switch {
-		case keepLines && (r == '\n' || r == '\t'):
-			b.WriteRune(r)
-		case r == unicode.ReplacementChar, unicode.IsControl(r), r >= 0x80 && r <= 0x9f:
-			b.WriteRune('?')
-		case unicode.Is(unicode.Bidi_Control, r):
-			b.WriteRune('?')
-		default:
-			b.WriteRune(r)
+// sanitize is termsafe.Clean: for values printed outside the guarded
+// streams (a progress step on the raw terminal).
+func sanitize(s string, keepLines bool) string { return termsafe.Clean(s, keepLines) }
+
+// termOut and termErr are the process's own stdout and stderr. Only a guest
+// process's output that the user attached on purpose (exec, run, shell),
+// the progress spinner and terminal checks use them; everything else kosa8
+// prints goes through os.Stdout and os.Stderr, which guardOutput routes
+// through termsafe: the one choke point for text a sandbox controls.
+var termOut, termErr = os.Stdout, os.Stderr
+
+// rawStdout are the commands whose stdout is a guest process's (exec, run,
+// shell) or binary (debug memory): their stdout is not cleaned. Their
+// stderr is, except for the guest process's own stderr, which execIn
+// writes to termErr.
+var rawStdout = map[string]bool{"exec": true, "run": true, "shell": true, "debug": true, "supervise": true}
+
+// guardOutput replaces os.Stdout (unless rawOut) and os.Stderr with pipes
+// drained through termsafe into out and errw. finish closes them and waits
+// until everything written has been passed on.
+func guardOutput(rawOut bool, out, errw io.Writer) (finish func(), err error) {
+	var wg sync.WaitGroup
+	var closers []func()
+	route := func(dst io.Writer, set func(*os.File)) error {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		set(w)
+		tw := termsafe.NewWriter(dst)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = io.Copy(tw, r)
+			_ = tw.Flush()
+			r.Close()
+		}()
+		closers = append(closers, func() { w.Close() })
+		return nil
+	}
+	origOut, origErr := os.Stdout, os.Stderr
+	if !rawOut {
+		if err := route(out, func(f *os.File) { os.Stdout = f }); err != nil {
+			return nil, err
 		}
 	}
-	return b.String()
+	if err := route(errw, func(f *os.File) { os.Stderr = f }); err != nil {
+		for _, c := range closers {
+			c()
+		}
+		os.Stdout = origOut
+		return nil, err
+	}
+	return func() {
+		for _, c := range closers {
+			c()
+		}
+		wg.Wait()
+		os.Stdout, os.Stderr = origOut, origErr
+	}, nil
 }
 
-// sanitizeWriter applies sanitize to a stream of text, line-preserving.
+// sanitizeWriter cleans a stream on its way to w (lines kept); output to
+// os.Stdout is already cleaned by guardOutput.
 type sanitizeWriter struct{ w io.Writer }
 
 func (s sanitizeWriter) Write(p []byte) (int, error) {
-	_, err := io.WriteString(s.w, sanitize(strings.ToValidUTF8(string(p), "?"), true))
-	return len(p), err
+	if _, err := io.WriteString(s.w, termsafe.Clean(string(p), true)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

@@ -165,15 +165,19 @@ func ReadResponse(r io.Reader) (*Response, error) {
 	}
 	switch f.Kind {
 	case FrameError:
-		return nil, &AgentError{Msg: resp.Error}
+		return nil, &AgentError{Msg: resp.Error, Code: resp.ExitCode}
 	case FrameResponse:
 		return &resp, nil
 	}
 	return nil, fmt.Errorf("agent: unexpected frame kind %d", f.Kind)
 }
 
-// AgentError is an error the agent reported.
-type AgentError struct{ Msg string }
+// AgentError is an error the agent reported. Code, when set, is the exit
+// status a shell would give for it (126, 127).
+type AgentError struct {
+	Msg  string
+	Code int
+}
 
 func (e *AgentError) Error() string { return e.Msg }
 

@@ -147,6 +147,9 @@ func validEnv(e string) bool {
 // Response answers a Request. Error is empty on success.
 type Response struct {
 	Error string `json:"error,omitempty"`
+	// ExitCode goes with Error when a command could not be started: 127
+	// not found, 126 found but not runnable (as a shell and docker run say).
+	ExitCode int `json:"exit_code,omitempty"`
 
 	Info *Info      `json:"info,omitempty"`
 	Stat *FileInfo  `json:"stat,omitempty"`

@@ -39,6 +39,21 @@ type apiError struct {
 	Error string `json:"error"`
 }
 
+// execError is apiError for an exec the guest could not start.
+type execError struct {
+	Error    string `json:"error"`
+	ExitCode int    `json:"exit_code,omitempty"` // 126 or 127
+}
+
+// CommandError is an exec the guest could not start: Code is 127 when the
+// command was not found, 126 when it cannot be run.
+type CommandError struct {
+	Code int
+	Msg  string
+}
+
+func (e *CommandError) Error() string { return e.Msg }
+
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
@@ -375,12 +390,12 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 	client := s.currentClient()
 	stream, resp, err := client.Exec(r.Context(), &req)
 	if err != nil {
-		code := http.StatusBadGateway
+		code, exit := http.StatusBadGateway, 0
 		var ae *guest.AgentError
 		if errors.As(err, &ae) {
-			code = http.StatusUnprocessableEntity
+			code, exit = http.StatusUnprocessableEntity, ae.Code
 		}
-		writeJSON(w, code, apiError{err.Error()})
+		writeJSON(w, code, execError{Error: err.Error(), ExitCode: exit})
 		return
 	}
 	defer stream.Close()
@@ -572,10 +587,13 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 
 func decodeResponse(resp *http.Response, out any) error {
 	if resp.StatusCode >= 300 {
-		var e apiError
+		var e execError
 		_ = json.NewDecoder(io.LimitReader(resp.Body, maxRequestBody)).Decode(&e)
 		if e.Error == "" {
 			e.Error = resp.Status
+		}
+		if e.ExitCode != 0 {
+			return &CommandError{Code: e.ExitCode, Msg: e.Error}
 		}
 		return errors.New(e.Error)
 	}

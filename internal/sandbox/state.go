@@ -45,6 +45,10 @@ type Status struct {
 	// ColdBoot says why a start from a checkpoint booted from its disks
 	// instead of loading its machine (saved by another QEMU build).
 	ColdBoot string `json:"cold_boot,omitempty"`
+	// Pending counts the workspace changes left waiting for review or
+	// approval when the sandbox stopped: they live on its disk, and
+	// 'kosa8 diff', 'apply', 'discard' and 'rm' must not forget them.
+	Pending int `json:"pending,omitempty"`
 }
 
 // Files in a sandbox's directory.

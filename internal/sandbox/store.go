@@ -260,3 +260,85 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// SaveConfig records a changed Config of an existing sandbox.
+func (s *Sandbox) SaveConfig() error {
+	if err := s.Config.Validate(); err != nil {
+		return err
+	}
+	return writeJSONAtomic(filepath.Join(s.Dir, configFile), &s.Config)
+}
+
+// FailedDir holds the logs of sandboxes removed after a failure.
+func (p Paths) FailedDir() string { return filepath.Join(p.Home, "failed") }
+
+// KeepLogs moves a sandbox's console and supervisor logs to a directory of
+// their own under FailedDir, before the sandbox is removed, and returns it:
+// a failed boot of an ephemeral sandbox must keep its evidence.
+func (m *Manager) KeepLogs(name string) (string, error) {
+	sb, err := m.Open(name)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(m.Paths.FailedDir(), name+"-"+time.Now().UTC().Format("20060102T150405"))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("keep logs: %w", err)
+	}
+	kept := 0
+	for _, f := range []string{ConsoleLog, SupervisorLog, stateFile, configFile} {
+		src := sb.Path(f)
+		if f == configFile || f == stateFile {
+			// Small, and still needed by the sandbox until it is removed.
+			b, err := os.ReadFile(src)
+			if err == nil && os.WriteFile(filepath.Join(dir, f), b, 0o600) == nil {
+				kept++
+			}
+			continue
+		}
+		if err := os.Rename(src, filepath.Join(dir, f)); err == nil {
+			kept++
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return dir, fmt.Errorf("keep %s: %w", f, err)
+		}
+	}
+	if kept == 0 {
+		os.Remove(dir)
+		return "", nil
+	}
+	return dir, nil
+}
+
+// WorkspaceOverlap finds another sandbox whose workspace is folder, or a
+// folder above or below it, and that syncs it now (running, starting, or
+// paused to resume). Two syncs of one folder would fight over its files.
+func (m *Manager) WorkspaceOverlap(self, folder string) (*Sandbox, error) {
+	list, err := m.List()
+	if err != nil {
+		return nil, err
+	}
+	for _, sb := range list {
+		if sb.Config.Name == self || sb.Config.Workspace == nil {
+			continue
+		}
+		if !Overlaps(sb.Config.Workspace.Path, folder) {
+			continue
+		}
+		if sb.Alive() || sb.Status().State == Paused {
+			return sb, nil
+		}
+	}
+	return nil, nil
+}
+
+// Overlaps reports whether folders a and b are the same or one holds the
+// other (both absolute and clean).
+func Overlaps(a, b string) bool {
+	a, b = filepath.Clean(a), filepath.Clean(b)
+	if a == b {
+		return true
+	}
+	within := func(in, out string) bool {
+		return strings.HasPrefix(in, strings.TrimSuffix(out, string(filepath.Separator))+string(filepath.Separator))
+	}
+	return within(a, b) || within(b, a)
+}

@@ -43,6 +43,9 @@ type ReadyMessage struct {
 	OK     bool    `json:"ok"`
 	Error  string  `json:"error,omitempty"`
 	Status *Status `json:"status,omitempty"`
+	// Progress lines come before the last one (OK or Error set), while
+	// the host folder is copied in.
+	Progress *CopyProgress `json:"progress,omitempty"`
 }
 
 // supervisor owns one running sandbox.
@@ -245,6 +248,21 @@ wait:
 			log.Error("the workspace sync did not end after the VM did")
 		}
 	}
+	pending := 0
+	if s.ws != nil && s.ws.engine != nil {
+		ws := s.ws.engine.Status()
+		pending = len(ws.Pending) + len(ws.Held)
+	}
+	if sb.Config.Ephemeral && pending > 0 {
+		// The agent's unreviewed work lives on this sandbox's disk: --rm
+		// must not throw it away. It stays, stopped, until applied or
+		// discarded and removed.
+		sb.Config.Ephemeral = false
+		if err := sb.SaveConfig(); err != nil {
+			log.Error("keep the sandbox for its pending changes", "err", err)
+		}
+		log.Info("kept for review", "pending", pending)
+	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = srv.Shutdown(shutCtx)
 	cancel()
@@ -259,6 +277,7 @@ wait:
 		if req.pausedAt != "" {
 			st.State, st.Checkpoint = Paused, req.pausedAt
 		}
+		st.Pending = pending
 	})
 	log.Info("stopped", "err", exitErr)
 	if sb.Config.Ephemeral {
@@ -398,6 +417,14 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if cfg.Workspace != nil {
 		if s.ws, err = openWorkspace(s.sb, m.Paths.Home, s.log); err != nil {
 			return fmt.Errorf("workspace: %w", err)
+		}
+		if ready := o.Ready; ready != nil {
+			// Once the sandbox is ready the pipe is closed: later writes
+			// fail at once, harmlessly.
+			s.ws.progress = func(p CopyProgress) {
+				b, _ := json.Marshal(ReadyMessage{Progress: &p})
+				_, _ = ready.Write(append(b, '\n'))
+			}
 		}
 		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.loadManifest(), o.Restore != "" && o.Rewind); err != nil {
 			return fmt.Errorf("workspace: %w", err)

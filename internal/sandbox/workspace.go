@@ -127,8 +127,10 @@ type workspace struct {
 	guest  *wsync.GuestSide
 	engine *wsync.Engine
 	lock   *os.File
-	cancel context.CancelFunc
-	done   chan struct{}
+	// progress hears how far the first copy has come (progress.go).
+	progress func(CopyProgress)
+	cancel   context.CancelFunc
+	done     chan struct{}
 
 	mu    sync.Mutex
 	dirty map[string]bool
@@ -183,7 +185,8 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, manifest m
 		}
 	}
 	host := &wsync.HostSide{Root: w.root, OnSkip: func(p string, err error) { w.log.Info("not synced", "path", p, "err", err) }}
-	w.engine = wsync.NewEngine(host, w.guest, manifest, opts, save)
+	counted := &countingGuest{GuestSide: w.guest, tell: w.progress}
+	w.engine = wsync.NewEngine(host, counted, manifest, opts, save)
 	host.Skip = w.engine.Excluded
 	t := time.Now()
 	sync := w.engine.Sync
@@ -193,6 +196,7 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, manifest m
 	if err := sync(ctx, nil); err != nil {
 		return fmt.Errorf("workspace sync: %w", err)
 	}
+	counted.done()
 	w.log.Info("workspace in step", "path", cfg.Path, "files", w.engine.Status().Files, "ms", time.Since(t).Milliseconds(), "rewind", rewind)
 	wctx, cancel := context.WithCancel(context.Background())
 	w.cancel, w.done = cancel, make(chan struct{})

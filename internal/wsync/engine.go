@@ -1017,8 +1017,8 @@ func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string
 	return todo, nil
 }
 
-// Discard puts the host's version back in the guest for pending paths
-// (all when none is given).
+// Discard puts the host's version back in the guest for pending and held
+// paths (all of both when none is given).
 func (e *Engine) Discard(ctx context.Context, paths []string) ([]string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -1026,12 +1026,18 @@ func (e *Engine) Discard(ctx context.Context, paths []string) ([]string, error) 
 		for p := range e.pending {
 			paths = append(paths, p)
 		}
+		// Held changes are the agent's unapplied work too.
+		for p := range e.held {
+			paths = append(paths, p)
+		}
 	}
 	slices.Sort(paths)
 	var deletes []func()
 	for _, p := range paths {
-		if _, ok := e.pending[p]; !ok {
-			return nil, fmt.Errorf("%s is not pending", p)
+		_, pending := e.pending[p]
+		_, held := e.held[p]
+		if !pending && !held {
+			return nil, fmt.Errorf("%s is neither pending nor held", p)
 		}
 		h, err := e.host.Scan(ctx, []string{p})
 		if err != nil {

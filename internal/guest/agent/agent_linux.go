@@ -158,7 +158,12 @@ func (a *Agent) respond(w io.Writer, r guest.Response) {
 }
 
 func (a *Agent) respondError(w io.Writer, err error) {
-	_ = guest.WriteJSON(w, guest.FrameError, guest.Response{Error: err.Error()})
+	r := guest.Response{Error: err.Error()}
+	var se *startError
+	if errors.As(err, &se) {
+		r.ExitCode = se.code
+	}
+	_ = guest.WriteJSON(w, guest.FrameError, r)
 }
 
 func (a *Agent) info() *guest.Info {

@@ -242,6 +242,25 @@ func (a *Agent) signal(p *proc, sig syscall.Signal) {
 	}
 }
 
+// startError is a command that could not be started, with the status a
+// shell gives for it: 127 when it does not exist, 126 when it cannot be run.
+type startError struct {
+	code int
+	err  error
+}
+
+func (e *startError) Error() string { return e.err.Error() }
+func (e *startError) Unwrap() error { return e.err }
+
+// notRunnable classifies an exec failure as a shell does.
+func notRunnable(argv0 string, err error) error {
+	code := 126
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		code = 127
+	}
+	return &startError{code, fmt.Errorf("exec %s: %w", argv0, err)}
+}
+
 // startProc starts the process described by req as p.
 func (a *Agent) startProc(p *proc, req *guest.ExecRequest) error {
 	u, err := a.users.lookup(req.User, a.defaultUser)
@@ -257,10 +276,10 @@ func (a *Agent) startProc(p *proc, req *guest.ExecRequest) error {
 	}
 	argv0, err := lookPath(req.Argv[0], envValue(env, "PATH"))
 	if err != nil {
-		return err
+		return &startError{127, err}
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return fmt.Errorf("exec: working directory %s does not exist", dir)
+		return &startError{126, fmt.Errorf("exec: working directory %s does not exist", dir)}
 	}
 	attr := &os.ProcAttr{Dir: dir, Env: env, Sys: &syscall.SysProcAttr{}}
 	if a.cgroupFD > 0 {
@@ -329,7 +348,7 @@ func (a *Agent) startProc(p *proc, req *guest.ExecRequest) error {
 		if stdinW != p.tty {
 			stdinW.Close()
 		}
-		return fmt.Errorf("exec %s: %w", req.Argv[0], err)
+		return notRunnable(req.Argv[0], err)
 	}
 	p.pid = proc.Pid
 	_ = proc.Release()

@@ -279,6 +279,10 @@ func (a *Agent) handleWSMount(s net.Conn, req *guest.Request) {
 		a.respondError(s, err)
 		return
 	}
+	if err := traversable(filepath.Dir(root)); err != nil {
+		a.respondError(s, fmt.Errorf("ws_mount: %w", err))
+		return
+	}
 	if err := waitFor("/dev/vdb", 10*time.Second); err != nil {
 		a.respondError(s, fmt.Errorf("workspace disk: %w", err))
 		return
@@ -288,7 +292,32 @@ func (a *Agent) handleWSMount(s net.Conn, req *guest.Request) {
 		return
 	}
 	_ = os.Chown(root, u.uid, u.gid)
+	// mkfs's lost+found is the guest filesystem's, not the project's: the
+	// agent would trip over it (ls, git status, globbing). An empty one
+	// goes; e2fsck makes a new one if it ever needs it.
+	_ = unix.Rmdir(filepath.Join(root, "lost+found"))
 	a.respond(s, guest.Response{})
+}
+
+// traversable lets every user enter each folder from / down to dir: the
+// workspace sits at the host's path (/root/project, say), whose parents in
+// the guest image may be closed to the unprivileged guest user (/root is
+// 0700). Only the search bit is added: the folders stay unlistable.
+func traversable(dir string) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o001|fi.Mode()&(os.ModeSticky|os.ModeSetgid)); err != nil {
+				return fmt.Errorf("let the guest user enter %s: %w", d, err)
+			}
+		}
+		if d == "/" {
+			return nil
+		}
+	}
 }
 
 // handleWSWatch reports changed paths under the root until the stream

@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/sandbox"
+)
+
+func TestExitCode(t *testing.T) {
+	cases := []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"success", nil, 0},
+		{"the command's status", &exitError{3}, 3},
+		{"kosa8's own failure", errors.New("boot failed"), 125},
+		{"not found in the guest", &sandbox.CommandError{Code: 127, Msg: "exec: x: command not found"}, 127},
+		{"cannot be run", fmt.Errorf("wrapped: %w", &sandbox.CommandError{Code: 126, Msg: "permission denied"}), 126},
+		{"a code the guest must not choose", &sandbox.CommandError{Code: 0, Msg: "odd"}, 125},
+		{"interrupted while booting", fmt.Errorf("%w: sandbox x removed", errInterrupted), 130},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := exitCode(tc.err); got != tc.want {
+				t.Fatalf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+// fakeHome points kosa8 at an empty state directory and returns it.
+func fakeHome(t *testing.T) string {
+	home := t.TempDir()
+	t.Setenv("KOSA8_HOME", home)
+	t.Setenv("KOSA8_CONFIG", filepath.Join(home, "config"))
+	t.Setenv("KOSA8_CACHE", filepath.Join(home, "cache"))
+	return home
+}
+
+// fakeSandbox writes a stopped sandbox's directory, with a workspace.
+func fakeSandbox(t *testing.T, home, name, ws string, st sandbox.Status) *sandbox.Sandbox {
+	t.Helper()
+	dir := filepath.Join(home, "sandboxes", name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg := sandbox.Config{Name: name, Arch: "amd64", CPUs: 1, MemoryMiB: 512, DiskGiB: 8, User: "kosa8", UID: 1000, GID: 1000}
+	if ws != "" {
+		cfg.Workspace = &sandbox.WorkspaceConfig{Path: ws}
+	}
+	writeJSON(t, filepath.Join(dir, "sandbox.json"), cfg)
+	writeJSON(t, filepath.Join(dir, "state.json"), st)
+	return &sandbox.Sandbox{Dir: dir, Config: cfg}
+}
+
+func kosa8(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = execute(newRoot(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// TestBadArguments: kosa8's own refusals exit 125 before anything is
+// created, and name a flag the command has.
+func TestBadArguments(t *testing.T) {
+	home := fakeHome(t)
+	wd := t.TempDir()
+	t.Chdir(wd)
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--bogus"}, "unknown flag: --bogus ('kosa8 run --help'"},
+		{[]string{"run", "--cpus", "0", "--", "true"}, "--cpus 0 is out of range"},
+		{[]string{"create", "--cpus", "-2"}, "--cpus -2 is out of range"},
+		{[]string{"run", "--memory", "16", "--", "true"}, "did you mean 16G?"},
+		{[]string{"create", "--memory", "lots"}, "invalid size"},
+		{[]string{"create", "--disk", "1"}, "below the 2G minimum"},
+		{[]string{"create", "--checkpoint-every", "1s"}, "use 10s or more"},
+		{[]string{"create", "--no-workspace", "--review"}, "--review needs a workspace"},
+		{[]string{"exec", "nosuch", "--", "true"}, "no such sandbox"},
+		{[]string{"secret", "add", "K", "--host", "*.com"}, "matches a whole public suffix"},
+		{[]string{"rewind", "nosuch", "latest"}, "no such sandbox"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, _, stderr := kosa8(t, tc.args...)
+			if code != 125 {
+				t.Errorf("exit %d, want 125 (stderr %q)", code, stderr)
+			}
+			if !strings.Contains(stderr, tc.want) {
+				t.Errorf("stderr %q does not say %q", stderr, tc.want)
+			}
+			if strings.Contains(stderr, "--allow-broad") && tc.args[0] == "secret" {
+				t.Errorf("names a flag secret add does not have: %q", stderr)
+			}
+		})
+	}
+	if entries, _ := os.ReadDir(filepath.Join(home, "sandboxes")); len(entries) != 0 {
+		t.Errorf("refused commands left %d sandboxes", len(entries))
+	}
+}
+
+// TestFolderConflict: a folder, its parent or its child already synced by
+// another sandbox is refused before anything is created; a stopped
+// sandbox on the same folder is no conflict.
+func TestFolderConflict(t *testing.T) {
+	home := fakeHome(t)
+	ws := t.TempDir()
+	fakeSandbox(t, home, "holder", ws, sandbox.Status{State: sandbox.Paused, Checkpoint: "x"})
+	fakeSandbox(t, home, "idle", filepath.Join(ws, "sub", "deeper"), sandbox.Status{State: sandbox.Stopped})
+	for _, dir := range []string{ws, filepath.Join(ws, "sub"), filepath.Dir(ws)} {
+		os.MkdirAll(dir, 0o755)
+		code, _, stderr := kosa8(t, "create", "--workspace", dir, "--force", "x")
+		if code != 125 || !strings.Contains(stderr, "synced by sandbox holder (paused)") {
+			t.Errorf("create on %s: exit %d, %q", dir, code, stderr)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(home, "sandboxes", "x")); err == nil {
+		t.Error("the refused create left its sandbox")
+	}
+	m, _ := manager()
+	if other, err := m.WorkspaceOverlap("y", filepath.Join(ws, "sub", "deeper")); err != nil || other == nil || other.Config.Name != "holder" {
+		t.Errorf("overlap with the paused holder: %v, %v", other, err)
+	}
+	if other, _ := m.WorkspaceOverlap("y", ws+"-sibling"); other != nil {
+		t.Errorf("a sibling with a common name prefix overlaps %s", other.Config.Name)
+	}
+}
+
+func TestResolveCheckpoint(t *testing.T) {
+	home := fakeHome(t)
+	sb := fakeSandbox(t, home, "cp", "", sandbox.Status{State: sandbox.Stopped})
+	ids := []string{"20260101-000000-aaaa", "20260101-000001-aabb", "20260102-000000-cccc"}
+	for i, id := range ids {
+		tmp, err := sb.Checkpoints().Begin(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		meta := &checkpoint.Meta{ID: id, Kind: "manual", Created: time.Date(2026, 1, 1, 0, 0, i, 0, time.UTC), DisksOnly: i == 2}
+		if err := sb.Checkpoints().Commit(tmp, meta); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		ref     string
+		machine bool
+		want    string // an id, or part of the error
+	}{
+		{"latest", false, ids[2]},
+		{"latest", true, ids[1]},
+		{ids[0], false, ids[0]},
+		{"20260102", false, ids[2]},
+		{"20260101-000001", false, ids[1]},
+		{"20260101", false, "ambiguous"},
+		{"2025", false, "no checkpoint"},
+		{"", false, "no checkpoint"},
+	}
+	for _, tc := range cases {
+		got, err := resolveCheckpoint(sb, tc.ref, tc.machine)
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("resolveCheckpoint(%q, %v) = %q, want %q", tc.ref, tc.machine, got, tc.want)
+		}
+	}
+}
+
+func TestCompletion(t *testing.T) {
+	home := fakeHome(t)
+	sb := fakeSandbox(t, home, "alpha", "", sandbox.Status{State: sandbox.Stopped})
+	fakeSandbox(t, home, "beta", "", sandbox.Status{State: sandbox.Stopped})
+	tmp, _ := sb.Checkpoints().Begin("20260101-000000-aaaa")
+	if err := sb.Checkpoints().Commit(tmp, &checkpoint.Meta{ID: "20260101-000000-aaaa", Kind: "manual"}); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		args []string
+		want []string
+		not  []string
+	}{
+		{[]string{"exec", ""}, []string{"alpha", "beta"}, nil},
+		{[]string{"stop", "alpha", ""}, []string{"beta"}, []string{"alpha"}},
+		{[]string{"rm", "b"}, []string{"beta"}, []string{"alpha"}},
+		{[]string{"rewind", "alpha", ""}, []string{"latest", "20260101-000000-aaaa"}, nil},
+		{[]string{"start", "alpha", "--from", ""}, []string{"latest", "20260101-000000-aaaa"}, nil},
+		{[]string{"run", "--net", ""}, []string{"none", "dev"}, nil},
+		{[]string{"diff", ""}, []string{"alpha"}, nil},
+	}
+	for _, tc := range cases {
+		_, out, _ := kosa8(t, append([]string{"__complete"}, tc.args...)...)
+		lines := strings.Split(out, "\n")
+		has := func(s string) bool {
+			for _, l := range lines {
+				if strings.SplitN(l, "\t", 2)[0] == s {
+					return true
+				}
+			}
+			return false
+		}
+		for _, w := range tc.want {
+			if !has(w) {
+				t.Errorf("completing %v does not offer %q: %q", tc.args, w, out)
+			}
+		}
+		for _, n := range tc.not {
+			if has(n) {
+				t.Errorf("completing %v offers %q: %q", tc.args, n, out)
+			}
+		}
+	}
+}
+
+// TestRemoveAsksForPendingChanges: a stopped sandbox that still holds
+// changes waiting for review is not removed without -f.
+func TestRemoveAsksForPendingChanges(t *testing.T) {
+	home := fakeHome(t)
+	fakeSandbox(t, home, "work", t.TempDir(), sandbox.Status{State: sandbox.Stopped, Pending: 2})
+	code, _, stderr := kosa8(t, "rm", "work")
+	if code != 125 || !strings.Contains(stderr, "2 changes not applied") || !strings.Contains(stderr, "kosa8 apply work") {
+		t.Fatalf("rm of a sandbox with pending changes: exit %d, %q", code, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(home, "sandboxes", "work")); err != nil {
+		t.Fatal("removed anyway")
+	}
+	if code, _, stderr := kosa8(t, "rm", "-f", "work"); code != 0 {
+		t.Fatalf("rm -f: exit %d, %q", code, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(home, "sandboxes", "work")); err == nil {
+		t.Fatal("rm -f kept it")
+	}
+}
+
+func TestJSONEmptyListsAndLowerCaseKeys(t *testing.T) {
+	fakeHome(t)
+	for _, args := range [][]string{{"ls", "--json"}, {"image", "ls", "--json"}, {"secret", "ls", "--json"}} {
+		code, out, stderr := kosa8(t, args...)
+		if code != 0 || strings.TrimSpace(out) != "[]" {
+			t.Errorf("kosa8 %v: exit %d, %q %q; want []", args, code, out, stderr)
+		}
+	}
+}
+
+// TestJSONKeysLowerCase: every key of what --json and inspect print is
+// lower case (a Go field without a tag would show up capitalised).
+func TestJSONKeysLowerCase(t *testing.T) {
+	home := fakeHome(t)
+	sb := fakeSandbox(t, home, "keys", t.TempDir(), sandbox.Status{State: sandbox.Stopped, Pending: 1})
+	sb.Config.Network = sandbox.NetworkConfig{Rules: []string{"example.com"}, Ports: []sandbox.PortForward{{HostPort: 8080, GuestPort: 80}}}
+	sb.Config.Secrets = []string{"K"}
+	sb.Config.Env = []string{"A=1"}
+	l := describe(sb)
+	l.Network = &networkView{Rules: []string{"x"}, Secrets: []string{"K"}, Ports: sb.Config.Network.Ports}
+	values := []any{
+		l,
+		syncView{Pending: []changeView{{Path: "a", Kind: "added", Type: "file"}}},
+		checkpoint.Meta{ID: "x", Disks: map[string]checkpoint.Disk{"root": {}}},
+	}
+	upper := regexp.MustCompile(`"([A-Za-z_]*[A-Z][A-Za-z_]*)":`)
+	for _, v := range values {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := upper.FindAllStringSubmatch(string(b), -1); m != nil {
+			t.Errorf("%T has keys that are not lower case: %v", v, m)
+		}
+	}
+}
