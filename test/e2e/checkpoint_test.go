@@ -39,6 +39,14 @@ func checkpointNow(t *testing.T, name, msg string) cpMeta {
 	return m
 }
 
+// startCounter starts the counter and waits until it has counted past 3:
+// python3 took 8 s to start in a guest on a loaded host.
+func startCounter(t *testing.T, name string) {
+	t.Helper()
+	must(t, "exec", name, "--", "sh", "-c", counter)
+	must(t, "exec", name, "--", "sh", "-c", "for i in $(seq 600); do [ \"$(cat /tmp/count 2>/dev/null || echo 0)\" -gt 3 ] && exit 0; sleep 0.1; done; echo the counter never started >&2; exit 1")
+}
+
 func count(t *testing.T, name string) int {
 	t.Helper()
 	r := must(t, "exec", name, "--", "cat", "/tmp/count")
@@ -58,8 +66,7 @@ func TestCheckpointAndRewind(t *testing.T) {
 	must(t, "create", name, "--workspace", ws)
 	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
 	must(t, "start", name)
-	must(t, "exec", name, "--", "sh", "-c", counter)
-	time.Sleep(1500 * time.Millisecond)
+	startCounter(t, name)
 
 	before := count(t, name)
 	c1 := checkpointNow(t, name, "first")
@@ -140,8 +147,7 @@ func TestPauseResume(t *testing.T) {
 	must(t, "create", name)
 	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
 	must(t, "start", name)
-	must(t, "exec", name, "--", "sh", "-c", counter)
-	time.Sleep(1 * time.Second)
+	startCounter(t, name)
 	qemu := ls(t)[name].Status.QEMUPID
 	must(t, "pause", name)
 	e := ls(t)[name]
