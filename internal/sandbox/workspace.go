@@ -125,7 +125,7 @@ type workspace struct {
 	// progress hears how far the first copy has come (progress.go).
 	progress func(CopyProgress)
 	cancel   context.CancelFunc
-	done   chan struct{}
+	done     chan struct{}
 
 	mu    sync.Mutex
 	dirty map[string]bool
