@@ -18,6 +18,8 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 	case n >= 1<<20:
 		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n < 1<<10:
+		return fmt.Sprintf("%d B", n)
 	}
 	return fmt.Sprintf("%d KiB", n>>10)
 }

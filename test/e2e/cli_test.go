@@ -218,11 +218,12 @@ func TestReviewSurvivesRmAndStop(t *testing.T) {
 	name := "keep"
 	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
 	r := run(t, "", "run", "--rm", "--review", "--name", name, "--workspace", ws, "--", "sh", "-c",
-		"echo 'print(2)' > app.py; echo new > added.txt; echo 'export AGENT=1' > .envrc; echo junk > junk.txt")
+		"echo 'print(2)' > app.py; echo new > added.txt; echo 'export AGENT=1' > .envrc; echo junk > junk.txt; "+
+			"echo '# approved' > kosa8.toml")
 	if r.code != 0 {
 		t.Fatalf("run:\n%s", r)
 	}
-	if !strings.Contains(r.stderr, "4 changes pending in keep: 'kosa8 diff keep'") {
+	if !strings.Contains(r.stderr, "5 changes pending in keep: 'kosa8 diff keep'") {
 		t.Fatalf("run did not say what is pending:\n%s", r)
 	}
 	if e, ok := ls(t)[name]; !ok || e.State != "stopped" {
@@ -245,6 +246,14 @@ func TestReviewSurvivesRmAndStop(t *testing.T) {
 		if !strings.Contains(d, want) {
 			t.Fatalf("diff of the stopped sandbox lacks %q:\n%s", want, d)
 		}
+	}
+	// approve shows what it writes before writing it.
+	a := must(t, "approve", name, "kosa8.toml")
+	if !strings.Contains(a.stdout, "+# approved") || !strings.HasSuffix(a.stdout, "\nkosa8.toml\n") {
+		t.Fatalf("approve did not show the diff first:\n%s", a)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "kosa8.toml")); !strings.Contains(string(b), "approved") {
+		t.Fatal("approve did not write the held file")
 	}
 	must(t, "discard", name, ".envrc", "junk.txt")
 	must(t, "apply", name, "app.py", "added.txt")
