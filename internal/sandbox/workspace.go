@@ -196,6 +196,24 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, manifest m
 	if err := sync(ctx, nil); err != nil {
 		return fmt.Errorf("workspace sync: %w", err)
 	}
+	// A sandbox must not start on half a workspace: paths the first pass
+	// failed to copy (a stream cut on a loaded host) are tried again
+	// before the guest runs anything. What still fails then (a host file
+	// this user cannot read, say) is in 'kosa8 sync status'.
+	for try := 0; ; try++ {
+		n, why := w.engine.PassFailures()
+		if n == 0 {
+			break
+		}
+		if try == 2 {
+			w.log.Error("workspace sync: paths not in step", "failed", n, "first", strings.Join(why, "; "))
+			break
+		}
+		w.log.Warn("workspace sync: paths failed; trying again", "failed", n, "first", why)
+		if err := w.engine.Sync(ctx, nil); err != nil {
+			return fmt.Errorf("workspace sync: %w", err)
+		}
+	}
 	counted.done()
 	w.log.Info("workspace in step", "path", cfg.Path, "files", w.engine.Status().Files, "ms", time.Since(t).Milliseconds(), "rewind", rewind)
 	wctx, cancel := context.WithCancel(context.Background())

@@ -130,6 +130,8 @@ type Engine struct {
 	gitDirs   map[string]bool   // folders git uses as git directories, besides .git ones
 	used      Quota
 	errs      []string
+	passErrs  []string // this pass's failures (the first few)
+	passFails int      // how many paths failed this pass
 	lastSync  time.Time
 	onChange  func(map[string]*Entry)
 }
@@ -217,6 +219,7 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 // directories the gate must know of.
 func (e *Engine) startPass(ctx context.Context, h map[string]*Entry) {
 	e.batch = e.batch[:0]
+	e.passErrs, e.passFails = nil, 0
 	e.gitFailed = map[string]int{}
 	e.passLinks = map[string]string{}
 	for p, ent := range h {
@@ -348,6 +351,10 @@ func (e *Engine) account(ent *Entry, sign int) {
 
 func (e *Engine) fail(p string, err error) {
 	msg := p + ": " + err.Error()
+	e.passFails++
+	if len(e.passErrs) < 5 {
+		e.passErrs = append(e.passErrs, msg)
+	}
 	e.errs = append(e.errs, msg)
 	if len(e.errs) > 100 {
 		e.errs = e.errs[len(e.errs)-100:]
@@ -835,6 +842,15 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 	}
 	e.setManifest(p, h, "host")
 	return nil
+}
+
+// PassFailures reports how many paths the last pass failed to bring in
+// step, and the first few reasons. A path that failed is not in the
+// manifest, so the next pass tries it again.
+func (e *Engine) PassFailures() (int, []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.passFails, slices.Clone(e.passErrs)
 }
 
 // flushBatch sends the gathered guest writes in one go.

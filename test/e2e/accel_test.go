@@ -10,23 +10,31 @@ import (
 	"time"
 )
 
-// fakeQEMU writes a QEMU wrapper that logs each command line and, when
-// asked for KVM, fails the way nested, paravirtualized hosts do: "die"
-// exits at once with QEMU's own message, "hang" never greets. Otherwise it
-// runs the real QEMU. It returns the environment that selects it, on a
-// state directory of the test's own (the failure record lives there).
-func fakeQEMU(t *testing.T, mode string) (env []string, logPath string) {
+// fakeQEMU writes a QEMU wrapper that, when asked for KVM, says so on its
+// standard error (which the supervisor log keeps) and fails the way nested,
+// paravirtualized hosts do: "die" exits at once with QEMU's own message,
+// "hang" never greets. Otherwise it runs the real QEMU. It returns the
+// environment that selects it, on a state directory of the test's own (the
+// failure record lives there). The wrapper's folder is world-readable: a
+// confined QEMU runs as a uid of its own.
+func fakeQEMU(t *testing.T, mode string) (env []string, home string) {
 	t.Helper()
 	real, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	logPath = filepath.Join(dir, "invocations")
+	dir, err := os.MkdirTemp("/tmp", "kosa8-fake-qemu-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	script := `#!/bin/sh
-echo "$*" >> ` + logPath + `
 case " $* " in
 *" -accel kvm "*)
+	echo "fake-qemu: kvm attempt" >&2
 	case "` + mode + `" in
 	die) echo "qemu-system-x86_64: error: failed to set MSR 0x10a to 0x2000000e1" >&2; exit 1 ;;
 	hang) exec sleep 600 ;;
@@ -38,14 +46,14 @@ exec ` + real + ` "$@"
 	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	state := t.TempDir()
+	home = t.TempDir()
 	return []string{
 		"KOSA8_QEMU=" + bin,
 		"KOSA8_TEST_ASSUME_KVM=1",
 		"KOSA8_ACCEL=",
-		"KOSA8_HOME=" + state,
-		"KOSA8_CONFIG=" + filepath.Join(state, "config"),
-	}, logPath
+		"KOSA8_HOME=" + home,
+		"KOSA8_CONFIG=" + filepath.Join(home, "config"),
+	}, home
 }
 
 func runEnv(t *testing.T, env []string, timeout time.Duration, args ...string) result {
@@ -66,23 +74,36 @@ func runEnv(t *testing.T, env []string, timeout time.Duration, args ...string) r
 	return result{out.String(), errb.String(), code}
 }
 
-func kvmAttempts(t *testing.T, logPath string) int {
-	b, _ := os.ReadFile(logPath)
-	return strings.Count(string(b), "-accel kvm ")
+// kvmAttempts counts the fake QEMU's KVM attempts in a kept sandbox's
+// supervisor log.
+func kvmAttempts(t *testing.T, home, name string) int {
+	b, err := os.ReadFile(filepath.Join(home, "sandboxes", name, "supervisor.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "fake-qemu: kvm attempt")
+}
+
+// runKept runs a command in a new sandbox that is stopped, not removed, so
+// its supervisor log can be read; it is removed at the test's end.
+func runKept(t *testing.T, env []string, name string, args ...string) result {
+	t.Helper()
+	t.Cleanup(func() { runEnv(t, env, time.Minute, "rm", "-f", name) })
+	return runEnv(t, env, 4*time.Minute, append([]string{"run", "--name", name, "--no-workspace", "--"}, args...)...)
 }
 
 // A KVM that passes the probe but whose QEMU dies: the sandbox boots under
 // TCG, says why, doctor reports it, and the next start does not try KVM.
 func TestAccelFallbackWhenQEMUDies(t *testing.T) {
-	env, log := fakeQEMU(t, "die")
-	r := runEnv(t, env, 3*time.Minute, "run", "--rm", "--no-workspace", "--", "echo", "booted")
+	env, home := fakeQEMU(t, "die")
+	r := runKept(t, env, "die1", "echo", "booted")
 	if r.code != 0 || !strings.Contains(r.stdout, "booted") {
 		t.Fatalf("run did not fall back to tcg:\n%s", r)
 	}
 	if !strings.Contains(r.stderr, "fell back to tcg") || !strings.Contains(r.stderr, "MSR 0x10a") {
 		t.Errorf("run does not say why it fell back:\n%s", r.stderr)
 	}
-	if n := kvmAttempts(t, log); n != 1 {
+	if n := kvmAttempts(t, home, "die1"); n != 1 {
 		t.Errorf("%d attempts under kvm, want 1", n)
 	}
 	d := runEnv(t, env, time.Minute, "doctor")
@@ -92,12 +113,12 @@ func TestAccelFallbackWhenQEMUDies(t *testing.T) {
 	if !strings.HasSuffix(d.stdout, "\n") {
 		t.Errorf("doctor's output does not end with a newline: %q", d.stdout)
 	}
-	r = runEnv(t, env, 3*time.Minute, "run", "--rm", "--no-workspace", "--", "echo", "again")
+	r = runKept(t, env, "die2", "echo", "again")
 	if r.code != 0 || !strings.Contains(r.stdout, "again") {
 		t.Fatalf("second run:\n%s", r)
 	}
-	if n := kvmAttempts(t, log); n != 1 {
-		t.Errorf("the second run tried kvm again (%d attempts in all)", n)
+	if n := kvmAttempts(t, home, "die2"); n != 0 {
+		t.Errorf("the second run tried kvm again (%d attempts)", n)
 	}
 }
 
@@ -120,16 +141,16 @@ func TestAccelForcedKVMFails(t *testing.T) {
 // A KVM under which the guest hangs: the boot is given up after a bounded
 // time and the sandbox runs under TCG.
 func TestAccelFallbackWhenGuestHangs(t *testing.T) {
-	env, log := fakeQEMU(t, "hang")
+	env, home := fakeQEMU(t, "hang")
 	start := time.Now()
-	r := runEnv(t, env, 4*time.Minute, "run", "--rm", "--no-workspace", "--", "echo", "booted")
+	r := runKept(t, env, "hang1", "echo", "booted")
 	if r.code != 0 || !strings.Contains(r.stdout, "booted") {
 		t.Fatalf("run did not fall back to tcg:\n%s", r)
 	}
 	if !strings.Contains(r.stderr, "fell back to tcg") {
 		t.Errorf("run does not say it fell back:\n%s", r.stderr)
 	}
-	if n := kvmAttempts(t, log); n != 1 {
+	if n := kvmAttempts(t, home, "hang1"); n != 1 {
 		t.Errorf("%d attempts under kvm, want 1", n)
 	}
 	t.Logf("hung kvm, then tcg: %v", time.Since(start))

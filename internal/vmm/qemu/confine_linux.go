@@ -189,9 +189,10 @@ func (p *confinePlan) buildRuleset(c *Confinement, binary, ramDir string, spec *
 		return nil
 	}
 	system := []string{"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache"}
-	// QEMU installed elsewhere (KOSA8_QEMU): its directory and data files.
+	// QEMU installed elsewhere (KOSA8_QEMU, e.g. /opt/qemu10/usr/bin): its
+	// whole prefix, where its libraries and data files live beside it.
 	if real, err := filepath.EvalSymlinks(binary); err == nil {
-		system = append(system, filepath.Dir(real), filepath.Join(filepath.Dir(real), "..", "share", "qemu"))
+		system = append(system, filepath.Dir(real), filepath.Dir(filepath.Dir(real)))
 	}
 	for _, path := range system {
 		if err := add(path, llExec, true, true); err != nil {
