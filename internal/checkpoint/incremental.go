@@ -2,10 +2,12 @@ package checkpoint
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 )
 
 // PageSize is the unit of dirty tracking: the host's page.
@@ -176,10 +178,44 @@ var errStopped = errors.New("stopped")
 // nil if they are equal, else an error naming the first page that
 // differs: the checkpoint verifier.
 func Compare(a, b *os.File, size int64) error {
+	// Where both are holes both read zeros: only the data of either is
+	// read.
+	ea, err := DataExtents(a, size)
+	if err != nil {
+		return err
+	}
+	eb, err := DataExtents(b, size)
+	if err != nil {
+		return err
+	}
+	for _, e := range union(ea, eb) {
+		if err := compareRange(a, b, e.Off, min(e.Off+e.Len, size)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// union merges two sorted lists of extents.
+func union(a, b []Extent) []Extent {
+	all := append(append([]Extent(nil), a...), b...)
+	slices.SortFunc(all, func(x, y Extent) int { return cmp.Compare(x.Off, y.Off) })
+	var out []Extent
+	for _, e := range all {
+		if n := len(out); n > 0 && e.Off <= out[n-1].Off+out[n-1].Len {
+			out[n-1].Len = max(out[n-1].Len, e.Off+e.Len-out[n-1].Off)
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func compareRange(a, b *os.File, off, end int64) error {
 	const chunk = 4 << 20
 	ba, bb := make([]byte, chunk), make([]byte, chunk)
-	for pos := int64(0); pos < size; pos += chunk {
-		n := min(int64(chunk), size-pos)
+	for pos := off; pos < end; pos += chunk {
+		n := min(int64(chunk), end-pos)
 		if err := readFull(a, ba[:n], pos); err != nil {
 			return err
 		}

@@ -261,3 +261,32 @@ func TestSubtract(t *testing.T) {
 		}
 	}
 }
+
+// The verifier reads only data, but finds a difference anywhere: in data
+// of either file, against a hole of the other.
+func TestCompare(t *testing.T) {
+	dir := t.TempDir()
+	const size = 1 << 20
+	a, _ := os.Create(filepath.Join(dir, "a"))
+	b, _ := os.Create(filepath.Join(dir, "b"))
+	a.Truncate(size)
+	b.Truncate(size)
+	if err := Compare(a, b, size); err != nil {
+		t.Fatal(err)
+	}
+	a.WriteAt([]byte{1}, 300000)
+	if err := Compare(a, b, size); err == nil || !strings.Contains(err.Error(), "page 73 ") {
+		t.Fatalf("data against a hole: %v", err)
+	}
+	if err := Compare(b, a, size); err == nil {
+		t.Fatal("hole against data: no difference")
+	}
+	b.WriteAt([]byte{1}, 300000)
+	b.WriteAt([]byte{0}, 900000) // data of zeros against a hole: equal
+	if err := Compare(a, b, size); err != nil {
+		t.Fatal(err)
+	}
+	if got := union([]Extent{{0, 10}, {50, 10}}, []Extent{{5, 10}, {70, 1}}); len(got) != 3 || got[0] != (Extent{0, 15}) {
+		t.Fatalf("union: %v", got)
+	}
+}
