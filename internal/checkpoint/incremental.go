@@ -80,10 +80,12 @@ func DataExtents(f *os.File, size int64) ([]Extent, error) {
 }
 
 // CopyIncremental makes dst, which holds the previous checkpoint's RAM
-// exactly, equal to src (of size), the guest RAM now: within src's data
-// extents it copies only the pages in must (the pages the guest may have
-// written since), and it frees what is a hole in src. It returns src's
-// data extents and the bytes copied.
+// exactly (zeros where it had none), equal in content to src (of size),
+// the guest RAM now: within src's data extents it copies only the pages in
+// must (the pages the guest may have written since). Where src has holes
+// dst must read zeros already: the holes are freed later, out of the
+// pause (PunchHoles with the returned extents). It returns src's data
+// extents and the bytes copied.
 func CopyIncremental(dst, src *os.File, size int64, must *Pages) ([]Extent, int64, error) {
 	exts, err := DataExtents(src, size)
 	if err != nil {
@@ -111,9 +113,6 @@ func CopyIncremental(dst, src *os.File, size int64, must *Pages) ([]Extent, int6
 			}
 			pos = runEnd
 		}
-	}
-	if err := PunchHoles(dst, exts, size); err != nil {
-		return nil, copied, fmt.Errorf("free the holes: %w", err)
 	}
 	return exts, copied, nil
 }
@@ -188,8 +187,10 @@ func Compare(a, b *os.File, size int64) error {
 	if err != nil {
 		return err
 	}
+	const chunk = 4 << 20
+	ba, bb := make([]byte, chunk), make([]byte, chunk)
 	for _, e := range union(ea, eb) {
-		if err := compareRange(a, b, e.Off, min(e.Off+e.Len, size)); err != nil {
+		if err := compareRange(a, b, e.Off, min(e.Off+e.Len, size), ba, bb); err != nil {
 			return err
 		}
 	}
@@ -211,9 +212,8 @@ func union(a, b []Extent) []Extent {
 	return out
 }
 
-func compareRange(a, b *os.File, off, end int64) error {
-	const chunk = 4 << 20
-	ba, bb := make([]byte, chunk), make([]byte, chunk)
+func compareRange(a, b *os.File, off, end int64, ba, bb []byte) error {
+	chunk := int64(len(ba))
 	for pos := off; pos < end; pos += chunk {
 		n := min(int64(chunk), end-pos)
 		if err := readFull(a, ba[:n], pos); err != nil {

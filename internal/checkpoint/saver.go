@@ -78,6 +78,9 @@ type SaveResult struct {
 	FullReason  string // why the copy was full
 	Verify      string // "ok", or what the verifier found; "" when off
 	delta       *Delta
+	// stale: outside Extents the file may hold older RAM (a full copy
+	// over a spare that was not all zeros) until FreeHoles.
+	stale bool
 }
 
 // Save writes the guest's RAM (src, the machine's RAM file) into dst for
@@ -127,8 +130,12 @@ func (r *RAMSaver) Save(dst, src *os.File, id, parent string, spare bool, base s
 	if err := r.copy(res, dst, src, must, spare); err != nil {
 		return nil, err
 	}
+	res.stale = spare && base != "" && must == nil
 	incremental := res.Incremental
 	if r.Verify {
+		if err := r.FreeHoles(dst, res); err != nil {
+			return nil, err
+		}
 		if err := Compare(dst, src, r.Size); err != nil {
 			if !errors.Is(err, ErrMismatch) {
 				return nil, fmt.Errorf("verify: %w", err)
@@ -141,6 +148,9 @@ func (r *RAMSaver) Save(dst, src *os.File, id, parent string, spare bool, base s
 			// spares are then refilled in full (no delta), and tracking
 			// starts over.
 			if err := r.copy(res, dst, src, nil, true); err != nil {
+				return nil, err
+			}
+			if err := PunchHoles(dst, res.Extents, r.Size); err != nil {
 				return nil, err
 			}
 			must, r.pending = nil, ""
@@ -163,6 +173,28 @@ func (r *RAMSaver) Save(dst, src *os.File, id, parent string, spare bool, base s
 	return res, nil
 }
 
+// FreeHoles frees what a checkpoint written by Save holds outside the
+// guest's data: zeros of the spare (or, after a full copy over a spare,
+// older RAM). Freeing a GiB of page cache takes a while: it is done once
+// the machine runs again.
+// It fails only where the file would otherwise not be the guest's RAM.
+func (r *RAMSaver) FreeHoles(dst *os.File, res *SaveResult) error {
+	if res == nil {
+		return nil
+	}
+	err := PunchHoles(dst, res.Extents, r.Size)
+	if err != nil && !res.stale {
+		if r.Log != nil {
+			r.Log.Warn("punch holes in the checkpoint's RAM (it keeps zeros allocated)", "err", err)
+		}
+		return nil
+	}
+	if err == nil {
+		res.stale = false
+	}
+	return err
+}
+
 // copy fills dst from src: the pages in must over the previous
 // checkpoint's RAM, or (must nil) all the data.
 func (r *RAMSaver) copy(res *SaveResult, dst, src *os.File, must *Pages, spare bool) error {
@@ -172,11 +204,9 @@ func (r *RAMSaver) copy(res *SaveResult, dst, src *os.File, must *Pages, spare b
 	case must != nil:
 		res.Extents, res.Copied, err = CopyIncremental(dst, src, r.Size, must)
 	case spare:
-		if res.Extents, res.Copied, err = CopyData(dst, src); err == nil {
-			// Back to a sparse file: the spare held zeros or an older
-			// RAM where the guest has none now.
-			err = PunchHoles(dst, res.Extents, r.Size)
-		}
+		// The spare held zeros or an older RAM where the guest has none
+		// now: FreeHoles makes the file sparse again, after the pause.
+		res.Extents, res.Copied, err = CopyData(dst, src)
 	default:
 		if res.Copied, err = CopySparse(dst, src); err == nil {
 			res.Extents, err = DataExtents(dst, r.Size)

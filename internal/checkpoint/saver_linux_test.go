@@ -149,6 +149,9 @@ func TestIncrementalCheckpoints(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := r.FreeHoles(f, res); err != nil {
+			t.Fatal(err)
+		}
 		if err := Compare(f, g.f, size); err != nil {
 			t.Fatalf("checkpoint %d (incremental %v): %v", i, res.Incremental, err)
 		}
@@ -195,6 +198,9 @@ func TestVerifierCatchesMissedPage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := r.FreeHoles(f, res); err != nil {
+			t.Fatal(err)
+		}
 		if i == 0 && res.Verify != "ok" {
 			t.Fatalf("full copy: verify %q", res.Verify)
 		}
@@ -213,7 +219,7 @@ func TestVerifierCatchesMissedPage(t *testing.T) {
 // A checkpoint that comes while the spare is still being filled takes it
 // as far as it got (a full copy into it) instead of new pages.
 func TestTakeSpareBeingFilled(t *testing.T) {
-	const size = 256 << 20
+	const size = 64 << 20
 	g := newGuest(t, 4<<20)
 	dir := t.TempDir()
 	sp := &Spares{Dir: dir, Size: size, Slots: 1}
@@ -240,7 +246,11 @@ func TestTakeSpareBeingFilled(t *testing.T) {
 	f, _ := os.OpenFile(dst, os.O_RDWR, 0)
 	defer f.Close()
 	r := &RAMSaver{Size: 4 << 20}
-	if _, err := r.Save(f, g.f, NewID(), "", true, base); err != nil {
+	res, err := r.Save(f, g.f, NewID(), "", true, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.FreeHoles(f, res); err != nil {
 		t.Fatal(err)
 	}
 	f.Truncate(4 << 20)

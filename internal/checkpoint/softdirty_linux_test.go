@@ -215,6 +215,9 @@ func TestIncrementalWithSoftDirty(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := r.FreeHoles(out, res); err != nil {
+			t.Fatal(err)
+		}
 		if err := Compare(out, f, size); err != nil {
 			t.Fatalf("checkpoint %d (incremental %v): %v", i, res.Incremental, err)
 		}

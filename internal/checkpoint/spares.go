@@ -113,7 +113,7 @@ func (p *Spares) Take(dst, want string) (base string, ok bool) {
 	if s == nil || os.Rename(s.path, dst) != nil {
 		return "", false
 	}
-	return unknownBase, true
+	return s.base, true // "" if it was being filled with zeros
 }
 
 // Rebase makes spares copies of checkpoint id's RAM (at ramPath) from now
@@ -238,6 +238,9 @@ func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delt
 	if !stale {
 		if err := f.Truncate(0); err != nil {
 			return "", err
+		}
+		if base == nil {
+			s.base = "" // all zeros however far it gets
 		}
 	}
 	exts, err := FillFrom(f, base, p.Size, stopped)

@@ -475,8 +475,12 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 		}
 		if spare {
 			// Back to a sparse file: the spare was all zeros where the
-			// guest had none.
+			// guest had none, or (spareBase set) an older checkpoint's
+			// RAM, which must go.
 			if err := checkpoint.PunchHoles(ram, extents, int64(s.sb.Config.MemoryMiB)<<20); err != nil {
+				if spareBase != "" {
+					return fmt.Errorf("clear the spare's older RAM: %w", err)
+				}
 				s.log.Warn("punch holes in the checkpoint's RAM", "err", err)
 			}
 		}
@@ -542,6 +546,9 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 		return nil, nil, err
 	}
 	meta.PauseMillis = msSince(pauseStart)
+	if err := s.ramSaver().FreeHoles(ram, saved); err != nil {
+		return nil, nil, fmt.Errorf("free the checkpoint's unused RAM pages: %w", err)
+	}
 	if err := writeManifest(); err != nil {
 		return nil, nil, err
 	}

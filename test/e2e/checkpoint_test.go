@@ -329,7 +329,7 @@ func undoCheckpoint(t *testing.T, name, msg string) undoMeta {
 // holdBuf is a guest process holding a random buffer in its memory: SIGUSR2
 // changes random bytes of it, SIGUSR1 writes its hash to /tmp/h.
 const holdBuf = `import os, hashlib, time, signal
-buf = bytearray(os.urandom(48 << 20))
+buf = bytearray(os.urandom(1 << 20)) * 8 # random bytes are slow to make under TCG
 def h(*a):
     open('/tmp/h.tmp', 'w').write(hashlib.sha256(buf).hexdigest())
     os.replace('/tmp/h.tmp', '/tmp/h')
@@ -340,7 +340,7 @@ def mut(*a):
     h()
 signal.signal(signal.SIGUSR1, h)
 signal.signal(signal.SIGUSR2, mut)
-h()
+open('/tmp/holdbuf.pid', 'w').write(str(os.getpid()))
 while True:
     time.sleep(1)
 `
@@ -349,8 +349,11 @@ while True:
 // returns the hash it writes.
 func bufHash(t *testing.T, name, sig string) string {
 	t.Helper()
-	r := must(t, "exec", "-u", "root", name, "--", "sh", "-c",
-		"rm -f /tmp/h; pkill -"+sig+" -f holdbuf.py; for i in $(seq 300); do [ -s /tmp/h ] && cat /tmp/h && exit 0; sleep 0.1; done; exit 1")
+	// Each wait in its own exec, each within run's deadline: a loaded
+	// TCG guest takes its time.
+	must(t, "exec", "-u", "root", name, "--", "sh", "-c", "for i in $(seq 100); do [ -s /tmp/holdbuf.pid ] && exit 0; sleep 1; done; exit 1")
+	must(t, "exec", "-u", "root", name, "--", "sh", "-c", "rm -f /tmp/h; kill -"+sig+" $(cat /tmp/holdbuf.pid)")
+	r := must(t, "exec", "-u", "root", name, "--", "sh", "-c", "for i in $(seq 100); do [ -s /tmp/h ] && cat /tmp/h && exit 0; sleep 1; done; exit 1")
 	h := strings.TrimSpace(r.stdout)
 	if len(h) != 64 {
 		t.Fatalf("buffer hash: %q", r.stdout)
