@@ -2,14 +2,19 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/kosa8/kosa8/internal/sandbox"
 )
+
+var cpParts = flag.String("cp", "sizes,incremental", "bench cp: which parts to run (sizes: the checkpoint and rewind per size against plain migrate; incremental: a 2 GiB guest's checkpoint after 64 MiB of writes, ten back to back, and the verifier)")
 
 func kosa8JSON(v any, args ...string) {
 	out := kosa8(args...)
@@ -28,21 +33,119 @@ func plainMigrate(name string) sandbox.PlainMigrate {
 	return r
 }
 
+type cpOut struct {
+	ID             string  `json:"id"`
+	PauseMillis    float64 `json:"pause_ms"`
+	TotalMillis    float64 `json:"total_ms"`
+	RAMBytes       int64   `json:"ram_bytes"`
+	Incremental    bool    `json:"incremental"`
+	RAMCopiedBytes int64   `json:"ram_copied_bytes"`
+	FullCopyReason string  `json:"full_copy_reason"`
+	Verify         string  `json:"verify"`
+}
+
+type rwOut struct {
+	Millis float64 `json:"ms"`
+	Saved  cpOut   `json:"saved"`
+}
+
 func benchCP() {
 	_, cleanup := setupHome()
 	defer cleanup()
+	var rows []row
+	if strings.Contains(*cpParts, "sizes") {
+		rows = append(rows, benchCPSizes()...)
+	}
+	if strings.Contains(*cpParts, "incremental") {
+		rows = append(rows, benchCPIncremental()...)
+	}
+	printTable("kosa8 checkpoints", rows, hostAccel())
+}
+
+// how describes how a checkpoint's RAM was saved.
+func (c cpOut) how() string {
+	s := fmt.Sprintf("%d MiB stored, %d MiB copied in the pause", c.RAMBytes>>20, c.RAMCopiedBytes>>20)
+	if c.Incremental {
+		s += ", incremental"
+	} else {
+		s += ", full copy: " + c.FullCopyReason
+	}
+	if c.Verify != "" {
+		s += ", verifier: " + c.Verify
+	}
+	return s
+}
+
+// benchCPIncremental: a 2 GiB guest, about half touched, checkpointed,
+// then 64 MiB written and checkpointed again; ten more checkpoints a
+// second apart after small writes; the rewind; then the same first two
+// steps with the verifier on.
+func benchCPIncremental() []row {
 	accel := string(hostAccel())
 	var rows []row
-	type cpOut struct {
-		ID          string  `json:"id"`
-		PauseMillis float64 `json:"pause_ms"`
-		TotalMillis float64 `json:"total_ms"`
-		RAMBytes    int64   `json:"ram_bytes"`
+	for _, verify := range []bool{false, true} {
+		name := "bench-cp-inc"
+		label := "2 GiB, ~half touched"
+		if verify {
+			name += "-verify"
+			label += ", verifier on"
+			os.Setenv(sandbox.EnvVerifyCheckpoints, "1")
+		}
+		fmt.Fprintf(os.Stderr, "incremental: %s...\n", label)
+		kosa8("create", name, "--no-workspace", "--memory", "2048M")
+		kosa8("start", name)
+		os.Unsetenv(sandbox.EnvVerifyCheckpoints)
+		// Filled by repeating a random MiB: what the pause copies does not
+		// depend on the bytes, and random data is slow to make under TCG.
+		kosa8("exec", "-u", "root", name, "--", "sh", "-c", "dd if=/dev/urandom of=/root/r bs=1M count=1 status=none && for i in $(seq 904); do cat /root/r; done > /dev/shm/fill")
+		var c1, c2 cpOut
+		kosa8JSON(&c1, "checkpoint", name, "--json")
+		// The spares are brought up to the first checkpoint meanwhile,
+		// as they would be while an agent works.
+		time.Sleep(15 * time.Second)
+		kosa8("exec", "-u", "root", name, "--", "sh", "-c", "for i in $(seq 64); do cat /root/r; done > /dev/shm/w64")
+		kosa8JSON(&c2, "checkpoint", name, "--json")
+		rows = append(rows,
+			row{label + ": first checkpoint, pause", fmt.Sprintf("%.0f ms", c1.PauseMillis), accel, c1.how()},
+			row{label + ": after 64 MiB written, pause", fmt.Sprintf("%.0f ms", c2.PauseMillis), accel, c2.how()},
+		)
+		if verify {
+			kosa8("rm", "-f", name)
+			continue
+		}
+		var pauses []float64
+		full := 0
+		reasons := map[string]int{}
+		for i := 0; i < 10; i++ {
+			kosa8("exec", "-u", "root", name, "--", "sh", "-c", fmt.Sprintf("for i in 1 2 3 4; do cat /root/r; done > /dev/shm/small%d", i))
+			time.Sleep(time.Second)
+			var c cpOut
+			kosa8JSON(&c, "checkpoint", name, "--json")
+			pauses = append(pauses, c.PauseMillis)
+			if !c.Incremental {
+				full++
+				reasons[c.FullCopyReason]++
+			}
+		}
+		slices.Sort(pauses)
+		note := fmt.Sprintf("each after 4 MiB written, 1 s apart; %d full copies", full)
+		for r, n := range reasons {
+			note += fmt.Sprintf(" (%dx %s)", n, r)
+		}
+		rows = append(rows, row{label + ": 10 checkpoints back to back, pause min/median/max",
+			fmt.Sprintf("%.0f / %.0f / %.0f ms", pauses[0], (pauses[4]+pauses[5])/2, pauses[9]), accel, note})
+		var rw rwOut
+		kosa8JSON(&rw, "rewind", name, c1.ID, "--json")
+		rows = append(rows, row{label + ": rewind, restore to running", fmt.Sprintf("%.0f ms", rw.Millis-rw.Saved.TotalMillis), accel,
+			"without a prepared RAM spare (fresh shared memory filled from the checkpoint)"})
+		kosa8("rm", "-f", name)
 	}
-	type rwOut struct {
-		Millis float64 `json:"ms"`
-		Saved  cpOut   `json:"saved"`
-	}
+	return rows
+}
+
+func benchCPSizes() []row {
+	accel := string(hostAccel())
+	var rows []row
 	cases := []struct {
 		mem   int
 		fill  string
@@ -79,5 +182,5 @@ func benchCP() {
 		)
 		kosa8("rm", "-f", name)
 	}
-	printTable("kosa8 checkpoints", rows, hostAccel())
+	return rows
 }

@@ -61,6 +61,15 @@ type Meta struct {
 	DeviceBytes int64   `json:"device_bytes"`
 	PauseMillis float64 `json:"pause_ms"`
 	TotalMillis float64 `json:"total_ms"`
+	// How the RAM was saved: Incremental copies only the pages the guest
+	// wrote since the parent (RAMCopiedBytes of them) over a copy of the
+	// parent's RAM; FullCopyReason says why a copy was full. Verify is the
+	// verifier's finding ("ok", or the first page that differed) when
+	// KOSA8_CHECKPOINT_VERIFY=1.
+	Incremental    bool   `json:"incremental,omitempty"`
+	RAMCopiedBytes int64  `json:"ram_copied_bytes,omitempty"`
+	FullCopyReason string `json:"full_copy_reason,omitempty"`
+	Verify         string `json:"verify,omitempty"`
 }
 
 // Loadable reports whether a machine run by QEMU build qemu (its version

@@ -404,10 +404,7 @@ func (s *supervisor) canWriteOutLater() bool {
 	if syscall.Fstatfs(int(m.RAM().Fd()), &st) != nil || int64(st.Bavail)*int64(st.Bsize) < size+64<<20 {
 		return false
 	}
-	s.spareMu.Lock()
-	spare := s.spareReady
-	s.spareMu.Unlock()
-	if spare {
+	if s.ramSaver().Spares.Ready() > 0 {
 		return true
 	}
 	var fst syscall.Stat_t
@@ -493,7 +490,7 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	}
 	defer dev.Close()
 	ramPath := filepath.Join(tmp, checkpoint.RAMFile)
-	spare := s.takeSpare(ramPath)
+	spare, spareBase := s.takeSpare(ramPath)
 	ram, err := os.OpenFile(ramPath, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, nil, err
@@ -581,20 +578,26 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 		}
 		if spare {
 			// Back to a sparse file: the spare was all zeros where the
-			// guest had none.
+			// guest had none, or (spareBase set) an older checkpoint's
+			// RAM, which must go.
 			if err := checkpoint.PunchHoles(ram, extents, int64(s.sb.Config.MemoryMiB)<<20); err != nil {
+				if spareBase != "" {
+					return fmt.Errorf("clear the spare's older RAM: %w", err)
+				}
 				s.log.Warn("punch holes in the checkpoint's RAM", "err", err)
 			}
 		}
 		return nil
 	}
+	var saved *checkpoint.SaveResult // by saveRAM, for the next checkpoint
 	commit := func() error {
 		if err := store.Commit(tmp, meta); err != nil {
 			return err
 		}
-		go s.prepareSpare()
+		s.ramCommitted(id, saved)
 		s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "saved", Name: id, Reason: message})
-		s.log.Info("checkpoint", "id", id, "kind", kind, "pause_ms", meta.PauseMillis, "total_ms", meta.TotalMillis, "ram_mib", meta.RAMBytes>>20)
+		s.log.Info("checkpoint", "id", id, "kind", kind, "pause_ms", meta.PauseMillis, "total_ms", meta.TotalMillis, "ram_mib", meta.RAMBytes>>20,
+			"incremental", meta.Incremental, "copied_mib", meta.RAMCopiedBytes>>20, "full_copy_reason", meta.FullCopyReason, "verify", meta.Verify)
 		return nil
 	}
 	writeManifest := func() error {
@@ -635,15 +638,20 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 		return meta, finish, nil
 	}
 
-	if err := copyRAM(m.RAM()); err != nil {
+	// Only what the guest wrote since the last checkpoint, when that is
+	// known for sure (checkpoint_undo.go).
+	if saved, err = s.saveRAM(ram, m, meta, spare, spareBase); err != nil {
 		return nil, nil, err
 	}
 	s.log.Info("checkpoint pause", "disks_ms", msBetween(pauseStart, tDisks), "devices_ms", msBetween(tDisks, tDevices),
-		"ram_ms", msBetween(tDevices, time.Now()), "spare", spare)
+		"ram_ms", msBetween(tDevices, time.Now()), "spare", spare, "spare_base", spareBase)
 	if err := resume(); err != nil {
 		return nil, nil, err
 	}
 	meta.PauseMillis = msSince(pauseStart)
+	if err := s.ramSaver().FreeHoles(ram, saved); err != nil {
+		return nil, nil, fmt.Errorf("free the checkpoint's unused RAM pages: %w", err)
+	}
 	if err := writeManifest(); err != nil {
 		return nil, nil, err
 	}
@@ -927,49 +935,22 @@ func (s *supervisor) autoCheckpoints(ctx context.Context, every time.Duration) {
 	}
 }
 
-// The spare: a file the size of guest RAM, all zeros, its pages in the
-// page cache, waiting in the checkpoint directory. A checkpoint takes it
-// over and writes only the guest's data into it: overwriting cached pages
-// is many times faster than filling new ones, and that copy is nearly all
-// of the pause. The next spare is made after the VM runs again.
-const spareFile = ".spare-ram"
+// The spares: files the size of guest RAM, their pages in the page cache,
+// waiting in the checkpoint directory. A checkpoint takes one over and
+// writes only the guest's data into it: overwriting cached pages is many
+// times faster than filling new ones, and that copy is nearly all of the
+// pause. Several are kept and refilled in the background (checkpoint.Spares,
+// checkpoint_undo.go); when the last checkpoint's RAM is known to differ
+// from the guest's only by the pages it wrote since, a spare holds a copy
+// of it instead of zeros.
+func (s *supervisor) prepareSpare() { s.ramSaver().Spares.Refill() }
 
-func (s *supervisor) prepareSpare() {
-	s.spareMu.Lock()
-	defer s.spareMu.Unlock()
-	if s.spareReady {
-		return
-	}
-	dir := s.sb.Path(checkpointsDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return
-	}
-	p := filepath.Join(dir, spareFile)
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
-	if err != nil {
-		return
-	}
-	err = checkpoint.WriteZeros(f, int64(s.sb.Config.MemoryMiB)<<20)
-	f.Close()
-	if err != nil {
-		os.Remove(p) // a full disk: checkpoints copy into new files instead
-		s.log.Info("no spare RAM file", "err", err)
-		return
-	}
-	s.spareReady = true
-}
-
-// takeSpare moves the spare to dst, if one is ready.
-func (s *supervisor) takeSpare(dst string) bool {
-	if !s.spareMu.TryLock() {
-		return false // still being written
-	}
-	defer s.spareMu.Unlock()
-	if !s.spareReady {
-		return false
-	}
-	s.spareReady = false
-	return os.Rename(s.sb.Path(filepath.Join(checkpointsDir, spareFile)), dst) == nil
+// takeSpare moves a spare to dst, if there is one, and tells what it holds
+// (see checkpoint.Spares.Take).
+func (s *supervisor) takeSpare(dst string) (bool, string) {
+	r := s.ramSaver()
+	base, ok := r.Spares.Take(dst, r.Want())
+	return ok, base
 }
 
 // CheckpointUsage is the host disk space a sandbox's checkpoints take.
@@ -1000,7 +981,9 @@ func (s *Sandbox) Usage() (*CheckpointUsage, error) {
 		u.PerCheckpoint[m.ID] = n
 		u.Checkpoints += n
 	}
-	u.Spare = allocated(s.Path(filepath.Join(checkpointsDir, spareFile)))
+	for _, p := range s.spareFiles() {
+		u.Spare += allocated(p)
+	}
 	for _, d := range s.activeDisks() {
 		u.Active += allocated(s.Path(d.Path))
 	}

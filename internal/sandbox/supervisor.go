@@ -64,8 +64,8 @@ type supervisor struct {
 	qemuVersion string
 	cpMu        sync.Mutex // one checkpoint or rewind at a time
 	replacing   atomic.Pointer[qemu.Machine]
-	spareMu     sync.Mutex
-	spareReady  bool
+	undoOnce    sync.Once // ramSaver (checkpoint_undo.go)
+	undo        *checkpoint.RAMSaver
 	clientMu    sync.Mutex
 	clientCh    chan struct{} // closed when s.client is replaced
 

@@ -1,0 +1,302 @@
+package checkpoint
+
+import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// fakeTracker knows exactly which pages the test wrote through the mapping
+// (what soft-dirty bits report); writes through the descriptor and
+// punched holes set changed, as inotify does. lie drops a page from the
+// set, to prove the verifier catches a tracker that misses one.
+type fakeTracker struct {
+	written *Pages
+	changed bool
+	armed   bool
+	lie     bool
+}
+
+func (f *fakeTracker) Dirty() (*Pages, error) {
+	if !f.armed {
+		return nil, errNotArmed
+	}
+	f.armed = false
+	d := NewPages(f.written.Len() * PageSize)
+	for i := int64(0); i < d.Len(); i++ {
+		if f.written.Has(i) {
+			d.Set(i)
+		}
+	}
+	if f.lie {
+		for i := int64(0); i < d.Len(); i++ {
+			if d.Has(i) {
+				d.Clear(i)
+				break
+			}
+		}
+	}
+	return d, nil
+}
+
+func (f *fakeTracker) Reset() (bool, error) {
+	c := f.changed
+	f.changed, f.armed = false, true
+	f.written = NewPages(f.written.Len() * PageSize)
+	return c, nil
+}
+
+func (f *fakeTracker) Close() error { return nil }
+
+// guest is a RAM file mapped like QEMU's, with the writes the tracker sees.
+type guest struct {
+	f   *os.File
+	mem []byte
+	tr  *fakeTracker
+	rng *rand.Rand
+}
+
+func (g *guest) write(pages int) {
+	n := int64(len(g.mem)) / PageSize
+	for k := 0; k < pages; k++ {
+		p := g.rng.Int64N(n)
+		off := p*PageSize + g.rng.Int64N(PageSize-64)
+		for i := 0; i < 64; i++ {
+			g.mem[off+int64(i)] = byte(g.rng.Uint32())
+		}
+		g.tr.written.Set(p)
+	}
+}
+
+// discard punches a hole, as QEMU does for free page reporting, and then
+// touches the page for reading: a fresh zero page, not soft-dirty.
+func (g *guest) discard() {
+	n := int64(len(g.mem)) / PageSize
+	p := g.rng.Int64N(n)
+	if err := unix.Fallocate(int(g.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, p*PageSize, PageSize); err != nil {
+		panic(err)
+	}
+	_ = g.mem[p*PageSize]
+	g.tr.changed = true
+}
+
+func waitSpares(t *testing.T, p *Spares, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		p.mu.Lock()
+		done := !p.running && len(p.ready) == p.Slots
+		ok := true
+		for _, s := range p.ready {
+			ok = ok && s.base == want
+		}
+		p.mu.Unlock()
+		if done && ok {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("spares not ready with base %q", want)
+}
+
+func newGuest(t *testing.T, size int64) *guest {
+	f, mem := shmFile(t, size, size)
+	g := &guest{f: f, mem: mem, tr: &fakeTracker{written: NewPages(size)}, rng: rand.New(rand.NewPCG(7, 8))}
+	g.write(int(size / PageSize / 2))
+	return g
+}
+
+// Ten checkpoints in a row, with random writes, discards and writes
+// between them: each is byte for byte the guest's RAM; those after the
+// first copy only what was written unless a discard made tracking
+// uncertain; the spares keep up.
+func TestIncrementalCheckpoints(t *testing.T) {
+	const size = 8 << 20
+	g := newGuest(t, size)
+	dir := t.TempDir()
+	sp := &Spares{Dir: dir, Size: size, Slots: 2}
+	defer sp.Close()
+	r := &RAMSaver{Size: size, Spares: sp}
+	r.Track(g, func() (Tracker, error) { return g.tr, nil })
+	sp.Refill()
+	waitSpares(t, sp, "")
+	parent := ""
+	for i := 0; i < 10; i++ {
+		id := NewID() + string(rune('a'+i))
+		if i > 0 {
+			g.write(40)
+		}
+		discarded := i == 4
+		if discarded {
+			g.discard()
+		}
+		dst := filepath.Join(dir, id)
+		base, ok := sp.Take(dst, r.Want())
+		if !ok {
+			t.Fatalf("checkpoint %d: no spare", i)
+		}
+		f, err := os.OpenFile(dst, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		written := g.tr.written.Count()
+		res, err := r.Save(f, g.f, id, parent, true, base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.FreeHoles(f, res); err != nil {
+			t.Fatal(err)
+		}
+		if err := Compare(f, g.f, size); err != nil {
+			t.Fatalf("checkpoint %d (incremental %v): %v", i, res.Incremental, err)
+		}
+		wantInc := i > 0 && !discarded
+		if res.Incremental != wantInc {
+			t.Fatalf("checkpoint %d: incremental=%v (%s), want %v", i, res.Incremental, res.FullReason, wantInc)
+		}
+		if res.Incremental && res.Copied > written*PageSize {
+			t.Fatalf("checkpoint %d: copied %d bytes for %d written pages", i, res.Copied, written)
+		}
+		var st unix.Stat_t
+		unix.Fstat(int(f.Fd()), &st)
+		if st.Blocks*512 > res.Stored+64<<10 {
+			t.Fatalf("checkpoint %d: %d bytes allocated for %d of data: not sparse", i, st.Blocks*512, res.Stored)
+		}
+		f.Close()
+		r.Committed(id, dst, res)
+		waitSpares(t, sp, id)
+		parent = id
+	}
+}
+
+// A tracker that misses a page: the verifier finds the difference and the
+// checkpoint is repaired by a full copy.
+func TestVerifierCatchesMissedPage(t *testing.T) {
+	const size = 4 << 20
+	g := newGuest(t, size)
+	dir := t.TempDir()
+	sp := &Spares{Dir: dir, Size: size, Slots: 1}
+	defer sp.Close()
+	r := &RAMSaver{Size: size, Spares: sp, Verify: true}
+	r.Track(g, func() (Tracker, error) { return g.tr, nil })
+	parent := ""
+	for i := 0; i < 2; i++ {
+		sp.Refill()
+		waitSpares(t, sp, parent)
+		id := NewID()
+		g.write(20)
+		g.tr.lie = i == 1
+		dst := filepath.Join(dir, id)
+		base, _ := sp.Take(dst, r.Want())
+		f, _ := os.OpenFile(dst, os.O_RDWR, 0)
+		res, err := r.Save(f, g.f, id, parent, true, base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.FreeHoles(f, res); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 && res.Verify != "ok" {
+			t.Fatalf("full copy: verify %q", res.Verify)
+		}
+		if i == 1 && (!res.Incremental || !strings.Contains(res.Verify, "differs") || !strings.Contains(res.Verify, "repaired")) {
+			t.Fatalf("lying tracker: incremental=%v verify %q", res.Incremental, res.Verify)
+		}
+		if err := Compare(f, g.f, size); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		r.Committed(id, dst, res)
+		parent = id
+	}
+}
+
+// A checkpoint that comes while the spare is still being filled takes it
+// as far as it got (a full copy into it) instead of new pages.
+func TestTakeSpareBeingFilled(t *testing.T) {
+	const size = 64 << 20
+	g := newGuest(t, 4<<20)
+	dir := t.TempDir()
+	sp := &Spares{Dir: dir, Size: size, Slots: 1}
+	defer sp.Close()
+	sp.Refill()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sp.mu.Lock()
+		w := sp.working != nil
+		sp.mu.Unlock()
+		if w || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	dst := filepath.Join(dir, "cp")
+	base, ok := sp.Take(dst, "")
+	if !ok {
+		t.Skip("the fill finished before it could be interrupted")
+	}
+	if sp.Ready() == 0 && base != unknownBase && base != "" {
+		t.Fatalf("base %q", base)
+	}
+	f, _ := os.OpenFile(dst, os.O_RDWR, 0)
+	defer f.Close()
+	r := &RAMSaver{Size: 4 << 20}
+	res, err := r.Save(f, g.f, NewID(), "", true, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.FreeHoles(f, res); err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(4 << 20)
+	if err := Compare(f, g.f, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSubtract(t *testing.T) {
+	got := subtract([]Extent{{0, 100}, {200, 100}}, []Extent{{10, 10}, {50, 200}, {290, 5}})
+	want := []Extent{{0, 10}, {20, 30}, {250, 40}, {295, 5}}
+	if len(got) != len(want) {
+		t.Fatalf("%v", got)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("%v, want %v", got, want)
+		}
+	}
+}
+
+// The verifier reads only data, but finds a difference anywhere: in data
+// of either file, against a hole of the other.
+func TestCompare(t *testing.T) {
+	dir := t.TempDir()
+	const size = 1 << 20
+	a, _ := os.Create(filepath.Join(dir, "a"))
+	b, _ := os.Create(filepath.Join(dir, "b"))
+	a.Truncate(size)
+	b.Truncate(size)
+	if err := Compare(a, b, size); err != nil {
+		t.Fatal(err)
+	}
+	a.WriteAt([]byte{1}, 300000)
+	if err := Compare(a, b, size); err == nil || !strings.Contains(err.Error(), "page 73 ") {
+		t.Fatalf("data against a hole: %v", err)
+	}
+	if err := Compare(b, a, size); err == nil {
+		t.Fatal("hole against data: no difference")
+	}
+	b.WriteAt([]byte{1}, 300000)
+	b.WriteAt([]byte{0}, 900000) // data of zeros against a hole: equal
+	if err := Compare(a, b, size); err != nil {
+		t.Fatal(err)
+	}
+	if got := union([]Extent{{0, 10}, {50, 10}}, []Extent{{5, 10}, {70, 1}}); len(got) != 3 || got[0] != (Extent{0, 15}) {
+		t.Fatalf("union: %v", got)
+	}
+}

@@ -1,0 +1,313 @@
+package checkpoint
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+)
+
+// Spares keeps spare RAM files ready for checkpoints, in Dir: files the
+// size of guest RAM whose every page is in the page cache. A checkpoint
+// takes one over and overwrites only what it must; writing into resident
+// pages is many times faster than filling new ones, and that copy is
+// nearly all of the pause.
+//
+// A spare holds zeros, or (when checkpoints are incremental) an exact copy
+// of the last checkpoint's RAM, so that the next checkpoint copies only
+// the pages the guest wrote since. Several are kept (Slots) and a single
+// worker refills them in the background, so that checkpoints in quick
+// succession each find one; a checkpoint that finds none ready takes the
+// one being filled, as far as it got, rather than wait or start from new
+// pages.
+type Spares struct {
+	Dir   string
+	Size  int64
+	Slots int
+	Log   *slog.Logger
+
+	mu       sync.Mutex
+	ready    []*spare
+	target   string // the checkpoint spares should copy ("" = zeros)
+	targetAt string // its RAM file
+	delta    *Delta // how target differs from the checkpoint before it
+	working  *spare // the spare the worker fills or updates now
+	running  bool
+	stop     atomic.Bool
+	stopped  chan *spare // the worker hands working over on stop
+	seq      int
+	disabled error // a fill failed (a full disk): no more spares
+}
+
+// The base of a spare whose content is not known (taken while being
+// filled): good only for a full copy.
+const unknownBase = "?"
+
+type spare struct {
+	path string
+	base string   // checkpoint whose RAM it holds; "" zeros; unknownBase
+	exts []Extent // base's data extents (zeros elsewhere)
+}
+
+// Delta is what an incremental checkpoint changed: the pages copied into
+// it (within its data extents) over From's RAM. Copied nil: a full copy.
+type Delta struct {
+	From, To string
+	Copied   *Pages
+	Exts     []Extent
+}
+
+// SpareName is the prefix of the spare files in Dir.
+const SpareName = ".spare-ram"
+
+// Ready is the number of spares ready now.
+func (p *Spares) Ready() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready)
+}
+
+// Paths lists the spare files (ready or being filled).
+func (p *Spares) Paths() []string {
+	m, _ := filepath.Glob(filepath.Join(p.Dir, SpareName+"*"))
+	return m
+}
+
+// Take moves a spare to dst and tells what it holds (base: the checkpoint
+// id whose RAM it is an exact copy of, "" zeros, or "?" unknown). It
+// prefers a spare holding want. ok is false when there is none at all.
+func (p *Spares) Take(dst, want string) (base string, ok bool) {
+	p.mu.Lock()
+	if len(p.ready) > 0 {
+		i := len(p.ready) - 1
+		for j, s := range p.ready {
+			if s.base == want {
+				i = j
+			}
+		}
+		s := p.ready[i]
+		p.ready = append(p.ready[:i], p.ready[i+1:]...)
+		p.mu.Unlock()
+		defer p.Refill()
+		if os.Rename(s.path, dst) != nil {
+			os.Remove(s.path)
+			return "", false
+		}
+		return s.base, true
+	}
+	if p.working == nil {
+		p.mu.Unlock()
+		p.Refill()
+		return "", false
+	}
+	// One is being filled: stop the worker and take it as it is. The
+	// worker checks between chunks of a few MiB, so this is quick.
+	ch := make(chan *spare, 1)
+	p.stopped = ch
+	p.stop.Store(true)
+	p.mu.Unlock()
+	s := <-ch
+	defer p.Refill()
+	if s == nil || os.Rename(s.path, dst) != nil {
+		return "", false
+	}
+	return s.base, true // "" if it was being filled with zeros
+}
+
+// Rebase makes spares copies of checkpoint id's RAM (at ramPath) from now
+// on; delta says how it differs from the one before, so that spares of
+// that one are brought up to date by copying only what changed. id ""
+// goes back to zeros.
+func (p *Spares) Rebase(id, ramPath string, delta *Delta) {
+	p.mu.Lock()
+	p.target, p.targetAt, p.delta = id, ramPath, delta
+	p.mu.Unlock()
+	p.Refill()
+}
+
+// Refill starts the worker if spares are missing or stale.
+func (p *Spares) Refill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.running || p.disabled != nil {
+		return
+	}
+	p.running = true
+	go p.work()
+}
+
+// Close removes the ready spares (the worker's current one is removed
+// when it ends).
+func (p *Spares) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.disabled = fmt.Errorf("closed")
+	for _, s := range p.ready {
+		os.Remove(s.path)
+	}
+	p.ready = nil
+}
+
+func (p *Spares) work() {
+	for {
+		p.mu.Lock()
+		var s *spare
+		stale := false
+		for i, r := range p.ready {
+			if r.base != p.target {
+				s, stale = r, true
+				p.ready = append(p.ready[:i], p.ready[i+1:]...)
+				break
+			}
+		}
+		if s == nil && len(p.ready) < max(p.Slots, 1) && p.disabled == nil {
+			p.seq++
+			s = &spare{path: filepath.Join(p.Dir, fmt.Sprintf("%s-%d", SpareName, p.seq)), base: unknownBase}
+		}
+		if s == nil || p.disabled != nil {
+			p.running = false
+			p.mu.Unlock()
+			return
+		}
+		p.working = s
+		target, targetAt, delta := p.target, p.targetAt, p.delta
+		p.mu.Unlock()
+
+		got, err := p.fill(s, stale, target, targetAt, delta)
+
+		p.mu.Lock()
+		p.working = nil
+		if p.stop.Load() {
+			// Taken by a checkpoint as it is.
+			p.stop.Store(false)
+			p.stopped <- s
+			p.mu.Unlock()
+			continue
+		}
+		if err != nil || p.disabled != nil {
+			os.Remove(s.path)
+			if err != nil && p.disabled == nil {
+				p.disabled = err
+				if p.Log != nil {
+					p.Log.Info("no spare RAM file: checkpoints copy into new pages", "err", err)
+				}
+			}
+			p.running = false
+			p.mu.Unlock()
+			return
+		}
+		s.base = got
+		p.ready = append(p.ready, s)
+		p.mu.Unlock()
+	}
+}
+
+// fill makes s hold target's RAM (zeros if target is ""): by applying
+// delta when s holds the checkpoint delta starts from, else by writing it
+// all. It returns what s holds: target, or "" when target's RAM is gone
+// (deleted meanwhile).
+func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delta) (string, error) {
+	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
+		return "", err
+	}
+	f, err := os.OpenFile(s.path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	var base *os.File
+	if target != "" {
+		if base, err = os.Open(targetAt); err != nil {
+			target = "" // zeros then: good for a full copy
+		} else {
+			defer base.Close()
+		}
+	}
+	stopped := func() bool { return p.stop.Load() }
+	if stale && delta != nil && delta.Copied != nil && target != "" && s.base == delta.From && delta.To == target {
+		s.base = unknownBase // while being changed
+		if err := applyDelta(f, base, s.exts, delta, stopped); err != nil {
+			return "", err
+		}
+		s.exts = delta.Exts
+		return target, nil
+	}
+	s.base = unknownBase
+	if !stale {
+		if err := f.Truncate(0); err != nil {
+			return "", err
+		}
+		if base == nil {
+			s.base = "" // all zeros however far it gets
+		}
+	}
+	exts, err := FillFrom(f, base, p.Size, stopped)
+	if err == errStopped {
+		return "", nil
+	}
+	s.exts = exts
+	return target, err
+}
+
+// applyDelta turns f, a resident copy of delta.From's RAM (data extents
+// old), into a copy of delta.To's (in base): the pages the delta copied
+// come from base, and what was data and is now a hole is zeroed.
+func applyDelta(f, base *os.File, old []Extent, delta *Delta, stopped func() bool) error {
+	buf := make([]byte, 1<<20)
+	for _, e := range delta.Exts {
+		end := e.Off + e.Len
+		for pos := e.Off; pos < end; {
+			if !delta.Copied.Has(pos / PageSize) {
+				pos = min((pos/PageSize+1)*PageSize, end)
+				continue
+			}
+			runEnd := pos
+			for runEnd < end && delta.Copied.Has(runEnd/PageSize) && runEnd-pos < int64(len(buf)) {
+				runEnd = min((runEnd/PageSize+1)*PageSize, end)
+			}
+			if _, err := copyRange(f, base, pos, runEnd, buf); err != nil {
+				return err
+			}
+			pos = runEnd
+			if stopped() {
+				return nil
+			}
+		}
+	}
+	// Zeros where old had data and the new one has none.
+	zeros := make([]byte, 1<<20)
+	for _, h := range subtract(old, delta.Exts) {
+		for pos := h.Off; pos < h.Off+h.Len; {
+			n := min(int64(len(zeros)), h.Off+h.Len-pos)
+			if _, err := f.WriteAt(zeros[:n], pos); err != nil {
+				return err
+			}
+			pos += n
+		}
+	}
+	return nil
+}
+
+// subtract returns the parts of a (sorted extents) not covered by b.
+func subtract(a, b []Extent) []Extent {
+	var out []Extent
+	j := 0
+	for _, e := range a {
+		pos, end := e.Off, e.Off+e.Len
+		for j < len(b) && b[j].Off+b[j].Len <= pos {
+			j++
+		}
+		for k := j; k < len(b) && b[k].Off < end && pos < end; k++ {
+			if b[k].Off > pos {
+				out = append(out, Extent{pos, b[k].Off - pos})
+			}
+			pos = max(pos, b[k].Off+b[k].Len)
+		}
+		if pos < end {
+			out = append(out, Extent{pos, end - pos})
+		}
+	}
+	return out
+}

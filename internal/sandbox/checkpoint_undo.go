@@ -1,0 +1,70 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
+)
+
+// EnvVerifyCheckpoints, set to 1, makes every checkpoint compare its RAM
+// byte for byte with the guest's during the pause (slow: a debug mode).
+const EnvVerifyCheckpoints = "KOSA8_CHECKPOINT_VERIFY"
+
+// spareSlots is how many spare RAM files wait for checkpoints: two, so
+// that a checkpoint right after another finds one while the other is
+// refilled.
+const spareSlots = 2
+
+// ramSaver is the supervisor's checkpoint RAM saver and its spares.
+func (s *supervisor) ramSaver() *checkpoint.RAMSaver {
+	s.undoOnce.Do(func() {
+		dir := s.sb.Path(checkpointsDir)
+		// Spares a previous supervisor left: their content is not known.
+		old, _ := filepath.Glob(filepath.Join(dir, checkpoint.SpareName+"*"))
+		for _, p := range old {
+			os.Remove(p)
+		}
+		size := int64(s.sb.Config.MemoryMiB) << 20
+		s.undo = &checkpoint.RAMSaver{
+			Size:   size,
+			Verify: os.Getenv(EnvVerifyCheckpoints) == "1",
+			Log:    s.log,
+			Spares: &checkpoint.Spares{Dir: dir, Size: size, Slots: spareSlots, Log: s.log},
+		}
+	})
+	return s.undo
+}
+
+// saveRAM copies the paused machine's RAM into ram for checkpoint meta:
+// only what the guest wrote since the parent when that is known for
+// sure, else all of it. spare and base say what ram holds already.
+func (s *supervisor) saveRAM(ram *os.File, m *qemu.Machine, meta *checkpoint.Meta, spare bool, base string) (*checkpoint.SaveResult, error) {
+	r := s.ramSaver()
+	// A machine other than the last one (a start, a rewind) starts
+	// tracking afresh: its first checkpoint copies everything.
+	r.Track(m, func() (checkpoint.Tracker, error) {
+		return checkpoint.NewSoftDirty(m.Pid(), m.RAM(), r.Size)
+	})
+	res, err := r.Save(ram, m.RAM(), meta.ID, meta.Parent, spare, base)
+	if err != nil {
+		return nil, err
+	}
+	meta.RAMBytes, meta.RAMCopiedBytes = res.Stored, res.Copied
+	meta.Incremental, meta.FullCopyReason, meta.Verify = res.Incremental, res.FullReason, res.Verify
+	return res, nil
+}
+
+// ramCommitted tells the saver that checkpoint id is on disk (saved by
+// saveRAM as res, or nil for a copy made another way).
+func (s *supervisor) ramCommitted(id string, res *checkpoint.SaveResult) {
+	ramPath := filepath.Join(s.sb.Checkpoints().Path(id), checkpoint.RAMFile)
+	s.ramSaver().Committed(id, ramPath, res)
+}
+
+// spareFiles lists a sandbox's spare RAM files.
+func (sb *Sandbox) spareFiles() []string {
+	m, _ := filepath.Glob(filepath.Join(sb.Path(checkpointsDir), checkpoint.SpareName+"*"))
+	return m
+}
