@@ -502,16 +502,24 @@ func logTail(path string) string {
 func warnTCG(st *sandbox.Status) {
 	if st != nil && st.Accel == string(vmm.TCG) {
 		if st.AccelFallback != "" {
-			fmt.Fprintln(os.Stderr, "kosa8: warning: "+sanitize(firstLineOf(st.AccelFallback), false)+"; fell back to tcg (see 'kosa8 doctor'; KOSA8_ACCEL=tcg skips the attempt)")
+			fmt.Fprintln(os.Stderr, "kosa8: warning: "+oneLine(st.AccelFallback, 400)+"; fell back to tcg (see 'kosa8 doctor'; KOSA8_ACCEL=tcg skips the attempt)")
 		}
 		fmt.Fprintln(os.Stderr, "kosa8: warning: "+vmm.IsolationWarning)
 	}
 }
 
-// firstLineOf is s up to its first newline.
-func firstLineOf(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
+// oneLine joins s's lines with " / " (QEMU's message is often on its last
+// line), cleaned for a terminal and cut to max bytes.
+func oneLine(s string, max int) string {
+	var parts []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" && l != "last console lines:" {
+			parts = append(parts, l)
+		}
+	}
+	s = sanitize(strings.Join(parts, " / "), false)
+	if len(s) > max {
+		s = s[:max] + "…"
 	}
 	return s
 }
