@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"os/user"
 	"path/filepath"
@@ -307,9 +304,6 @@ func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*sandbo
 // startSandboxFrom starts a sandbox's supervisor: a cold boot, or with
 // restore a checkpoint's machine; rewind merges the host folder back to it.
 func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, restore string, rewind bool) (*sandbox.Status, error) {
-	if sb.Alive() {
-		return nil, fmt.Errorf("%w: %s", sandbox.ErrRunning, sb.Config.Name)
-	}
 	agent, err := agentPath()
 	if err != nil {
 		return nil, err
@@ -318,86 +312,23 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 	if err != nil {
 		return nil, err
 	}
-	logf, err := os.OpenFile(sb.Path(sandbox.SupervisorLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer pr.Close()
-	args := []string{"supervise", "--ready-fd", "3", "--agent", agent}
-	if restore != "" {
-		args = append(args, "--restore", restore)
-		if rewind {
-			args = append(args, "--rewind")
-		}
-	}
-	cmd := exec.Command(self, append(args, sb.Config.Name)...)
-	cmd.Stdin = nil
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pw}
-	cmd.Dir = "/"
-	// A session of its own: the supervisor outlives this CLI and its
-	// terminal (no SIGHUP, no ^C from the terminal's process group).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		pw.Close()
-		return nil, fmt.Errorf("start supervisor: %w", err)
-	}
-	pw.Close()
-	go func() { _ = cmd.Wait() }() // reaped if it dies while we wait; detached otherwise
-
 	var p *progress
-	if !quiet {
+	started := func() {
+		if quiet {
+			return
+		}
 		p = newProgress(os.Stderr)
 		if restore != "" {
 			p.Step("resuming sandbox " + sb.Config.Name)
 		} else {
 			p.Step("booting sandbox " + sb.Config.Name)
 		}
-		defer p.Done()
 	}
-	type result struct {
-		msg sandbox.ReadyMessage
-		err error
+	st, err := sandbox.Launch(ctx, sb, sandbox.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started})
+	if p != nil {
+		p.Done()
 	}
-	res := make(chan result, 1)
-	go func() {
-		line, err := bufio.NewReader(pr).ReadBytes('\n')
-		var msg sandbox.ReadyMessage
-		if err == nil {
-			err = json.Unmarshal(line, &msg)
-		}
-		res <- result{msg, err}
-	}()
-	select {
-	case r := <-res:
-		if r.err != nil {
-			return nil, fmt.Errorf("the supervisor exited before the sandbox was ready%s", logTail(sb.Path(sandbox.SupervisorLog)))
-		}
-		if !r.msg.OK {
-			return nil, errors.New(r.msg.Error)
-		}
-		return r.msg.Status, nil
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		return nil, ctx.Err()
-	}
-}
-
-func logTail(path string) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(sanitize(string(b), true)), "\n")
-	if len(lines) > 10 {
-		lines = lines[len(lines)-10:]
-	}
-	if len(lines) == 0 || lines[0] == "" {
-		return ""
-	}
-	return ":\n  " + strings.Join(lines, "\n  ")
+	return st, err
 }
 
 // warnTCG says, once per command, that the sandbox runs without hardware
