@@ -36,7 +36,7 @@ func main() {
 		setupCmd(), doctorCmd(), imageCmd(),
 		runCmd(), createCmd(), startCmd(), execCmd(), shellCmd(),
 		lsCmd(), inspectCmd(), logsCmd(), stopCmd(), rmCmd(),
-		netCmd(), portCmd(), secretCmd(),
+		netCmd(), portCmd(), secretCmd(), mcpCmd(),
 		syncCmd(), diffCmd(), heldCmd(),
 		changeCmd("apply NAME [PATH...]", "Write the sandbox's pending changes (all, or PATHs) to the host folder", "apply", false),
 		changeCmd("discard NAME [PATH...]", "Undo the sandbox's pending changes (all, or PATHs) inside it", "discard", false),
