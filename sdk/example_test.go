@@ -68,7 +68,7 @@ func Example() {
 	for _, f := range list {
 		fmt.Println(f.Type, f.Name)
 	}
-	for i := 0; i < 100; i++ {
+	for i := 0; i < 300; i++ { // the sync takes about 0.1 s; a loaded host, longer
 		if b, err := os.ReadFile(filepath.Join(project, "notes", "todo.txt")); err == nil {
 			fmt.Print("on the host: ", string(b))
 			break

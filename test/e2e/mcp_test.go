@@ -124,7 +124,7 @@ func TestMCPServer(t *testing.T) {
 		t.Fatalf("read after write: %q", rd.Content)
 	}
 	var rw struct {
-		To    string `json:"to"`
+		To    string              `json:"to"`
 		Saved struct{ ID string } `json:"saved"`
 	}
 	call(t, ctx, s, "rewind", map[string]any{"id": cp.ID}, &rw)
