@@ -43,6 +43,8 @@ type fakeSupervisor struct {
 	argvs [][]string
 	sigs  []byte
 	dirs  []string
+	// sleeping is told when the client follows a sleep command.
+	sleeping chan struct{}
 }
 
 // newRunning makes a sandbox directory in a fresh home, holds its
@@ -57,7 +59,7 @@ func newRunning(t *testing.T, name string) (*Client, *Sandbox, *fakeSupervisor) 
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeSupervisor{t: t, files: map[string][]byte{}}
+	f := &fakeSupervisor{t: t, files: map[string][]byte{}, sleeping: make(chan struct{}, 4)}
 	l, err := net.Listen("unix", sb.sb.Path(sandbox.APISocket))
 	if err != nil {
 		t.Fatal(err)
@@ -172,6 +174,8 @@ func (f *fakeSupervisor) exec(w http.ResponseWriter, r *http.Request) {
 				if req.Argv[0] != "sleep" {
 					return
 				}
+				// The client pumps (so it follows the command) from here.
+				f.sleeping <- struct{}{}
 			}
 		}
 	}()
@@ -259,9 +263,11 @@ func TestExecTimeoutKillsTheCommand(t *testing.T) {
 	if sigs != string([]byte{byte(syscall.SIGKILL)}) {
 		t.Fatalf("signals sent: %v", []byte(sigs))
 	}
-	// A context that ends does the same.
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	// A context that ends once the command runs does the same.
+	<-f.sleeping
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() { <-f.sleeping; cancel() }()
 	res, err = sb.Exec(ctx, Cmd{Args: []string{"sleep", "600"}})
 	if err != nil || !res.TimedOut {
 		t.Fatalf("ctx end: %+v %v", res, err)
