@@ -26,6 +26,8 @@ Errors are ``kosa8.Error`` (``NotRunning`` when the sandbox must run
 first); a command's non-zero exit is a result, not an error.
 """
 
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -407,13 +409,20 @@ class Sandbox:
         return self._api.call("GET", "/v1/status", timeout=10)
 
     def running(self):
+        """Whether a supervisor runs for the sandbox: it holds a lock on
+        supervisor.lock for its whole life (the kosa8 command's test too)."""
         try:
-            self._api.call("GET", "/v1/status", timeout=10)
-            return True
-        except NotRunning:
-            return False
+            fd = os.open(os.path.join(self.dir, "supervisor.lock"), os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except OSError as e:
+            return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+        finally:
+            os.close(fd)
 
     def info(self):
         """The guest's kernel, user and uptime."""

@@ -1,6 +1,7 @@
 """Unit tests for the kosa8 Python client, against a fake supervisor on a
 unix socket and a fake kosa8 command. Run: cd python && python3 -m unittest"""
 
+import fcntl
 import json
 import os
 import shutil
@@ -160,6 +161,10 @@ class ClientTest(unittest.TestCase):
         os.makedirs(self.dir)
         with open(os.path.join(self.dir, "sandbox.json"), "w") as f:
             json.dump({"name": "x"}, f)
+        # Hold the supervisor lock, as a live supervisor does.
+        self.lock = open(os.path.join(self.dir, "supervisor.lock"), "w")
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        self.addCleanup(self.lock.close)
         self.guest = FakeGuest()
         self.srv = Server(os.path.join(self.dir, "api.sock"), make_handler(self.guest))
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
@@ -240,6 +245,7 @@ class ClientTest(unittest.TestCase):
         self.assertTrue(self.sb.running())
 
     def test_not_running(self):
+        self.lock.close()
         self.srv.shutdown()
         self.srv.server_close()
         os.unlink(os.path.join(self.dir, "api.sock"))

@@ -186,26 +186,36 @@ func TestMCPServer(t *testing.T) {
 // the MCP Inspector's command-line mode, a client that is not ours, from
 // the npm registry.
 func TestMCPInspector(t *testing.T) {
-	npx, err := exec.LookPath("npx")
+	npm, err := exec.LookPath("npm")
 	if err != nil {
-		t.Skip("npx is not installed on this host")
+		t.Skip("npm is not installed on this host")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	probe, pcancel := context.WithTimeout(ctx, 2*time.Minute)
+	probe, pcancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer pcancel()
-	if out, err := exec.CommandContext(probe, "npm", "view", "@modelcontextprotocol/inspector", "version").CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(probe, npm, "view", "@modelcontextprotocol/inspector", "version").CombinedOutput(); err != nil {
 		t.Skipf("the npm registry is not reachable from here: %v: %s", err, out)
 	}
+	// Installed into a folder of this test's own (not npx's shared cache,
+	// which an interrupted install leaves broken); npm's download cache
+	// makes later runs quick.
+	prefix := t.TempDir()
+	install, icancel := context.WithTimeout(ctx, 20*time.Minute)
+	defer icancel()
+	if out, err := exec.CommandContext(install, npm, "install", "--no-audit", "--no-fund", "--prefix", prefix, "@modelcontextprotocol/inspector").CombinedOutput(); err != nil {
+		t.Fatalf("npm install @modelcontextprotocol/inspector: %v\n%s", err, out)
+	}
+	inspector := filepath.Join(prefix, "node_modules", ".bin", "mcp-inspector")
 	kosa8 := filepath.Join(binDir, "kosa8")
 	// The inspector starts its server with a minimal environment: pass
 	// this run's state directory explicitly.
 	inspect := func(args ...string) string {
 		t.Helper()
-		full := []string{"-y", "@modelcontextprotocol/inspector", "--cli",
+		full := []string{"--cli",
 			"-e", "KOSA8_HOME=" + home, "-e", "KOSA8_CONFIG=" + filepath.Join(home, "config"),
 			"-e", "KOSA8_ACCEL=" + os.Getenv("KOSA8_ACCEL"), kosa8, "mcp"}
-		cmd := exec.CommandContext(ctx, npx, append(full, args...)...)
+		cmd := exec.CommandContext(ctx, inspector, append(full, args...)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("inspector %v: %v\n%s", args, err, out)
