@@ -77,7 +77,9 @@
 // the rules of a running or stopped sandbox, for new connections at once;
 // [Sandbox.Rules] lists them. [Sandbox.Blocked] lists the hosts the sandbox
 // asked for and was refused, each with the rule that would allow it, and
-// [Sandbox.NetLog] every DNS answer and connection decision. Secrets are
+// [Sandbox.NetLog] every DNS answer and connection decision.
+// [Sandbox.RequestNetAccess] records an agent's request for a host for the
+// user to decide, with the command that grants it; it allows nothing. Secrets are
 // bound at create ([CreateOptions].Secrets, stored with `kosa8 secret add`):
 // the sandbox sees a placeholder and the real value is added on the way out.
 //
