@@ -1,16 +1,13 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"os/user"
 	"path/filepath"
@@ -366,9 +363,6 @@ func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*sandbo
 // startSandboxFrom starts a sandbox's supervisor: a cold boot, or with
 // restore a checkpoint's machine; rewind merges the host folder back to it.
 func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, restore string, rewind bool) (*sandbox.Status, error) {
-	if sb.Alive() {
-		return nil, fmt.Errorf("%w: %s", sandbox.ErrRunning, sb.Config.Name)
-	}
 	m, err := manager()
 	if err != nil {
 		return nil, err
@@ -376,7 +370,6 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 	if err := checkFolderFree(m, sb.Config.Name, sb.Config.Workspace); err != nil {
 		return nil, err
 	}
-	before := sb.Status()
 	agent, err := agentPath()
 	if err != nil {
 		return nil, err
@@ -385,116 +378,28 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 	if err != nil {
 		return nil, err
 	}
-	logf, err := os.OpenFile(sb.Path(sandbox.SupervisorLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer pr.Close()
-	args := []string{"supervise", "--ready-fd", "3", "--agent", agent}
-	if restore != "" {
-		args = append(args, "--restore", restore)
-		if rewind {
-			args = append(args, "--rewind")
-		}
-	}
-	cmd := exec.Command(self, append(args, sb.Config.Name)...)
-	cmd.Stdin = nil
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pw}
-	cmd.Dir = "/"
-	// A session of its own: the supervisor outlives this CLI and its
-	// terminal (no SIGHUP, no ^C from the terminal's process group).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		pw.Close()
-		return nil, fmt.Errorf("start supervisor: %w", err)
-	}
-	pw.Close()
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }() // reaped if it dies while we wait; detached otherwise
-
 	var p *progress
-	if !quiet {
+	started := func() {
+		if quiet {
+			return
+		}
 		p = newProgress(os.Stderr)
 		if restore != "" {
 			p.Step("resuming sandbox " + sb.Config.Name)
 		} else {
 			p.Step("booting sandbox " + sb.Config.Name)
 		}
-		defer p.Done()
 	}
-	type result struct {
-		msg sandbox.ReadyMessage
-		err error
+	progress := func(cp sandbox.CopyProgress) {
+		if p != nil {
+			p.Step(fmt.Sprintf("copying %s in: %d files, %s", sb.Config.Workspace.Path, cp.Files, humanBytes(cp.Bytes)))
+		}
 	}
-	res := make(chan result, 1)
-	go func() {
-		r := bufio.NewReader(pr)
-		for {
-			line, err := r.ReadBytes('\n')
-			var msg sandbox.ReadyMessage
-			if err == nil {
-				err = json.Unmarshal(line, &msg)
-			}
-			if err == nil && msg.Progress != nil {
-				if p != nil {
-					p.Step(fmt.Sprintf("copying %s in: %d files, %s", sb.Config.Workspace.Path, msg.Progress.Files, humanBytes(msg.Progress.Bytes)))
-				}
-				continue
-			}
-			res <- result{msg, err}
-			return
-		}
-	}()
-	select {
-	case r := <-res:
-		if r.err != nil {
-			return nil, fmt.Errorf("the supervisor exited before the sandbox was ready%s", logTail(sb.Path(sandbox.SupervisorLog)))
-		}
-		if !r.msg.OK {
-			return nil, errors.New(r.msg.Error)
-		}
-		return r.msg.Status, nil
-	case <-ctx.Done():
-		// Interrupted while booting: end the supervisor (QEMU dies with
-		// it) and put the sandbox back as it was, not crashed.
-		_ = cmd.Process.Kill()
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-		}
-		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = sb.WaitStopped(wctx)
-		if !sb.Alive() {
-			before.SupervisorPID, before.QEMUPID = 0, 0
-			if before.State != sandbox.Paused {
-				before.State = sandbox.Stopped
-				if before.Started.IsZero() {
-					before.State = sandbox.Created
-				}
-			}
-			_ = sb.WriteStatus(before)
-		}
-		return nil, ctx.Err()
+	st, err := sandbox.Launch(ctx, sb, sandbox.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started, Progress: progress})
+	if p != nil {
+		p.Done()
 	}
-}
-
-func logTail(path string) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 10 {
-		lines = lines[len(lines)-10:]
-	}
-	if len(lines) == 0 || lines[0] == "" {
-		return ""
-	}
-	return ":\n  " + strings.Join(lines, "\n  ")
+	return st, err
 }
 
 // warnTCG says, once per command, that the sandbox runs without hardware

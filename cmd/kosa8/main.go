@@ -106,7 +106,7 @@ func newRoot() *cobra.Command {
 		setupCmd(), doctorCmd(), imageCmd(),
 		runCmd(), createCmd(), startCmd(), execCmd(), shellCmd(),
 		lsCmd(), inspectCmd(), logsCmd(), stopCmd(), rmCmd(),
-		netCmd(), portCmd(), secretCmd(),
+		netCmd(), portCmd(), secretCmd(), mcpCmd(),
 		syncCmd(), diffCmd(), heldCmd(),
 		changeCmd("apply NAME [PATH...]", "Write the sandbox's changes waiting for review (all, or PATHs) to the host folder",
 			"Write the changes a --review sandbox made (all, or the PATHs given) to the host folder.\nHeld files need 'kosa8 approve'. A stopped sandbox is started for it and stopped again.", "apply", false),

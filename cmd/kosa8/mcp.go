@@ -1,0 +1,448 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
+
+	"github.com/kosa8/kosa8/sdk"
+)
+
+func mcpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "mcp",
+		Short: "Serve sandboxes to a model as MCP tools over stdio",
+		Long: `Serve the Model Context Protocol on standard input and output, so that an agent
+(Claude Code, Codex, Gemini CLI, ...) can create or pick a sandbox for a folder, run
+commands in it, read and write its files, checkpoint and rewind it, and see what its
+network refused. The model cannot widen the network: net_request_approval only
+asks you, and you approve with 'kosa8 net allow'.
+
+  claude mcp add kosa8 -- kosa8 mcp`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			c, err := sdk.New()
+			if err != nil {
+				return err
+			}
+			return newMCPServer(c, log).Run(cmd.Context(), &mcp.StdioTransport{})
+		},
+	}
+}
+
+// mcpServer holds the sandbox a session picked: the tools act on it
+// unless they name another.
+type mcpServer struct {
+	c   *sdk.Client
+	log *slog.Logger
+
+	mu      sync.Mutex
+	current string
+}
+
+const mcpInstructions = `kosa8 runs commands in a sandbox: a virtual machine with its own kernel, one
+project folder (synced both ways with the user's folder), a network closed except
+for the hosts the user allowed, and checkpoints of the whole machine.
+Call sandbox_create_or_pick with the project folder first; the other tools then act
+on that sandbox. Take a checkpoint before anything risky and rewind if it goes wrong.
+When the network refuses a host you need, call net_blocked and then
+net_request_approval: only the user can allow a host.`
+
+func newMCPServer(c *sdk.Client, log *slog.Logger) *mcp.Server {
+	s := &mcpServer{c: c, log: log}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "kosa8", Title: "kosa8 sandboxes", Version: version}, &mcp.ServerOptions{Instructions: mcpInstructions, Logger: log})
+	no := false
+	mcp.AddTool(srv, &mcp.Tool{Name: "sandbox_create_or_pick", Description: "Pick the sandbox of a project folder, starting it if needed, or create and start one. The other tools act on it afterwards. Network rules come from the user (kosa8.toml they trusted, or 'kosa8 net allow'), never from this call.",
+		Annotations: &mcp.ToolAnnotations{Title: "Create or pick a sandbox", DestructiveHint: &no, IdempotentHint: true, OpenWorldHint: &no}}, s.createOrPick)
+	mcp.AddTool(srv, &mcp.Tool{Name: "run", Description: "Run a shell command (bash -lc) in the sandbox and return its exit code and output (the end of each stream when long). The command starts in the project folder and is killed after timeout_seconds (default 120).",
+		Annotations: &mcp.ToolAnnotations{Title: "Run a command", OpenWorldHint: &no}}, s.run)
+	mcp.AddTool(srv, &mcp.Tool{Name: "read_file", Description: "Read a file in the sandbox (at most 1 MiB; a relative path is relative to the project folder). Text comes back as is, other content as base64.",
+		Annotations: &mcp.ToolAnnotations{Title: "Read a file", ReadOnlyHint: true, OpenWorldHint: &no}}, s.readFile)
+	mcp.AddTool(srv, &mcp.Tool{Name: "write_file", Description: "Create or replace a file in the sandbox, with its parent folders. Files in the project folder reach the user's folder through the sync.",
+		Annotations: &mcp.ToolAnnotations{Title: "Write a file", IdempotentHint: true, OpenWorldHint: &no}}, s.writeFile)
+	mcp.AddTool(srv, &mcp.Tool{Name: "list_dir", Description: "List a folder in the sandbox (default: the project folder).",
+		Annotations: &mcp.ToolAnnotations{Title: "List a folder", ReadOnlyHint: true, OpenWorldHint: &no}}, s.listDir)
+	mcp.AddTool(srv, &mcp.Tool{Name: "checkpoint", Description: "Save the whole running machine (memory, processes, disks, project folder) to rewind to later. Cheap: take one before anything risky.",
+		Annotations: &mcp.ToolAnnotations{Title: "Checkpoint", DestructiveHint: &no, OpenWorldHint: &no}}, s.checkpoint)
+	mcp.AddTool(srv, &mcp.Tool{Name: "rewind", Description: "Return the machine and the project folder to a checkpoint. The state just before is saved as a checkpoint, so a rewind can be undone. Edits the user made in their folder meanwhile are kept.",
+		Annotations: &mcp.ToolAnnotations{Title: "Rewind", OpenWorldHint: &no}}, s.rewind)
+	mcp.AddTool(srv, &mcp.Tool{Name: "checkpoints", Description: "List the sandbox's checkpoints (a tree: each has a parent), oldest first.",
+		Annotations: &mcp.ToolAnnotations{Title: "List checkpoints", ReadOnlyHint: true, OpenWorldHint: &no}}, s.checkpoints)
+	mcp.AddTool(srv, &mcp.Tool{Name: "net_blocked", Description: "List the hosts the sandbox asked for and the network refused, with the rule that would allow each, and the rules in force.",
+		Annotations: &mcp.ToolAnnotations{Title: "What the network refused", ReadOnlyHint: true, OpenWorldHint: &no}}, s.netBlocked)
+	mcp.AddTool(srv, &mcp.Tool{Name: "net_request_approval", Description: "Ask the user to allow a host for the sandbox. This never allows anything by itself: the request is recorded and shown to the user, who decides and runs the command this returns. Tell the user why you need the host.",
+		Annotations: &mcp.ToolAnnotations{Title: "Ask the user to allow a host", DestructiveHint: &no, OpenWorldHint: &no}}, s.netRequestApproval)
+	return srv
+}
+
+// SandboxArg names the sandbox a tool acts on.
+type SandboxArg struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox's name (default: the one sandbox_create_or_pick returned)"`
+}
+
+// sandbox opens the named sandbox, or the one picked.
+func (s *mcpServer) sandbox(name string) (*sdk.Sandbox, error) {
+	if name == "" {
+		s.mu.Lock()
+		name = s.current
+		s.mu.Unlock()
+	}
+	if name == "" {
+		return nil, errors.New("no sandbox picked: call sandbox_create_or_pick with the project folder first")
+	}
+	return s.c.Open(name)
+}
+
+// PickIn is sandbox_create_or_pick's input.
+type PickIn struct {
+	Folder string `json:"folder" jsonschema:"the project folder on the user's machine, an absolute path"`
+	Name   string `json:"name,omitempty" jsonschema:"a name for a new sandbox (default: the folder's name and a random suffix)"`
+	CPUs   int    `json:"cpus,omitempty" jsonschema:"virtual CPUs for a new sandbox (default 2)"`
+	Memory string `json:"memory,omitempty" jsonschema:"memory for a new sandbox, e.g. 4G (default 1G)"`
+}
+
+// PickOut describes the sandbox picked.
+type PickOut struct {
+	Sandbox   string   `json:"sandbox"`
+	Created   bool     `json:"created"`
+	Started   bool     `json:"started"`
+	Workspace string   `json:"workspace"`
+	Accel     string   `json:"accel,omitempty"`
+	Network   []string `json:"network_rules"`
+	Note      string   `json:"note,omitempty"`
+}
+
+func (s *mcpServer) createOrPick(ctx context.Context, _ *mcp.CallToolRequest, in PickIn) (*mcp.CallToolResult, PickOut, error) {
+	var out PickOut
+	if !filepath.IsAbs(in.Folder) {
+		return nil, out, fmt.Errorf("folder %q is not an absolute path", in.Folder)
+	}
+	list, err := s.c.ForFolder(ctx, in.Folder)
+	if err != nil {
+		return nil, out, err
+	}
+	var sb *sdk.Sandbox
+	if len(list) > 0 {
+		sb, err = s.c.Open(list[0].Name)
+	} else {
+		sb, err = s.c.Create(ctx, sdk.CreateOptions{Name: in.Name, Workspace: in.Folder, CPUs: in.CPUs, Memory: in.Memory})
+		out.Created = true
+	}
+	if err != nil {
+		return nil, out, err
+	}
+	if sb.Info().State != sdk.Running {
+		s.log.Info("starting sandbox", "sandbox", sb.Name())
+		if err := sb.Start(ctx); err != nil {
+			return nil, out, err
+		}
+		out.Started = true
+	}
+	s.mu.Lock()
+	s.current = sb.Name()
+	s.mu.Unlock()
+	info := sb.Info()
+	out.Sandbox, out.Workspace, out.Accel = info.Name, info.Workspace, info.Accel
+	if out.Network, err = sb.Rules(ctx); err != nil {
+		return nil, out, err
+	}
+	if len(out.Network) == 0 {
+		out.Note = "the network is closed: no host is allowed"
+	}
+	if info.Accel == "tcg" {
+		out.Note = strings.TrimPrefix(out.Note+"; the sandbox runs without hardware acceleration (slow)", "; ")
+	}
+	return nil, out, nil
+}
+
+// RunIn is run's input.
+type RunIn struct {
+	SandboxArg
+	Command        string `json:"command" jsonschema:"a shell command line, run with bash -lc"`
+	TimeoutSeconds int    `json:"timeout_seconds,omitempty" jsonschema:"kill the command after this many seconds (default 120, at most 3600)"`
+	Workdir        string `json:"workdir,omitempty" jsonschema:"working directory in the sandbox (default: the project folder)"`
+}
+
+// RunOut is how a command ended.
+type RunOut struct {
+	ExitCode  int    `json:"exit_code"`
+	Stdout    string `json:"stdout"`
+	Stderr    string `json:"stderr"`
+	TimedOut  bool   `json:"timed_out,omitempty"`
+	Signal    string `json:"signal,omitempty"`
+	Truncated bool   `json:"truncated,omitempty"`
+	Millis    int64  `json:"duration_ms"`
+}
+
+// mcpOutput bounds what run returns of each stream: a model reads it all.
+const mcpOutput = 48 << 10
+
+func (s *mcpServer) run(ctx context.Context, _ *mcp.CallToolRequest, in RunIn) (*mcp.CallToolResult, RunOut, error) {
+	var out RunOut
+	sb, err := s.sandbox(in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	if strings.TrimSpace(in.Command) == "" {
+		return nil, out, errors.New("no command given")
+	}
+	timeout := time.Duration(in.TimeoutSeconds) * time.Second
+	switch {
+	case in.TimeoutSeconds <= 0:
+		timeout = 120 * time.Second
+	case in.TimeoutSeconds > 3600:
+		timeout = time.Hour
+	}
+	stdout, stderr := newHeadTail(mcpOutput), newHeadTail(mcpOutput)
+	res, err := sb.Exec(ctx, sdk.Cmd{Args: []string{"bash", "-lc", in.Command}, Dir: in.Workdir, Stdout: stdout, Stderr: stderr, Timeout: timeout})
+	if err != nil {
+		return nil, out, err
+	}
+	out = RunOut{ExitCode: res.ExitCode, Stdout: stdout.String(), Stderr: stderr.String(), TimedOut: res.TimedOut, Signal: res.Signal,
+		Truncated: stdout.cut > 0 || stderr.cut > 0, Millis: res.Duration.Milliseconds()}
+	return nil, out, nil
+}
+
+// headTail keeps the first and the last bytes of a stream, and counts
+// what it dropped in between.
+type headTail struct {
+	head, tail []byte
+	max        int
+	cut        int64
+}
+
+func newHeadTail(max int) *headTail { return &headTail{max: max} }
+
+func (h *headTail) Write(p []byte) (int, error) {
+	n := len(p)
+	if room := h.max/4 - len(h.head); room > 0 {
+		k := min(room, len(p))
+		h.head = append(h.head, p[:k]...)
+		p = p[k:]
+	}
+	h.tail = append(h.tail, p...)
+	if keep := h.max - h.max/4; len(h.tail) > keep {
+		h.cut += int64(len(h.tail) - keep)
+		h.tail = append(h.tail[:0], h.tail[len(h.tail)-keep:]...)
+	}
+	return n, nil
+}
+
+func (h *headTail) String() string {
+	s := string(h.head)
+	if h.cut > 0 {
+		s += fmt.Sprintf("\n[... %d bytes cut ...]\n", h.cut)
+	}
+	return strings.ToValidUTF8(s+string(h.tail), "\uFFFD")
+}
+
+// PathIn names a path in the sandbox.
+type PathIn struct {
+	SandboxArg
+	Path string `json:"path" jsonschema:"a path in the sandbox; relative to the project folder unless absolute"`
+}
+
+// ReadOut is a file's content.
+type ReadOut struct {
+	Path     string `json:"path"`
+	Size     int    `json:"size"`
+	Encoding string `json:"encoding"` // utf-8 or base64
+	Content  string `json:"content"`
+}
+
+// mcpMaxRead bounds read_file: the content goes into the model's context.
+const mcpMaxRead = 1 << 20
+
+func (s *mcpServer) readFile(ctx context.Context, _ *mcp.CallToolRequest, in PathIn) (*mcp.CallToolResult, ReadOut, error) {
+	var out ReadOut
+	sb, err := s.sandbox(in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	b, err := sb.ReadFile(ctx, in.Path)
+	if err != nil {
+		return nil, out, err
+	}
+	if len(b) > mcpMaxRead {
+		return nil, out, fmt.Errorf("%s is %d bytes, more than read_file returns (1 MiB): use run with head, tail, sed or grep", in.Path, len(b))
+	}
+	out = ReadOut{Path: in.Path, Size: len(b), Encoding: "utf-8", Content: string(b)}
+	if !utf8.Valid(b) {
+		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(b)
+	}
+	return nil, out, nil
+}
+
+// WriteIn is write_file's input.
+type WriteIn struct {
+	SandboxArg
+	Path       string `json:"path" jsonschema:"a path in the sandbox; relative to the project folder unless absolute"`
+	Content    string `json:"content" jsonschema:"the file's whole new content"`
+	Base64     bool   `json:"base64,omitempty" jsonschema:"content is base64 (for binary files)"`
+	Executable bool   `json:"executable,omitempty" jsonschema:"make the file executable (mode 755 instead of 644)"`
+}
+
+// WriteOut confirms a write.
+type WriteOut struct {
+	Path  string `json:"path"`
+	Bytes int    `json:"bytes"`
+}
+
+func (s *mcpServer) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteIn) (*mcp.CallToolResult, WriteOut, error) {
+	var out WriteOut
+	sb, err := s.sandbox(in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	data := []byte(in.Content)
+	if in.Base64 {
+		if data, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
+			return nil, out, fmt.Errorf("content is not base64: %w", err)
+		}
+	}
+	perm := os.FileMode(0o644)
+	if in.Executable {
+		perm = 0o755
+	}
+	if err := sb.WriteFile(ctx, in.Path, data, perm); err != nil {
+		return nil, out, err
+	}
+	return nil, WriteOut{Path: in.Path, Bytes: len(data)}, nil
+}
+
+// ListIn is list_dir's input.
+type ListIn struct {
+	SandboxArg
+	Path string `json:"path,omitempty" jsonschema:"a folder in the sandbox (default: the project folder)"`
+}
+
+// ListOut is a folder's entries.
+type ListOut struct {
+	Path    string         `json:"path"`
+	Entries []sdk.FileInfo `json:"entries"`
+}
+
+func (s *mcpServer) listDir(ctx context.Context, _ *mcp.CallToolRequest, in ListIn) (*mcp.CallToolResult, ListOut, error) {
+	var out ListOut
+	sb, err := s.sandbox(in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	if in.Path == "" {
+		in.Path = "."
+	}
+	list, err := sb.ListDir(ctx, in.Path)
+	if err != nil {
+		return nil, out, err
+	}
+	return nil, ListOut{Path: in.Path, Entries: list}, nil
+}
+
+// CheckpointIn is checkpoint's input.
+type CheckpointIn struct {
+	SandboxArg
+	Message string `json:"message,omitempty" jsonschema:"what this checkpoint is, e.g. before the migration"`
+}
+
+func (s *mcpServer) checkpoint(ctx context.Context, _ *mcp.CallToolRequest, in CheckpointIn) (*mcp.CallToolResult, *sdk.Checkpoint, error) {
+	sb, err := s.sandbox(in.Sandbox)
+	if err != nil {
+		return nil, nil, err
+	}
+	cp, err := sb.Checkpoint(ctx, in.Message)
+	return nil, cp, err
+}
+
+// RewindIn is rewind's input.
+type RewindIn struct {
+	SandboxArg
+	ID string `json:"id" jsonschema:"the checkpoint's id"`
+}
+
+func (s *mcpServer) rewind(ctx context.Context, _ *mcp.CallToolRequest, in RewindIn) (*mcp.CallToolResult, *sdk.RewindResult, error) {
+	sb, err := s.sandbox(in.Sandbox)
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err := sb.Rewind(ctx, in.ID)
+	return nil, res, err
+}
+
+// CheckpointsOut lists checkpoints.
+type CheckpointsOut struct {
+	Checkpoints []sdk.Checkpoint `json:"checkpoints"`
+}
+
+func (s *mcpServer) checkpoints(ctx context.Context, _ *mcp.CallToolRequest, in SandboxArg) (*mcp.CallToolResult, CheckpointsOut, error) {
+	sb, err := s.sandbox(in.Sandbox)
+	if err != nil {
+		return nil, CheckpointsOut{}, err
+	}
+	list, err := sb.Checkpoints(ctx)
+	return nil, CheckpointsOut{Checkpoints: list}, err
+}
+
+// BlockedOut is what the network refused.
+type BlockedOut struct {
+	Blocked []sdk.Blocked `json:"blocked"`
+	Rules   []string      `json:"rules_in_force"`
+}
+
+func (s *mcpServer) netBlocked(ctx context.Context, _ *mcp.CallToolRequest, in SandboxArg) (*mcp.CallToolResult, BlockedOut, error) {
+	var out BlockedOut
+	sb, err := s.sandbox(in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	if out.Blocked, err = sb.Blocked(ctx); err != nil {
+		return nil, out, err
+	}
+	out.Rules, err = sb.Rules(ctx)
+	return nil, out, err
+}
+
+// ApprovalIn is net_request_approval's input.
+type ApprovalIn struct {
+	SandboxArg
+	Host   string `json:"host" jsonschema:"the host to allow, as net_blocked's rule: example.com, example.com:22 or *.example.com"`
+	Reason string `json:"reason" jsonschema:"why the sandbox needs it, for the user"`
+}
+
+// ApprovalOut says what happens next.
+type ApprovalOut struct {
+	Approved bool   `json:"approved"`
+	Rule     string `json:"rule"`
+	Command  string `json:"command"`
+	Message  string `json:"message"`
+}
+
+func (s *mcpServer) netRequestApproval(ctx context.Context, _ *mcp.CallToolRequest, in ApprovalIn) (*mcp.CallToolResult, ApprovalOut, error) {
+	var out ApprovalOut
+	sb, err := s.sandbox(in.Sandbox)
+	if err != nil {
+		return nil, out, err
+	}
+	req, err := sb.RequestNetAccess(ctx, in.Host, in.Reason)
+	if err != nil {
+		return nil, out, err
+	}
+	// The user sees this in the client's MCP log; the request is also kept
+	// in the sandbox's state directory.
+	fmt.Fprintf(os.Stderr, "kosa8: the model asks to allow %s for sandbox %s (%s); to allow it run: %s\n",
+		req.Rule, sb.Name(), sanitize(in.Reason, false), req.Command)
+	out = ApprovalOut{Rule: req.Rule, Command: req.Command,
+		Message: "Not approved: this tool cannot allow hosts. The request is recorded for the user. Ask the user to review it and, if they agree, to run: " + req.Command + " — then try again."}
+	return nil, out, nil
+}

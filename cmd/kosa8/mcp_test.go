@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/kosa8/kosa8/sdk"
+)
+
+// mcpSession connects an in-memory client to the server over a state
+// directory holding one stopped sandbox, "s".
+func mcpSession(t *testing.T) (*mcp.ClientSession, string) {
+	t.Helper()
+	home := t.TempDir()
+	dir := filepath.Join(home, "sandboxes", "s")
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, "sandbox.json"), []byte(`{"name":"s","cpus":2,"memory_mib":1024,"disk_gib":16}`), 0o600)
+	os.WriteFile(filepath.Join(dir, "state.json"), []byte(`{"state":"stopped"}`), 0o600)
+	c, err := sdk.New(sdk.WithHome(home))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ct := mcp.NewInMemoryTransports()
+	ctx := context.Background()
+	srv := newMCPServer(c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ss, err := srv.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs, dir
+}
+
+func textOf(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+func TestMCPTools(t *testing.T) {
+	cs, _ := mcpSession(t)
+	ctx := context.Background()
+	list, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*mcp.Tool{}
+	for _, tool := range list.Tools {
+		got[tool.Name] = tool
+	}
+	for _, name := range []string{"sandbox_create_or_pick", "run", "read_file", "write_file", "list_dir", "checkpoint", "rewind", "checkpoints", "net_blocked", "net_request_approval"} {
+		if got[name] == nil {
+			t.Errorf("no tool %s", name)
+		}
+	}
+	// The pick cannot carry network rules or secrets: only the user widens
+	// what a sandbox may reach.
+	schema, _ := json.Marshal(got["sandbox_create_or_pick"].InputSchema)
+	for _, field := range []string{"allow", "secret", "preset"} {
+		if strings.Contains(string(schema), `"`+field) {
+			t.Errorf("sandbox_create_or_pick takes %q: %s", field, schema)
+		}
+	}
+	// Without a pick, a tool says what to do.
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run", Arguments: map[string]any{"command": "true"}})
+	if err != nil || !res.IsError || !strings.Contains(textOf(res), "sandbox_create_or_pick") {
+		t.Fatalf("run without a pick: %v %+v", err, res)
+	}
+	// A stopped sandbox says it must be started.
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "run", Arguments: map[string]any{"sandbox": "s", "command": "true"}})
+	if err != nil || !res.IsError || !strings.Contains(textOf(res), "not running") {
+		t.Fatalf("run in a stopped sandbox: %v %+v", err, res)
+	}
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_create_or_pick", Arguments: map[string]any{"folder": "relative/dir"}})
+	if err != nil || !res.IsError || !strings.Contains(textOf(res), "absolute") {
+		t.Fatalf("relative folder: %v %+v", err, res)
+	}
+}
+
+func TestMCPApprovalNeverApproves(t *testing.T) {
+	cs, dir := mcpSession(t)
+	ctx := context.Background()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "net_request_approval", Arguments: map[string]any{"sandbox": "s", "host": "*.Example.com", "reason": "docs\x1b[2J"}})
+	if err != nil || res.IsError {
+		t.Fatalf("%v %s", err, textOf(res))
+	}
+	var out ApprovalOut
+	b, _ := json.Marshal(res.StructuredContent)
+	json.Unmarshal(b, &out)
+	if out.Approved || out.Rule != "*.example.com" || out.Command != "kosa8 net allow s '*.example.com'" || !strings.Contains(out.Message, "Not approved") {
+		t.Fatalf("approval: %+v", out)
+	}
+	// Recorded for the user, and nothing allowed.
+	rec, err := os.ReadFile(filepath.Join(dir, "net-requests.jsonl"))
+	if err != nil || !strings.Contains(string(rec), `"rule":"*.example.com"`) {
+		t.Fatalf("record: %q %v", rec, err)
+	}
+	c, _ := sdk.New(sdk.WithHome(filepath.Dir(filepath.Dir(dir))))
+	sb, _ := c.Open("s")
+	if rules, _ := sb.Rules(ctx); len(rules) != 0 {
+		t.Fatalf("rules after a request: %v", rules)
+	}
+	// Rules that would open everything, or are not rules, are refused.
+	for _, host := range []string{"*", "*.com", "exa mple.com", "$(reboot)"} {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "net_request_approval", Arguments: map[string]any{"sandbox": "s", "host": host, "reason": "x"}})
+		if err != nil || !res.IsError {
+			t.Errorf("request for %q accepted: %v %s", host, err, textOf(res))
+		}
+	}
+}
+
+func TestHeadTail(t *testing.T) {
+	h := newHeadTail(16)
+	io.WriteString(h, "0123")
+	io.WriteString(h, "456789abcdefghijklmnop")
+	s := h.String()
+	if s != "0123\n[... 10 bytes cut ...]\nefghijklmnop" || h.cut != 10 {
+		t.Fatalf("%q cut %d", s, h.cut)
+	}
+	small := newHeadTail(16)
+	io.WriteString(small, "abc")
+	if small.String() != "abc" || small.cut != 0 {
+		t.Fatalf("%q", small.String())
+	}
+}

@@ -1,0 +1,191 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+	"unicode"
+)
+
+// LaunchOptions say how to start a sandbox's supervisor.
+type LaunchOptions struct {
+	// Binary is the kosa8 executable that runs `kosa8 supervise`.
+	Binary string
+	// Agent is the kosa8-agent binary for the guest (AgentPath finds it).
+	Agent string
+	// Restore starts the machine saved in this checkpoint instead of a
+	// cold boot; with Rewind the host folder is merged back to it.
+	Restore string
+	Rewind  bool
+	// Env, when not nil, is the supervisor's whole environment (the
+	// caller's otherwise): KOSA8_HOME and the test overrides are read from
+	// it.
+	Env []string
+	// Started, when set, is called once the supervisor runs and the wait
+	// for the guest begins (the CLI shows its progress from there).
+	Started func()
+	// Progress, when set, is told how the first copy of the host folder
+	// into the sandbox goes.
+	Progress func(CopyProgress)
+}
+
+// Launch starts sb's supervisor, detached in a session of its own, and
+// waits until it reports the guest ready on a pipe: the one way both the
+// CLI and the SDK start a sandbox. The supervisor outlives the caller; if
+// ctx ends first (^C while booting) the supervisor is killed and the
+// sandbox is put back in the state it had, not left crashed.
+func Launch(ctx context.Context, sb *Sandbox, o LaunchOptions) (*Status, error) {
+	if sb.Alive() {
+		return nil, fmt.Errorf("%w: %s", ErrRunning, sb.Config.Name)
+	}
+	if o.Binary == "" || o.Agent == "" {
+		return nil, errors.New("launch: the kosa8 and kosa8-agent binaries must be named")
+	}
+	before := sb.Status()
+	logf, err := os.OpenFile(sb.Path(SupervisorLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer pr.Close()
+	args := []string{"supervise", "--ready-fd", "3", "--agent", o.Agent}
+	if o.Restore != "" {
+		args = append(args, "--restore", o.Restore)
+		if o.Rewind {
+			args = append(args, "--rewind")
+		}
+	}
+	cmd := exec.Command(o.Binary, append(args, sb.Config.Name)...)
+	cmd.Env = o.Env
+	cmd.Stdin = nil
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{pw}
+	cmd.Dir = "/"
+	// A session of its own: the supervisor outlives this process and its
+	// terminal (no SIGHUP, no ^C from the terminal's process group).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		pw.Close()
+		return nil, fmt.Errorf("start supervisor: %w", err)
+	}
+	pw.Close()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }() // reaped if it dies while we wait; detached otherwise
+	if o.Started != nil {
+		o.Started()
+	}
+	type result struct {
+		msg ReadyMessage
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		r := bufio.NewReader(pr)
+		for {
+			line, err := r.ReadBytes('\n')
+			var msg ReadyMessage
+			if err == nil {
+				err = json.Unmarshal(line, &msg)
+			}
+			if err == nil && msg.Progress != nil {
+				if o.Progress != nil {
+					o.Progress(*msg.Progress)
+				}
+				continue
+			}
+			res <- result{msg, err}
+			return
+		}
+	}()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			return nil, fmt.Errorf("the supervisor exited before the sandbox was ready%s", logTail(sb.Path(SupervisorLog)))
+		}
+		if !r.msg.OK {
+			return nil, errors.New(r.msg.Error)
+		}
+		return r.msg.Status, nil
+	case <-ctx.Done():
+		// Interrupted while booting: end the supervisor (QEMU dies with
+		// it) and put the sandbox back as it was, not crashed.
+		_ = cmd.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+		}
+		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = sb.WaitStopped(wctx)
+		if !sb.Alive() {
+			before.SupervisorPID, before.QEMUPID = 0, 0
+			if before.State != Paused {
+				before.State = Stopped
+				if before.Started.IsZero() {
+					before.State = Created
+				}
+			}
+			_ = sb.WriteStatus(before)
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// AgentPath finds the kosa8-agent binary that goes into the guest:
+// $KOSA8_AGENT, else next to the kosa8 binary (or in ../lib/kosa8).
+func AgentPath(kosa8Binary string) (string, error) {
+	if p := os.Getenv("KOSA8_AGENT"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("KOSA8_AGENT=%s: %w", p, err)
+		}
+		return p, nil
+	}
+	self, err := filepath.EvalSymlinks(kosa8Binary)
+	if err != nil {
+		self = kosa8Binary
+	}
+	for _, p := range []string{
+		filepath.Join(filepath.Dir(self), "kosa8-agent"),
+		filepath.Join(filepath.Dir(self), "..", "lib", "kosa8", "kosa8-agent"),
+	} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("kosa8-agent not found next to %s: run 'make build' (or set KOSA8_AGENT)", kosa8Binary)
+}
+
+// logTail is the last lines of a log, control characters replaced (the
+// supervisor's log quotes the guest), for an error message.
+func logTail(path string) string {
+	b, _ := os.ReadFile(path)
+	clean := strings.Map(func(r rune) rune {
+		switch {
+		case r == '\n' || r == '\t':
+			return r
+		case r == unicode.ReplacementChar, unicode.IsControl(r), unicode.Is(unicode.Bidi_Control, r):
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(string(b), "?"))
+	lines := strings.Split(strings.TrimSpace(clean), "\n")
+	if len(lines) > 10 {
+		lines = lines[len(lines)-10:]
+	}
+	if len(lines) == 0 || lines[0] == "" {
+		return ""
+	}
+	return ":\n  " + strings.Join(lines, "\n  ")
+}

@@ -1,0 +1,407 @@
+package sdk
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/config"
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/secrets"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// Errors to test with errors.Is.
+var (
+	ErrNotFound   = sandbox.ErrNotFound // no sandbox of that name
+	ErrExists     = sandbox.ErrExists   // the name is taken
+	ErrRunning    = sandbox.ErrRunning  // it must be stopped first
+	ErrNotRunning = errors.New("sandbox is not running")
+)
+
+// Client finds, creates and starts sandboxes in one state directory.
+type Client struct {
+	paths  sandbox.Paths
+	m      *sandbox.Manager
+	binary string
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHome keeps sandboxes in dir instead of $KOSA8_HOME (and, for
+// secrets and trust records, dir/config instead of $KOSA8_CONFIG).
+func WithHome(dir string) Option {
+	return func(c *Client) {
+		c.paths.Home = dir
+		c.paths.Config = filepath.Join(dir, "config")
+	}
+}
+
+// WithBinary names the kosa8 executable that starts supervisors.
+func WithBinary(path string) Option {
+	return func(c *Client) { c.binary = path }
+}
+
+// New returns a client for the state directories the kosa8 command uses.
+func New(opts ...Option) (*Client, error) {
+	p, err := sandbox.DefaultPaths()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{paths: p}
+	for _, o := range opts {
+		o(c)
+	}
+	for _, d := range []string{c.paths.Home, c.paths.Cache, c.paths.Config} {
+		if !filepath.IsAbs(d) {
+			return nil, fmt.Errorf("kosa8 directory %q is not absolute", d)
+		}
+	}
+	c.m = &sandbox.Manager{Paths: c.paths}
+	return c, nil
+}
+
+// Home is the state directory the client keeps sandboxes in.
+func (c *Client) Home() string { return c.paths.Home }
+
+// Binary finds the kosa8 executable: the one given with WithBinary, else
+// kosa8 next to the running program, else kosa8 on $PATH.
+func (c *Client) Binary() (string, error) {
+	if c.binary != "" {
+		if _, err := os.Stat(c.binary); err != nil {
+			return "", fmt.Errorf("kosa8 binary %s: %w", c.binary, err)
+		}
+		return c.binary, nil
+	}
+	if self, err := os.Executable(); err == nil {
+		if self, err = filepath.EvalSymlinks(self); err == nil {
+			p := filepath.Join(filepath.Dir(self), "kosa8")
+			if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+				return p, nil
+			}
+		}
+	}
+	p, err := exec.LookPath("kosa8")
+	if err != nil {
+		return "", errors.New("kosa8 not found next to this program nor on PATH: install it ('make build' puts it in bin/) or use sdk.WithBinary")
+	}
+	return filepath.Abs(p)
+}
+
+// env is the supervisor's environment: the caller's, with the client's
+// directories, so that a supervisor finds the sandbox this client made.
+func (c *Client) env() []string {
+	env := slices.DeleteFunc(os.Environ(), func(e string) bool {
+		return strings.HasPrefix(e, "KOSA8_HOME=") || strings.HasPrefix(e, "KOSA8_CACHE=") || strings.HasPrefix(e, "KOSA8_CONFIG=")
+	})
+	return append(env, "KOSA8_HOME="+c.paths.Home, "KOSA8_CACHE="+c.paths.Cache, "KOSA8_CONFIG="+c.paths.Config)
+}
+
+// Open returns the sandbox called name.
+func (c *Client) Open(name string) (*Sandbox, error) {
+	sb, err := c.m.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return &Sandbox{c: c, sb: sb}, nil
+}
+
+// List describes every sandbox, by name.
+func (c *Client) List(ctx context.Context) ([]Info, error) {
+	list, err := c.m.List()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Info, 0, len(list))
+	for _, sb := range list {
+		out = append(out, describe(sb))
+	}
+	return out, nil
+}
+
+// ForFolder lists the sandboxes whose workspace is folder (running ones
+// first).
+func (c *Client) ForFolder(ctx context.Context, folder string) ([]Info, error) {
+	abs, err := filepath.Abs(folder)
+	if err != nil {
+		return nil, err
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	all, err := c.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Info
+	for _, i := range all {
+		if i.Workspace == abs {
+			out = append(out, i)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Info) int {
+		ra, rb := a.State == Running, b.State == Running
+		switch {
+		case ra && !rb:
+			return -1
+		case rb && !ra:
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}
+
+// Remove deletes a sandbox and everything it holds. A running sandbox is
+// refused (ErrRunning) unless force, which ends it first.
+func (c *Client) Remove(ctx context.Context, name string, force bool) error {
+	sb, err := c.Open(name)
+	if err != nil {
+		return err
+	}
+	if sb.sb.Alive() {
+		if !force {
+			return fmt.Errorf("%w: %s (stop it first, or remove with force)", ErrRunning, name)
+		}
+		if err := sb.stop(ctx, true); err != nil {
+			return err
+		}
+	}
+	err = c.m.Remove(name)
+	if errors.Is(err, sandbox.ErrNotFound) && sb.sb.Config.Ephemeral {
+		return nil // an ephemeral sandbox removes itself when it stops
+	}
+	return err
+}
+
+// CreateOptions describe a new sandbox. The zero value is a sandbox with
+// the defaults (2 CPUs, 1 GiB of memory, a 16 GiB disk, no workspace, no
+// network). A trusted kosa8.toml in the workspace folder (see `kosa8
+// trust`) supplies defaults under these options, as for `kosa8 create`.
+type CreateOptions struct {
+	// Name is the sandbox's name: letters, digits, '.', '_' and '-'.
+	// Default: the workspace folder's name and a random suffix.
+	Name string
+	// Workspace is the host folder the sandbox works in, copied in and
+	// synced both ways while it runs; empty for none. Your home directory
+	// or / is refused unless Force.
+	Workspace string
+	Force     bool
+	// Review holds the sandbox's changes until they are applied (`kosa8
+	// apply`); Exclude names paths (names or globs) that stay inside.
+	Review  bool
+	Exclude []string
+
+	CPUs   int    // virtual CPUs (default 2)
+	Memory string // guest memory, e.g. "4G" (default 1G)
+	Disk   string // root disk size, e.g. "32G" (default 16G)
+
+	// Allow lists network rules (see the package doc); Preset names a
+	// preset ("dev": package registries and code hosts, read-only);
+	// AllowBroad accepts rules matching a whole public suffix or all.
+	Allow      []string
+	Preset     string
+	AllowBroad bool
+	// Ports forwards host ports: "3000" or "8080:80" (HOST:GUEST), on
+	// 127.0.0.1.
+	Ports []string
+	// Secrets binds host secrets by name (`kosa8 secret add`): the guest
+	// sees NAME=<placeholder>, the broker adds the value on the way out.
+	Secrets []string
+	// Env is KEY=VALUE entries set for every command in the guest.
+	Env []string
+
+	// Ephemeral removes the sandbox when it stops.
+	Ephemeral bool
+	// Accel forces "kvm", "hvf" or "tcg" (default: $KOSA8_ACCEL, else the
+	// best that works).
+	Accel string
+	// CheckpointEvery takes a checkpoint at this interval while running;
+	// MaxCheckpoints keeps at most this many (default 20).
+	CheckpointEvery time.Duration
+	MaxCheckpoints  int
+}
+
+var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+
+// guestUser mirrors the host user, as the kosa8 command does: same name
+// and ids, but never root (root on the host is kosa8, 1000:1000 inside).
+func guestUser() (name string, uid, gid int) {
+	uid, gid = os.Getuid(), os.Getgid()
+	name = "kosa8"
+	if u, err := user.Current(); err == nil && userNameRE.MatchString(u.Username) && u.Username != "root" {
+		name = u.Username
+	}
+	if uid == 0 {
+		return "kosa8", 1000, 1000
+	}
+	return name, uid, gid
+}
+
+func defaultName(folder string) string {
+	base := "sandbox"
+	if folder != "" {
+		base = strings.Trim(regexp.MustCompile(`[^a-zA-Z0-9_.-]+`).ReplaceAllString(filepath.Base(folder), "-"), "-.")
+	}
+	if base == "" || len(base) > 40 {
+		base = "sandbox"
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return base + "-" + hex.EncodeToString(b)
+}
+
+// config turns o, over a trusted kosa8.toml in the workspace, into a
+// sandbox's settings.
+func (c *Client) config(o CreateOptions) (sandbox.Config, error) {
+	cfg := sandbox.Config{
+		Name: o.Name, Arch: string(vmspec.HostArch()),
+		CPUs: sandbox.DefaultCPUs, MemoryMiB: sandbox.DefaultMemoryMiB, DiskGiB: sandbox.DefaultDiskGiB,
+		Ephemeral: o.Ephemeral, Accel: o.Accel,
+	}
+	if cfg.Accel == "" {
+		cfg.Accel = os.Getenv("KOSA8_ACCEL")
+	}
+	cfg.User, cfg.UID, cfg.GID = guestUser()
+	preset, allow, ports, secretNames, exclude, env := o.Preset, o.Allow, o.Ports, o.Secrets, o.Exclude, []string(nil)
+	review := o.Review
+	var hold []string
+	if o.Workspace != "" {
+		path, err := sandbox.CheckWorkspace(o.Workspace, o.Force)
+		if err != nil {
+			return cfg, err
+		}
+		l, err := config.Load(path, config.NewTrustStore(c.paths.Config))
+		if err != nil {
+			return cfg, err
+		}
+		if p := l.Project; p != nil {
+			if p.Sandbox.CPUs != 0 {
+				cfg.CPUs = p.Sandbox.CPUs
+			}
+			if p.Sandbox.Memory != "" {
+				if cfg.MemoryMiB, err = sandbox.ParseSize(p.Sandbox.Memory); err != nil {
+					return cfg, fmt.Errorf("kosa8.toml sandbox.memory: %w", err)
+				}
+			}
+			if p.Sandbox.Disk != "" {
+				mib, err := sandbox.ParseSize(p.Sandbox.Disk)
+				if err != nil {
+					return cfg, fmt.Errorf("kosa8.toml sandbox.disk: %w", err)
+				}
+				cfg.DiskGiB = (mib + 1023) >> 10
+			}
+			env = append(env, p.Sandbox.Env...)
+			if preset == "" {
+				preset = p.Network.Preset
+			}
+			allow = append(slices.Clone(p.Network.Allow), allow...)
+			ports = append(slices.Clone(p.Network.Ports), ports...)
+			secretNames = append(slices.Clone(p.Secrets.Use), secretNames...)
+			exclude = append(slices.Clone(p.Workspace.Exclude), exclude...)
+			review = review || p.Workspace.Review
+			hold = p.Workspace.Hold
+		}
+		cfg.Workspace = &sandbox.WorkspaceConfig{Path: path, Review: review, Exclude: exclude, Hold: hold}
+	}
+	if o.CPUs != 0 {
+		cfg.CPUs = o.CPUs
+	}
+	var err error
+	if o.Memory != "" {
+		if cfg.MemoryMiB, err = sandbox.ParseSize(o.Memory); err != nil {
+			return cfg, fmt.Errorf("memory: %w", err)
+		}
+	}
+	if o.Disk != "" {
+		mib, err := sandbox.ParseSize(o.Disk)
+		if err != nil {
+			return cfg, fmt.Errorf("disk: %w", err)
+		}
+		cfg.DiskGiB = (mib + 1023) >> 10
+	}
+	switch cfg.Accel {
+	case "", "kvm", "hvf", "tcg":
+	default:
+		return cfg, fmt.Errorf("accel %q: use kvm, hvf or tcg", cfg.Accel)
+	}
+	if preset != "" {
+		p, err := netpolicy.Preset(preset)
+		if err != nil {
+			return cfg, err
+		}
+		for _, r := range p.Rules {
+			cfg.Network.Rules = append(cfg.Network.Rules, r.Text)
+		}
+	}
+	for _, a := range allow {
+		r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: o.AllowBroad})
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Network.Rules = append(cfg.Network.Rules, r.Text)
+	}
+	cfg.Network.AllowBroad = o.AllowBroad
+	for _, p := range ports {
+		pf, err := sandbox.ParsePortForward(p, false)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Network.Ports = append(cfg.Network.Ports, pf)
+	}
+	if len(secretNames) > 0 {
+		store, err := secrets.Open(c.paths.Config)
+		if err != nil {
+			return cfg, err
+		}
+		for _, name := range secretNames {
+			if _, err := store.Describe(name); err != nil {
+				return cfg, err
+			}
+			if !slices.Contains(cfg.Secrets, name) {
+				cfg.Secrets = append(cfg.Secrets, name)
+			}
+		}
+	}
+	cfg.CheckpointEvery, cfg.MaxCheckpoints = sandbox.Duration(o.CheckpointEvery), o.MaxCheckpoints
+	cfg.Env = append(env, o.Env...)
+	if cfg.Name == "" {
+		folder := ""
+		if cfg.Workspace != nil {
+			folder = cfg.Workspace.Path
+		}
+		cfg.Name = defaultName(folder)
+	}
+	return cfg, cfg.Validate()
+}
+
+// Create makes a stopped sandbox with the guest image that `kosa8 setup`
+// built. The workspace folder is copied in at its first start.
+func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) {
+	cfg, err := c.config(o)
+	if err != nil {
+		return nil, err
+	}
+	img, err := image.Store{Dir: c.paths.Cache}.Lookup(image.DefaultRecipe(vmspec.Arch(cfg.Arch)))
+	if err != nil {
+		return nil, err
+	}
+	sb, err := c.m.Create(ctx, cfg, img)
+	if err != nil {
+		return nil, err
+	}
+	return &Sandbox{c: c, sb: sb}, nil
+}

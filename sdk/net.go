@@ -1,0 +1,361 @@
+package sdk
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/wsync"
+)
+
+// Rules lists the sandbox's network allow-list.
+func (s *Sandbox) Rules(ctx context.Context) ([]string, error) {
+	p, err := s.sb.LoadPolicy()
+	if err != nil {
+		return nil, err
+	}
+	return ruleTexts(p), nil
+}
+
+func ruleTexts(p *netpolicy.Policy) []string {
+	out := []string{}
+	for _, r := range p.Rules {
+		out = append(out, r.Text)
+	}
+	return out
+}
+
+// Allow adds rules to the allow-list, for new connections at once (a
+// stopped sandbox keeps them for its next start), and returns the list.
+// Rules matching a whole public suffix or everything are refused: use
+// AllowBroad for those.
+func (s *Sandbox) Allow(ctx context.Context, rules ...string) ([]string, error) {
+	return s.allow(ctx, rules, false)
+}
+
+// AllowBroad is Allow that accepts rules like *.com or *.
+func (s *Sandbox) AllowBroad(ctx context.Context, rules ...string) ([]string, error) {
+	return s.allow(ctx, rules, true)
+}
+
+func (s *Sandbox) allow(ctx context.Context, rules []string, broad bool) ([]string, error) {
+	if s.sb.Alive() {
+		return sandbox.NewClient(s.sb).Allow(ctx, rules, broad)
+	}
+	return s.editPolicy(func(p *netpolicy.Policy) error {
+		for _, a := range rules {
+			r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: broad})
+			if err != nil {
+				return err
+			}
+			p.Add(r)
+		}
+		return nil
+	})
+}
+
+// Deny adds deny rules for hosts, wildcards or ranges: a deny rule wins
+// over every allow rule. It returns the rules now in force.
+func (s *Sandbox) Deny(ctx context.Context, targets ...string) ([]string, error) {
+	if s.sb.Alive() {
+		return sandbox.NewClient(s.sb).Deny(ctx, targets)
+	}
+	return s.editPolicy(func(p *netpolicy.Policy) error { return sandbox.AddDenyRules(p, targets) })
+}
+
+// Remove takes away the rules (allow or deny, the latter written
+// deny:TARGET) for hosts, wildcards or ranges and returns the rules left.
+// A target no rule has is an error.
+func (s *Sandbox) Remove(ctx context.Context, targets ...string) ([]string, error) {
+	if s.sb.Alive() {
+		return sandbox.NewClient(s.sb).RemoveRules(ctx, targets)
+	}
+	return s.editPolicy(func(p *netpolicy.Policy) error {
+		for _, t := range targets {
+			n, err := p.Remove(t)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				return fmt.Errorf("no rule for %s", t)
+			}
+		}
+		return nil
+	})
+}
+
+func (s *Sandbox) editPolicy(f func(*netpolicy.Policy) error) ([]string, error) {
+	// A supervisor that started meanwhile would not see a file edit.
+	p, err := s.sb.LoadPolicy()
+	if err != nil {
+		return nil, err
+	}
+	if err := f(p); err != nil {
+		return nil, err
+	}
+	if s.sb.Alive() {
+		return nil, fmt.Errorf("%s started while its rules were being changed: try again", s.Name())
+	}
+	if err := s.sb.SavePolicy(p); err != nil {
+		return nil, err
+	}
+	return ruleTexts(p), nil
+}
+
+// Blocked is a host the sandbox asked for and was refused.
+type Blocked struct {
+	Host  string    `json:"host"`
+	Port  uint16    `json:"port,omitempty"` // 0: only looked up in DNS
+	Rule  string    `json:"rule"`           // what Allow would take to let it through
+	Count int       `json:"count"`
+	Last  time.Time `json:"last"`
+}
+
+// Blocked lists the hosts the sandbox was refused that its allow-list
+// still refuses, each with the rule that would allow it.
+func (s *Sandbox) Blocked(ctx context.Context) ([]Blocked, error) {
+	pol, err := s.sb.LoadPolicy()
+	if err != nil {
+		return nil, err
+	}
+	events, err := audit.Read(s.sb.Path(sandbox.AuditLog))
+	if err != nil {
+		return nil, err
+	}
+	out := []Blocked{}
+	for _, b := range sandbox.BlockedHosts(events, pol) {
+		out = append(out, Blocked{Host: b.Host, Port: b.Port, Rule: b.Rule, Count: b.Count, Last: b.Last})
+	}
+	return out, nil
+}
+
+// NetEvent is one network decision of the sandbox's audit log.
+type NetEvent struct {
+	Time     time.Time `json:"time"`
+	Kind     string    `json:"kind"` // dns, tcp, udp, icmp, ipv6, policy, …
+	Name     string    `json:"name,omitempty"`
+	Dest     string    `json:"dest,omitempty"` // ip:port as the guest addressed it
+	Decision string    `json:"decision,omitempty"`
+	Rule     string    `json:"rule,omitempty"`
+	Reason   string    `json:"reason,omitempty"`
+	BytesOut int64     `json:"bytes_out,omitempty"`
+	BytesIn  int64     `json:"bytes_in,omitempty"`
+}
+
+// NetLog returns the sandbox's network decisions, oldest first.
+func (s *Sandbox) NetLog(ctx context.Context) ([]NetEvent, error) {
+	events, err := audit.Read(s.sb.Path(sandbox.AuditLog))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]NetEvent, 0, len(events))
+	for _, e := range events {
+		out = append(out, NetEvent{Time: e.Time, Kind: e.Kind, Name: e.Name, Dest: e.Dest, Decision: e.Decision,
+			Rule: e.Rule, Reason: e.Reason, BytesOut: e.BytesOut, BytesIn: e.BytesIn})
+	}
+	return out, nil
+}
+
+// Port forwards a host port to a port of the guest.
+type Port struct {
+	HostPort  uint16 `json:"host_port"`
+	GuestPort uint16 `json:"guest_port"`
+	// AllInterfaces listens on every host interface, not only 127.0.0.1.
+	AllInterfaces bool `json:"all_interfaces,omitempty"`
+}
+
+func toPorts(in []sandbox.PortForward) []Port {
+	out := []Port{}
+	for _, p := range in {
+		out = append(out, Port(p))
+	}
+	return out
+}
+
+// Ports lists the sandbox's port forwards.
+func (s *Sandbox) Ports(ctx context.Context) ([]Port, error) {
+	if s.sb.Alive() {
+		p, err := sandbox.NewClient(s.sb).Ports(ctx)
+		return toPorts(p), err
+	}
+	p, err := s.sb.LoadPorts()
+	return toPorts(p), err
+}
+
+// AddPort forwards a host port to the guest, at once when running, else
+// from the next start.
+func (s *Sandbox) AddPort(ctx context.Context, p Port) error {
+	pf := sandbox.PortForward(p)
+	if pf.GuestPort == 0 {
+		pf.GuestPort = pf.HostPort
+	}
+	if pf.HostPort == 0 {
+		return fmt.Errorf("port forward %s: the host port must be set", pf)
+	}
+	if s.sb.Alive() {
+		_, err := sandbox.NewClient(s.sb).AddPort(ctx, pf)
+		return err
+	}
+	ports, err := s.sb.LoadPorts()
+	if err != nil {
+		return err
+	}
+	for _, q := range ports {
+		if q.HostPort == pf.HostPort {
+			return fmt.Errorf("host port %d is forwarded already", pf.HostPort)
+		}
+	}
+	return s.sb.SavePorts(append(ports, pf))
+}
+
+// RemovePort stops forwarding a host port.
+func (s *Sandbox) RemovePort(ctx context.Context, hostPort uint16) error {
+	if s.sb.Alive() {
+		_, err := sandbox.NewClient(s.sb).RemovePort(ctx, hostPort)
+		return err
+	}
+	ports, err := s.sb.LoadPorts()
+	if err != nil {
+		return err
+	}
+	var keep []sandbox.PortForward
+	for _, p := range ports {
+		if p.HostPort != hostPort {
+			keep = append(keep, p)
+		}
+	}
+	return s.sb.SavePorts(keep)
+}
+
+// SyncStatus is the state of the workspace sync.
+type SyncStatus struct {
+	Path     string    `json:"path"`  // the host folder
+	Files    int       `json:"files"` // paths in step
+	LastSync time.Time `json:"last_sync"`
+	// Pending changes wait for review (CreateOptions.Review); Held ones
+	// touch files host tools run or obey and wait for `kosa8 approve`.
+	Pending   []SyncChange   `json:"pending"`
+	Held      []SyncChange   `json:"held"`
+	Conflicts []SyncConflict `json:"conflicts"`
+	Skipped   []string       `json:"skipped"` // too large, special files, refused names
+	Errors    []string       `json:"errors"`
+}
+
+// SyncChange is a change the sync has not written to the host.
+type SyncChange struct {
+	Path string `json:"path"`
+	Kind string `json:"kind"` // added, modified, deleted
+	Why  string `json:"why,omitempty"`
+}
+
+// SyncConflict is a path both sides changed; your version stayed and the
+// sandbox's is in Copy.
+type SyncConflict struct {
+	Path string    `json:"path"`
+	Copy string    `json:"copy"`
+	Time time.Time `json:"time"`
+}
+
+// SyncStatus reports the workspace sync of the running sandbox; with now,
+// after comparing the whole folder.
+func (s *Sandbox) SyncStatus(ctx context.Context, now bool) (*SyncStatus, error) {
+	api, err := s.api()
+	if err != nil {
+		return nil, err
+	}
+	st, err := api.Sync(ctx, now)
+	if err != nil {
+		return nil, err
+	}
+	conv := func(in []wsync.Change) []SyncChange {
+		out := []SyncChange{}
+		for _, c := range in {
+			out = append(out, SyncChange{Path: c.Path, Kind: c.Kind, Why: c.Why})
+		}
+		return out
+	}
+	out := &SyncStatus{Path: st.Path, Files: st.Files, LastSync: st.LastSync, Pending: conv(st.Pending), Held: conv(st.Held),
+		Conflicts: []SyncConflict{}, Skipped: st.Skipped, Errors: st.Errors}
+	for _, c := range st.Conflicts {
+		out.Conflicts = append(out.Conflicts, SyncConflict{Path: c.Path, Copy: c.Copy, Time: c.Time})
+	}
+	return out, nil
+}
+
+// AccessRequest is a request for a host that only the user can grant.
+type AccessRequest struct {
+	Time   time.Time `json:"time"`
+	Rule   string    `json:"rule"` // normalised, as Allow takes it
+	Reason string    `json:"reason,omitempty"`
+	// Command is what the user runs to grant it.
+	Command string `json:"command"`
+}
+
+// netRequests is the file in the state directory that keeps the requests.
+const netRequests = "net-requests.jsonl"
+
+// RequestNetAccess records that the sandbox's agent asks for a host, for
+// the user to decide; it allows nothing. The request is appended to
+// net-requests.jsonl in the sandbox's state directory and returned with
+// the command that grants it. Rules matching a whole public suffix or
+// everything are refused.
+func (s *Sandbox) RequestNetAccess(ctx context.Context, rule, reason string) (*AccessRequest, error) {
+	r, err := netpolicy.ParseRule(rule, netpolicy.ParseOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if len(reason) > 1024 {
+		reason = reason[:1024]
+	}
+	arg := r.Text
+	if strings.ContainsAny(arg, "*?[") {
+		arg = "'" + arg + "'" // a rule holds no quote: ParseRule normalised it
+	}
+	req := &AccessRequest{Time: time.Now().UTC(), Rule: r.Text, Reason: strings.ToValidUTF8(reason, "?"),
+		Command: "kosa8 net allow " + s.Name() + " " + arg}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(s.sb.Path(netRequests), os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("record the request: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		return nil, fmt.Errorf("record the request: %w", err)
+	}
+	return req, nil
+}
+
+// NetRequests lists the requests RequestNetAccess recorded, oldest first.
+func (s *Sandbox) NetRequests(ctx context.Context) ([]AccessRequest, error) {
+	f, err := os.OpenFile(s.sb.Path(netRequests), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return []AccessRequest{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := []AccessRequest{}
+	sc := bufio.NewScanner(io.LimitReader(f, 16<<20))
+	sc.Buffer(make([]byte, 64<<10), 64<<10)
+	for sc.Scan() {
+		var r AccessRequest
+		if json.Unmarshal(sc.Bytes(), &r) == nil {
+			out = append(out, r)
+		}
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,169 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/sandbox"
+)
+
+// State is where a sandbox is in its life.
+type State string
+
+const (
+	Created  State = "created"  // never started
+	Starting State = "starting" // booting
+	Running  State = "running"
+	Stopping State = "stopping"
+	Stopped  State = "stopped"
+	Crashed  State = "crashed" // its supervisor died without a clean stop; Start brings it back
+	Paused   State = "paused"  // written out to a checkpoint; Resume continues it
+)
+
+// Info describes a sandbox.
+type Info struct {
+	Name      string    `json:"name"`
+	State     State     `json:"state"`
+	Dir       string    `json:"dir"`                 // its state directory on the host
+	Workspace string    `json:"workspace,omitempty"` // the host folder, if any
+	CPUs      int       `json:"cpus"`
+	MemoryMiB int       `json:"memory_mib"`
+	DiskGiB   int       `json:"disk_gib"`
+	Ephemeral bool      `json:"ephemeral,omitempty"`
+	Created   time.Time `json:"created"`
+	// Accel is the acceleration it runs (or last ran) under: kvm, hvf or
+	// tcg. Under tcg it is slow and QEMU's emulator is a weaker boundary.
+	Accel   string    `json:"accel,omitempty"`
+	Started time.Time `json:"started,omitzero"`
+	// Checkpoint is the checkpoint the machine descends from; for a paused
+	// sandbox, the one Resume continues.
+	Checkpoint string `json:"checkpoint,omitempty"`
+	// Error says why it crashed or failed to start.
+	Error string `json:"error,omitempty"`
+}
+
+func describe(sb *sandbox.Sandbox) Info {
+	st := sb.Status()
+	i := Info{
+		Name: sb.Config.Name, State: State(st.State), Dir: sb.Dir,
+		CPUs: sb.Config.CPUs, MemoryMiB: sb.Config.MemoryMiB, DiskGiB: sb.Config.DiskGiB,
+		Ephemeral: sb.Config.Ephemeral, Created: sb.Config.Created,
+		Accel: st.Accel, Started: st.Started, Checkpoint: st.Checkpoint, Error: st.Error,
+	}
+	if sb.Config.Workspace != nil {
+		i.Workspace = sb.Config.Workspace.Path
+	}
+	return i
+}
+
+// Sandbox is the handle of one sandbox. Its methods are safe to call from
+// several goroutines; each asks the sandbox (or its state directory) anew.
+type Sandbox struct {
+	c  *Client
+	sb *sandbox.Sandbox
+}
+
+// Name is the sandbox's name.
+func (s *Sandbox) Name() string { return s.sb.Config.Name }
+
+// Info describes the sandbox as it is now.
+func (s *Sandbox) Info() Info { return describe(s.sb) }
+
+// api is the supervisor's client, or ErrNotRunning.
+func (s *Sandbox) api() (*sandbox.Client, error) {
+	if !s.sb.Alive() {
+		st := s.sb.Status()
+		msg := fmt.Sprintf("%s is %s: start it first", s.Name(), st.State)
+		if st.State == sandbox.Crashed && st.Error != "" {
+			msg += " (" + st.Error + ")"
+		}
+		return nil, fmt.Errorf("%w: %s", ErrNotRunning, msg)
+	}
+	return sandbox.NewClient(s.sb), nil
+}
+
+// Start boots the sandbox and returns once its guest answers. A paused
+// sandbox continues where it was, processes included. It fails with
+// ErrRunning if the sandbox runs already.
+func (s *Sandbox) Start(ctx context.Context) error {
+	restore := ""
+	if st := s.sb.Status(); st.State == sandbox.Paused {
+		restore = st.Checkpoint
+	}
+	return s.launch(ctx, restore, false)
+}
+
+// StartFrom boots the machine saved in a checkpoint (processes and memory
+// included) in a stopped sandbox; its disks as they were are kept as a
+// checkpoint first. This is how a sandbox comes back after a host reboot.
+func (s *Sandbox) StartFrom(ctx context.Context, checkpointID string) error {
+	if _, err := s.sb.Checkpoints().Load(checkpointID); err != nil {
+		return fmt.Errorf("%w %q of %s", err, checkpointID, s.Name())
+	}
+	if s.sb.Alive() {
+		return fmt.Errorf("%w: %s", ErrRunning, s.Name())
+	}
+	st := s.sb.Status()
+	rewind := false
+	if st.State != sandbox.Paused || checkpointID != st.Checkpoint {
+		if _, err := sandbox.SaveDisks(s.sb, "disks before start --from "+checkpointID); err != nil {
+			return fmt.Errorf("keep %s's disks before starting it from %s: %w", s.Name(), checkpointID, err)
+		}
+		rewind = true
+	}
+	return s.launch(ctx, checkpointID, rewind)
+}
+
+func (s *Sandbox) launch(ctx context.Context, restore string, rewind bool) error {
+	bin, err := s.c.Binary()
+	if err != nil {
+		return err
+	}
+	agent, err := sandbox.AgentPath(bin)
+	if err != nil {
+		return err
+	}
+	_, err = sandbox.Launch(ctx, s.sb, sandbox.LaunchOptions{Binary: bin, Agent: agent, Restore: restore, Rewind: rewind, Env: s.c.env()})
+	if err != nil {
+		return fmt.Errorf("start %s: %w", s.Name(), err)
+	}
+	return nil
+}
+
+// Stop powers the guest off cleanly and returns once the sandbox has
+// stopped. Stopping a sandbox that is not running does nothing.
+func (s *Sandbox) Stop(ctx context.Context) error { return s.stop(ctx, false) }
+
+// Kill ends the sandbox's VM at once, without a clean poweroff.
+func (s *Sandbox) Kill(ctx context.Context) error { return s.stop(ctx, true) }
+
+func (s *Sandbox) stop(ctx context.Context, kill bool) error {
+	if !s.sb.Alive() {
+		return nil
+	}
+	err := sandbox.NewClient(s.sb).Stop(ctx, kill)
+	if err != nil && s.sb.Alive() {
+		// The API may be gone with a wedged supervisor: end it.
+		_ = s.sb.Kill()
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return s.sb.WaitStopped(wctx)
+}
+
+// Pause writes the running machine out to a checkpoint and frees its
+// memory; Resume (or Start) continues it where it was.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	api, err := s.api()
+	if err != nil {
+		return err
+	}
+	if err := api.Pause(ctx); err != nil {
+		return fmt.Errorf("pause %s: %w", s.Name(), err)
+	}
+	return s.sb.WaitStopped(ctx)
+}
+
+// Resume continues a paused sandbox (it is Start).
+func (s *Sandbox) Resume(ctx context.Context) error { return s.Start(ctx) }

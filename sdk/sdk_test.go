@@ -1,0 +1,507 @@
+package sdk
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/sandbox"
+)
+
+// TestMain keeps `go test ./sdk` free of VM boots: the runnable examples
+// start real sandboxes, so they run only with KOSA8_E2E=1 (as
+// test/e2e/sdk_test.go runs them), unless -run names them.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if os.Getenv("KOSA8_E2E") != "1" && flag.Lookup("test.run").Value.String() == "" {
+		_ = flag.Set("test.run", "^(Test|Fuzz)")
+	}
+	os.Exit(m.Run())
+}
+
+// fakeSupervisor serves a sandbox's API socket the way the supervisor
+// does, with a guest made of a map of files.
+type fakeSupervisor struct {
+	t     *testing.T
+	mu    sync.Mutex
+	files map[string][]byte
+	argvs [][]string
+	sigs  []byte
+	dirs  []string
+	// sleeping is told when the client follows a sleep command.
+	sleeping chan struct{}
+}
+
+// newRunning makes a sandbox directory in a fresh home, holds its
+// supervisor lock as a live supervisor does, and serves its API.
+func newRunning(t *testing.T, name string) (*Client, *Sandbox, *fakeSupervisor) {
+	t.Helper()
+	c, sb := newStopped(t, name)
+	lock, err := os.OpenFile(sb.sb.Path("supervisor.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeSupervisor{t: t, files: map[string][]byte{}, sleeping: make(chan struct{}, 4)}
+	l, err := net.Listen("unix", sb.sb.Path(sandbox.APISocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: f.routes()}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close(); lock.Close() })
+	writeFile(t, sb.sb.Path("state.json"), `{"state":"running"}`)
+	return c, sb, f
+}
+
+// newStopped makes a stopped sandbox's directory in a fresh home. The
+// socket path must stay short: unix socket names are at most 107 bytes.
+func newStopped(t *testing.T, name string) (*Client, *Sandbox) {
+	t.Helper()
+	home, err := os.MkdirTemp("", "k8sdk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	c, err := New(WithHome(home))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(home, "sandboxes", name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg := sandbox.Config{Name: name, CPUs: 2, MemoryMiB: 1024, DiskGiB: 16, Network: sandbox.NetworkConfig{Rules: []string{"pypi.org"}}}
+	b, _ := json.Marshal(cfg)
+	writeFile(t, filepath.Join(dir, "sandbox.json"), string(b))
+	writeFile(t, filepath.Join(dir, "state.json"), `{"state":"stopped"}`)
+	sb, err := c.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, sb
+}
+
+func writeFile(t *testing.T, path, s string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fakeSupervisor) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/exec", f.exec)
+	mux.HandleFunc("POST /v1/checkpoints", func(w http.ResponseWriter, r *http.Request) {
+		var req sandbox.CheckpointRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		json.NewEncoder(w).Encode(checkpoint.Meta{ID: "cp1", Message: req.Message, Kind: "manual", PauseMillis: 12, RAMBytes: 4096})
+	})
+	mux.HandleFunc("POST /v1/rewind", func(w http.ResponseWriter, r *http.Request) {
+		var req sandbox.CheckpointRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		if req.ID != "cp1" {
+			w.WriteHeader(http.StatusNotFound)
+			json.NewEncoder(w).Encode(map[string]string{"error": "rewind: no such checkpoint " + req.ID})
+			return
+		}
+		json.NewEncoder(w).Encode(sandbox.RewindResult{To: "cp1", Saved: &checkpoint.Meta{ID: "cp2", Kind: "pre-rewind"}, Millis: 450})
+	})
+	mux.HandleFunc("POST /v1/net/allow", func(w http.ResponseWriter, r *http.Request) {
+		var req sandbox.NetRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		json.NewEncoder(w).Encode(sandbox.NetResponse{Rules: append([]string{"pypi.org"}, req.Rules...)})
+	})
+	return mux
+}
+
+// exec answers an exec upgrade like the supervisor, then plays a guest
+// that knows echo, cat, the WriteFile script, find and sleep.
+func (f *fakeSupervisor) exec(w http.ResponseWriter, r *http.Request) {
+	var req guest.ExecRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || r.Header.Get("Upgrade") != "kosa8-exec" {
+		http.Error(w, "bad exec", http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	f.argvs = append(f.argvs, req.Argv)
+	f.dirs = append(f.dirs, req.Dir)
+	f.mu.Unlock()
+	conn, brw, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: kosa8-exec\r\nConnection: Upgrade\r\nKosa8-Exec-Id: e1\r\nKosa8-Exec-Pid: 7\r\n\r\n")
+	brw.Flush()
+	// Collect stdin up to EOF and signals, as the agent would.
+	var stdin bytes.Buffer
+	eof := make(chan struct{})
+	sig := make(chan byte, 4)
+	go func() {
+		defer close(eof)
+		for {
+			fr, err := guest.ReadFrame(brw.Reader)
+			if err != nil {
+				return
+			}
+			switch fr.Kind {
+			case guest.FrameStdin:
+				stdin.Write(fr.Payload)
+			case guest.FrameSignal:
+				f.mu.Lock()
+				f.sigs = append(f.sigs, fr.Payload[0])
+				f.mu.Unlock()
+				sig <- fr.Payload[0]
+			case guest.FrameStdinEOF:
+				if req.Argv[0] != "sleep" {
+					return
+				}
+				// The client pumps (so it follows the command) from here.
+				f.sleeping <- struct{}{}
+			}
+		}
+	}()
+	exit := func(code int, signal string) {
+		guest.WriteJSON(conn, guest.FrameExit, guest.ExitStatus{Code: code, Signal: signal})
+	}
+	switch req.Argv[0] {
+	case "echo":
+		guest.WriteFrame(conn, guest.FrameStdout, []byte(strings.Join(req.Argv[1:], " ")+"\n"))
+		guest.WriteFrame(conn, guest.FrameStderr, []byte("to stderr\n"))
+		exit(3, "")
+	case "cat":
+		f.mu.Lock()
+		b, ok := f.files[req.Argv[2]]
+		f.mu.Unlock()
+		if !ok {
+			guest.WriteFrame(conn, guest.FrameStderr, []byte("cat: "+req.Argv[2]+": No such file or directory\n"))
+			exit(1, "")
+			return
+		}
+		guest.WriteFrame(conn, guest.FrameStdout, b)
+		exit(0, "")
+	case "sh":
+		<-eof
+		f.mu.Lock()
+		f.files[req.Argv[4]] = append([]byte(req.Argv[5]+":"), stdin.Bytes()...)
+		f.mu.Unlock()
+		exit(0, "")
+	case "sleep":
+		select {
+		case s := <-sig:
+			exit(128+int(s), "SIGKILL")
+		case <-time.After(10 * time.Second):
+			exit(0, "")
+		}
+	default:
+		guest.WriteJSON(conn, guest.FrameError, guest.Response{Error: "exec " + req.Argv[0] + ": not found"})
+	}
+}
+
+func TestExecStreamsOutputAndExitCode(t *testing.T) {
+	_, sb, f := newRunning(t, "x")
+	var out, errb bytes.Buffer
+	res, err := sb.Exec(context.Background(), Cmd{Args: []string{"echo", "hi", "there"}, Dir: "/tmp", Stdout: &out, Stderr: &errb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 3 || res.TimedOut || out.String() != "hi there\n" || errb.String() != "to stderr\n" {
+		t.Fatalf("got %+v stdout %q stderr %q", res, out.String(), errb.String())
+	}
+	if f.dirs[0] != "/tmp" {
+		t.Fatalf("dir %q", f.dirs[0])
+	}
+	// Output turns the non-zero exit into an ExitError with stderr.
+	_, err = sb.Output(context.Background(), "echo", "x")
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.ExitCode != 3 || !strings.Contains(ee.Error(), "to stderr") {
+		t.Fatalf("Output: %v", err)
+	}
+	// An agent error is an error, not an exit code.
+	if _, err := sb.Exec(context.Background(), Cmd{Args: []string{"nope"}}); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("unknown command: %v", err)
+	}
+	if _, err := sb.Exec(context.Background(), Cmd{}); err == nil {
+		t.Fatal("empty command accepted")
+	}
+}
+
+func TestExecTimeoutKillsTheCommand(t *testing.T) {
+	_, sb, f := newRunning(t, "x")
+	start := time.Now()
+	res, err := sb.Exec(context.Background(), Cmd{Args: []string{"sleep", "600"}, Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.TimedOut || res.ExitCode != 137 || res.Signal != "SIGKILL" {
+		t.Fatalf("got %+v", res)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v", d)
+	}
+	f.mu.Lock()
+	sigs := string(f.sigs)
+	f.mu.Unlock()
+	if sigs != string([]byte{byte(syscall.SIGKILL)}) {
+		t.Fatalf("signals sent: %v", []byte(sigs))
+	}
+	// A context that ends once the command runs does the same.
+	<-f.sleeping
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-f.sleeping; cancel() }()
+	res, err = sb.Exec(ctx, Cmd{Args: []string{"sleep", "600"}})
+	if err != nil || !res.TimedOut {
+		t.Fatalf("ctx end: %+v %v", res, err)
+	}
+}
+
+func TestFilesRoundTrip(t *testing.T) {
+	_, sb, f := newRunning(t, "x")
+	ctx := context.Background()
+	if err := sb.WriteFile(ctx, "notes/a.txt", []byte("data\x00bin"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The relative path stays relative (never an option), the mode is octal.
+	if got := string(f.files["./notes/a.txt"]); got != "600:data\x00bin" {
+		t.Fatalf("written %q (files %v)", got, f.files)
+	}
+	f.files["/etc/x"] = []byte("content")
+	b, err := sb.ReadFile(ctx, "/etc/x")
+	if err != nil || string(b) != "content" {
+		t.Fatalf("read %q %v", b, err)
+	}
+	if _, err := sb.ReadFile(ctx, "/missing"); err == nil || !strings.Contains(err.Error(), "No such file") {
+		t.Fatalf("missing file: %v", err)
+	}
+	if _, err := sb.ReadFile(ctx, ""); err == nil {
+		t.Fatal("empty path accepted")
+	}
+	if f.argvs[1][1] != "--" {
+		t.Fatalf("cat without --: %v", f.argvs[1])
+	}
+}
+
+func TestParseList(t *testing.T) {
+	in := "f\x0012\x00644\x001700000000.5\x00b\nname\x00\x00" +
+		"d\x004096\x00755\x001700000000.0\x00a dir\x00\x00" +
+		"l\x005\x00777\x001700000000.0\x00link\x00../x\x00"
+	got, err := parseList([]byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].Name != "a dir" || got[0].Type != "dir" || got[1].Name != "b\nname" || got[1].Size != 12 ||
+		got[1].Mode != 0o644 || got[2].Link != "../x" || got[2].Type != "link" || got[1].ModTime.UnixMilli() != 1700000000500 {
+		t.Fatalf("got %+v", got)
+	}
+	for _, bad := range []string{"f\x001\x00", "f\x00x\x00644\x001\x00n\x00\x00", "f\x001\x00644\x001\x00a/b\x00\x00", "f\x001\x00644\x001\x00\x00\x00"} {
+		if _, err := parseList([]byte(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+	if got, err := parseList(nil); err != nil || len(got) != 0 {
+		t.Fatalf("empty: %v %v", got, err)
+	}
+}
+
+func FuzzParseList(f *testing.F) {
+	f.Add([]byte("f\x0012\x00644\x001700000000.5\x00b\x00\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		list, err := parseList(b)
+		if err != nil {
+			return
+		}
+		for _, e := range list {
+			if e.Name == "" || strings.ContainsRune(e.Name, '/') {
+				t.Fatalf("bad name accepted: %q", e.Name)
+			}
+		}
+	})
+}
+
+func TestCheckpointAndRewind(t *testing.T) {
+	_, sb, _ := newRunning(t, "x")
+	ctx := context.Background()
+	cp, err := sb.Checkpoint(ctx, "before")
+	if err != nil || cp.ID != "cp1" || cp.Message != "before" || cp.PauseMillis != 12 || !cp.Current {
+		t.Fatalf("checkpoint %+v %v", cp, err)
+	}
+	res, err := sb.Rewind(ctx, "cp1")
+	if err != nil || res.To != "cp1" || res.Saved == nil || res.Saved.ID != "cp2" {
+		t.Fatalf("rewind %+v %v", res, err)
+	}
+	if _, err := sb.Rewind(ctx, "nope"); err == nil || !strings.Contains(err.Error(), "no such checkpoint nope") {
+		t.Fatalf("rewind to nothing: %v", err)
+	}
+}
+
+func TestStoppedSandbox(t *testing.T) {
+	_, sb := newStopped(t, "s")
+	ctx := context.Background()
+	if _, err := sb.Exec(ctx, Cmd{Args: []string{"true"}}); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("exec in a stopped sandbox: %v", err)
+	}
+	if _, err := sb.Checkpoint(ctx, ""); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("checkpoint of a stopped sandbox: %v", err)
+	}
+	if err := sb.Stop(ctx); err != nil {
+		t.Fatalf("stop of a stopped sandbox: %v", err)
+	}
+	// Network rules of a stopped sandbox are edited in its state.
+	rules, err := sb.Allow(ctx, "example.com:22", "*.npmjs.org")
+	if err != nil || strings.Join(rules, " ") != "pypi.org example.com:22 *.npmjs.org" {
+		t.Fatalf("allow: %v %v", rules, err)
+	}
+	if _, err := sb.Allow(ctx, "*.com"); err == nil {
+		t.Fatal("a broad rule was accepted without AllowBroad")
+	}
+	rules, err = sb.Remove(ctx, "pypi.org")
+	if err != nil || strings.Join(rules, " ") != "example.com:22 *.npmjs.org" {
+		t.Fatalf("remove: %v %v", rules, err)
+	}
+	if _, err := sb.Remove(ctx, "pypi.org"); err == nil {
+		t.Fatal("removing a rule that is not there succeeded")
+	}
+	rules, err = sb.Deny(ctx, "evil.npmjs.org")
+	if err != nil || strings.Join(rules, " ") != "example.com:22 *.npmjs.org deny:evil.npmjs.org" {
+		t.Fatalf("deny: %v %v", rules, err)
+	}
+	if got, _ := sb.Rules(ctx); len(got) != 3 {
+		t.Fatalf("rules after: %v", got)
+	}
+	if err := sb.AddPort(ctx, Port{HostPort: 3000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.AddPort(ctx, Port{HostPort: 3000}); err == nil {
+		t.Fatal("a host port forwarded twice")
+	}
+	if ports, _ := sb.Ports(ctx); len(ports) != 1 || ports[0].GuestPort != 3000 {
+		t.Fatalf("ports: %v", ports)
+	}
+	if err := sb.RemovePort(ctx, 3000); err != nil {
+		t.Fatal(err)
+	}
+	if ports, _ := sb.Ports(ctx); len(ports) != 0 {
+		t.Fatalf("ports after rm: %v", ports)
+	}
+	// A blocked lookup shows with the rule that allows it, until allowed.
+	writeFile(t, sb.sb.Path(sandbox.AuditLog), `{"time":"2026-01-01T00:00:00Z","kind":"dns","name":"evil.example","decision":"deny"}`+"\n")
+	bl, err := sb.Blocked(ctx)
+	if err != nil || len(bl) != 1 || bl[0].Rule != "evil.example" {
+		t.Fatalf("blocked: %+v %v", bl, err)
+	}
+	sb.Allow(ctx, "evil.example")
+	if bl, _ := sb.Blocked(ctx); len(bl) != 0 {
+		t.Fatalf("still blocked after allow: %+v", bl)
+	}
+	if log, _ := sb.NetLog(ctx); len(log) != 1 || log[0].Decision != "deny" {
+		t.Fatalf("net log: %+v", log)
+	}
+}
+
+func TestRunningSandboxNetwork(t *testing.T) {
+	_, sb, _ := newRunning(t, "x")
+	rules, err := sb.Allow(context.Background(), "example.com")
+	if err != nil || strings.Join(rules, " ") != "pypi.org example.com" {
+		t.Fatalf("allow through the API: %v %v", rules, err)
+	}
+	if sb.Info().State != Running {
+		t.Fatalf("state %s", sb.Info().State)
+	}
+}
+
+func TestCreateConfig(t *testing.T) {
+	home, _ := os.MkdirTemp("", "k8sdk-")
+	defer os.RemoveAll(home)
+	ws := filepath.Join(home, "my project")
+	os.Mkdir(ws, 0o755)
+	c, _ := New(WithHome(home))
+	cfg, err := c.config(CreateOptions{Workspace: ws, CPUs: 3, Memory: "2G", Allow: []string{"github.com:22"}, Ports: []string{"8080:80"}, Env: []string{"A=b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.CPUs != 3 || cfg.MemoryMiB != 2048 || cfg.Workspace == nil || cfg.Network.Rules[0] != "github.com:22" ||
+		cfg.Network.Ports[0].GuestPort != 80 || cfg.Env[0] != "A=b" || !strings.HasPrefix(cfg.Name, "my-project-") {
+		t.Fatalf("config %+v", cfg)
+	}
+	for name, o := range map[string]CreateOptions{
+		"broad rule":     {Allow: []string{"*"}},
+		"bad memory":     {Memory: "lots"},
+		"bad name":       {Name: "../x"},
+		"bad accel":      {Accel: "fast"},
+		"missing folder": {Workspace: filepath.Join(home, "nope")},
+		"unknown secret": {Secrets: []string{"NOPE"}},
+		"bad env":        {Env: []string{"NOEQUALS"}},
+	} {
+		if _, err := c.config(o); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestBinary(t *testing.T) {
+	c, _ := New(WithBinary("/nonexistent/kosa8"))
+	if _, err := c.Binary(); err == nil {
+		t.Fatal("a missing binary was accepted")
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "kosa8"), []byte("#!/bin/sh\n"), 0o755)
+	t.Setenv("PATH", dir)
+	c, _ = New()
+	if p, err := c.Binary(); err != nil || p != filepath.Join(dir, "kosa8") {
+		t.Fatalf("from PATH: %q %v", p, err)
+	}
+	t.Setenv("PATH", t.TempDir())
+	if _, err := c.Binary(); err == nil || !strings.Contains(err.Error(), "WithBinary") {
+		t.Fatalf("none: %v", err)
+	}
+}
+
+func TestForFolder(t *testing.T) {
+	c, sb := newStopped(t, "a")
+	ws := t.TempDir()
+	real, _ := filepath.EvalSymlinks(ws)
+	sb.sb.Config.Workspace = &sandbox.WorkspaceConfig{Path: real}
+	b, _ := json.Marshal(sb.sb.Config)
+	writeFile(t, sb.sb.Path("sandbox.json"), string(b))
+	got, err := c.ForFolder(context.Background(), ws)
+	if err != nil || len(got) != 1 || got[0].Name != "a" {
+		t.Fatalf("for folder: %+v %v", got, err)
+	}
+	if got, _ := c.ForFolder(context.Background(), t.TempDir()); len(got) != 0 {
+		t.Fatalf("other folder: %+v", got)
+	}
+}
+
+func TestCapBuffer(t *testing.T) {
+	b := &capBuffer{max: 4}
+	io.WriteString(b, "abc")
+	io.WriteString(b, "def")
+	if string(b.Bytes()) != "abcd" || !b.over {
+		t.Fatalf("head: %q", b.Bytes())
+	}
+	tail := &capBuffer{max: 4, tail: true}
+	io.WriteString(tail, "abc")
+	io.WriteString(tail, "def")
+	if string(tail.Bytes()) != "cdef" || !tail.over {
+		t.Fatalf("tail: %q", tail.Bytes())
+	}
+}
