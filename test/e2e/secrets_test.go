@@ -262,7 +262,8 @@ func TestSecrets(t *testing.T) {
 	t.Run("injected upstream, placeholder inside", func(t *testing.T) {
 		r := sh(fmt.Sprintf(`curl -sS -m 30 -H "x-api-key: $API_KEY" https://api.test:%d/v1/messages`, p))
 		if r.code != 0 || r.stdout != "key="+ph+" host=api.test" {
-			t.Fatalf("guest saw: %s", r)
+			sup, _ := os.ReadFile(filepath.Join(ls(t)[name].Dir, "supervisor.log"))
+			t.Fatalf("guest saw: %s\nnet log:\n%s\nsupervisor log:\n%s", r, tail(must(t, "net", "log", name).stdout, 3000), tail(string(sup), 3000))
 		}
 		if !strings.Contains(api.received(), apiKeyValue) {
 			t.Fatalf("the API never received the real key: %q", api.received())
