@@ -279,7 +279,7 @@ func TestSecrets(t *testing.T) {
 		// --raw shows the chunked framing, trailers included.
 		h2 := `const h=require("http2");const c=h.connect("https://api.test:%d");const r=c.request({":path":"/echo-trailer","x-api-key":process.env.API_KEY});` +
 			`r.on("trailers",t=>console.log("h2 trailer:",t["grpc-message"]));r.on("data",()=>{});r.on("end",()=>c.close());r.end()`
-		r := sh(fmt.Sprintf(`curl -sS -m 30 --raw -H "x-api-key: $API_KEY" https://api.test:%d/echo-trailer; echo; node -e '`+h2+`'`, p, p))
+		r := sh(fmt.Sprintf(`curl -sS -m 30 --http1.1 --raw -H "x-api-key: $API_KEY" https://api.test:%d/echo-trailer; echo; node -e '`+h2+`'`, p, p))
 		if strings.Contains(r.stdout, apiKeyValue) || strings.Count(r.stdout, "bad key "+ph) < 2 {
 			t.Fatalf("trailer echo (HTTP/1.1 and HTTP/2):\n%s", r)
 		}
