@@ -359,6 +359,7 @@ func (g *Gateway) broker(guest net.Conn, gr *bufio.Reader, up *upstream, hello *
 	if err := upTLS.HandshakeContext(ctx); err != nil {
 		return fmt.Errorf("upstream TLS with %s: %v", up.name, err)
 	}
+	upAt := time.Now()
 	proto := upTLS.ConnectionState().NegotiatedProtocol
 	leaf, err := g.cfg.CA.Leaf(up.name)
 	if err != nil {
@@ -378,7 +379,10 @@ func (g *Gateway) broker(guest net.Conn, gr *bufio.Reader, up *upstream, hello *
 		up:     up,
 		scheme: "https",
 		first:  upTLS,
-		h2:     proto == "h2",
+		// Used only if the guest's handshake was quick: the upstream may
+		// have given up on an idle connection meanwhile.
+		firstUntil: upAt.Add(5 * time.Second),
+		h2:         proto == "h2",
 		redial: func(ctx context.Context) (net.Conn, error) {
 			c, err := g.dialUpstream(ctx, target)
 			if err != nil {
