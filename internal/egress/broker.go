@@ -332,6 +332,9 @@ func decodeBody(body io.ReadCloser, values []string) (io.ReadCloser, error) {
 	}{r, body}, nil
 }
 
+// guestHandshakeTimeout bounds the guest's TLS handshake with the broker.
+const guestHandshakeTimeout = time.Minute
+
 // broker terminates the guest's TLS with a certificate from the sandbox's
 // CA, connects to the real host (verified against the host's roots,
 // offering the ALPN protocols the guest offered, so both sides speak
@@ -348,10 +351,15 @@ func (g *Gateway) broker(guest net.Conn, gr *bufio.Reader, up *upstream, hello *
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
+	// The guest's side of the handshake gets longer: a guest under TCG on
+	// a loaded host took over 15 s for it here.
+	gctx, gcancel := context.WithTimeout(context.Background(), guestHandshakeTimeout)
+	defer gcancel()
 	upTLS := tls.Client(up.conn, g.tlsConfigFor(up.name, alpn))
 	if err := upTLS.HandshakeContext(ctx); err != nil {
 		return fmt.Errorf("upstream TLS with %s: %v", up.name, err)
 	}
+	upAt := time.Now()
 	proto := upTLS.ConnectionState().NegotiatedProtocol
 	leaf, err := g.cfg.CA.Leaf(up.name)
 	if err != nil {
@@ -362,7 +370,7 @@ func (g *Gateway) broker(guest net.Conn, gr *bufio.Reader, up *upstream, hello *
 		cfg.NextProtos = []string{proto}
 	}
 	guestTLS := tls.Server(&bufferedConn{Conn: guest, r: gr}, cfg)
-	if err := guestTLS.HandshakeContext(ctx); err != nil {
+	if err := guestTLS.HandshakeContext(gctx); err != nil {
 		upTLS.Close()
 		return fmt.Errorf("guest TLS for %s: %v", up.name, err)
 	}
@@ -371,7 +379,10 @@ func (g *Gateway) broker(guest net.Conn, gr *bufio.Reader, up *upstream, hello *
 		up:     up,
 		scheme: "https",
 		first:  upTLS,
-		h2:     proto == "h2",
+		// Used only if the guest's handshake was quick: the upstream may
+		// have given up on an idle connection meanwhile.
+		firstUntil: upAt.Add(5 * time.Second),
+		h2:         proto == "h2",
 		redial: func(ctx context.Context) (net.Conn, error) {
 			c, err := g.dialUpstream(ctx, target)
 			if err != nil {

@@ -97,8 +97,13 @@ type proxySpec struct {
 	up     *upstream
 	scheme string   // http or https
 	first  net.Conn // the connection already dialled (TLS for https)
-	redial func(ctx context.Context) (net.Conn, error)
-	h2     bool
+	// firstUntil: after this, first is dropped unused and a new
+	// connection dialled (zero: no limit). A server waits only so long
+	// for a request on a new connection (Go's HTTP/2 server 10 s), and a
+	// slow guest can take longer than that over its own handshake.
+	firstUntil time.Time
+	redial     func(ctx context.Context) (net.Conn, error)
+	h2         bool
 	// onRequest may refuse a request (a *refusal) or change it.
 	onRequest func(r *http.Request) error
 	// onResponse may change a response.
@@ -124,7 +129,10 @@ func (g *Gateway) proxy(conn net.Conn, spec proxySpec) error {
 		first = nil
 		fmu.Unlock()
 		if c != nil {
-			return c, nil
+			if spec.firstUntil.IsZero() || time.Now().Before(spec.firstUntil) {
+				return c, nil
+			}
+			c.Close()
 		}
 		// A second connection goes to the same checked address.
 		return spec.redial(ctx)

@@ -262,7 +262,8 @@ func TestSecrets(t *testing.T) {
 	t.Run("injected upstream, placeholder inside", func(t *testing.T) {
 		r := sh(fmt.Sprintf(`curl -sS -m 30 -H "x-api-key: $API_KEY" https://api.test:%d/v1/messages`, p))
 		if r.code != 0 || r.stdout != "key="+ph+" host=api.test" {
-			t.Fatalf("guest saw: %s", r)
+			sup, _ := os.ReadFile(filepath.Join(ls(t)[name].Dir, "supervisor.log"))
+			t.Fatalf("guest saw: %s\nnet log:\n%s\nsupervisor log:\n%s", r, tail(must(t, "net", "log", name).stdout, 3000), tail(string(sup), 3000))
 		}
 		if !strings.Contains(api.received(), apiKeyValue) {
 			t.Fatalf("the API never received the real key: %q", api.received())
@@ -278,7 +279,7 @@ func TestSecrets(t *testing.T) {
 		// --raw shows the chunked framing, trailers included.
 		h2 := `const h=require("http2");const c=h.connect("https://api.test:%d");const r=c.request({":path":"/echo-trailer","x-api-key":process.env.API_KEY});` +
 			`r.on("trailers",t=>console.log("h2 trailer:",t["grpc-message"]));r.on("data",()=>{});r.on("end",()=>c.close());r.end()`
-		r := sh(fmt.Sprintf(`curl -sS -m 30 --raw -H "x-api-key: $API_KEY" https://api.test:%d/echo-trailer; echo; node -e '`+h2+`'`, p, p))
+		r := sh(fmt.Sprintf(`curl -sS -m 30 --http1.1 --raw -H "x-api-key: $API_KEY" https://api.test:%d/echo-trailer; echo; node -e '`+h2+`'`, p, p))
 		if strings.Contains(r.stdout, apiKeyValue) || strings.Count(r.stdout, "bad key "+ph) < 2 {
 			t.Fatalf("trailer echo (HTTP/1.1 and HTTP/2):\n%s", r)
 		}
