@@ -33,7 +33,7 @@ func main() {
 		Version:       version,
 	}
 	root.AddCommand(
-		setupCmd(), doctorCmd(), imageCmd(),
+		setupCmd(), doctorCmd(), imageCmd(), agentsCmd(),
 		runCmd(), createCmd(), startCmd(), execCmd(), shellCmd(),
 		lsCmd(), inspectCmd(), logsCmd(), stopCmd(), rmCmd(),
 		netCmd(), portCmd(), secretCmd(),

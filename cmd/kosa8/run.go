@@ -20,16 +20,20 @@ func runCmd() *cobra.Command {
 	var tty, noTTY, detach bool
 	var workdir, userName string
 	cmd := &cobra.Command{
-		Use:   "run [flags] [-- COMMAND [ARG...]]",
+		Use:   "run [flags] [AGENT] [-- COMMAND [ARG...]]",
 		Short: "Create a sandbox, start it and run a command (or a login shell) in it",
 		Long: `Create a sandbox, start it and run COMMAND in it, or an interactive login shell
 when no command is given. The command's exit status is kosa8's. The sandbox is
 stopped when the command ends, and removed as well with --rm.`,
-		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run",
+		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run\n  kosa8 run claude\n  kosa8 run codex -- exec \"fix the failing test\"",
 		Args:    cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := manager()
 			if err != nil {
+				return err
+			}
+			// 'kosa8 run claude [-- ARGS]': the preset and its command.
+			if args, err = f.ag.fromArgs(args, cmd.ArgsLenAtDash()); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -84,7 +88,13 @@ stopped when the command ends, and removed as well with --rm.`,
 			if noTTY {
 				o.tty = false
 			}
+			if err := f.ag.prepareHome(ctx, m, sb, o.user); err != nil {
+				fmt.Fprintf(os.Stderr, "kosa8: %v\n", err)
+			}
 			code, err := execIn(ctx, sb, o)
+			if err := f.ag.saveHome(ctx, m, sb, o.user); err != nil {
+				fmt.Fprintf(os.Stderr, "kosa8: %v\n", err)
+			}
 			cleanup()
 			if err != nil {
 				return err
