@@ -272,9 +272,10 @@ func (a *agentFlags) saveHome(ctx context.Context, m *sandbox.Manager, sb *sandb
 	args := []string{"/bin/sh", "-c", `cd ~ && for k in "$@"; do [ -e "$k" ] && printf '%s\0' "$k"; done | tar -c --null -T - -f -`, "sh"}
 	args = append(args, p.Home.Keep...)
 	var raw bytes.Buffer
-	code, err := execCapture(ctx, sb, args, user, &limitWriter{w: &raw, n: maxHomeArchive})
+	var stderr bytes.Buffer
+	code, err := execCapture(ctx, sb, args, user, &limitWriter{w: &raw, n: maxHomeArchive}, &limitWriter{w: &stderr, n: 64 << 10})
 	if err != nil || code != 0 {
-		return fmt.Errorf("save %s's settings: status %d: %v", p.Name, code, err)
+		return fmt.Errorf("save %s's settings: status %d: %v %s", p.Name, code, err, sanitize(lastLines(stderr.String(), 3), true))
 	}
 	var out bytes.Buffer
 	held, err := filterHome(p, &raw, &out)

@@ -139,7 +139,7 @@ func buildSteps(d image.DerivedRecipe) []buildStep {
 		"rm -rf /var/lib/apt/lists/* /root/.npm /root/.cache /tmp/* /var/tmp/*",
 		"userdel -r " + buildUser + " 2>/dev/null || true",
 		"groupdel " + buildUser + " 2>/dev/null || true",
-		"rm -f " + sandbox.GuestCAPath + " " + sandbox.GuestHostCAPath,
+		"rm -f /etc/sudoers.d/kosa8 " + sandbox.GuestCAPath + " " + sandbox.GuestHostCAPath,
 		"update-ca-certificates --fresh >/dev/null",
 	}, " && ")})
 	return steps
@@ -187,7 +187,7 @@ func buildDerived(ctx context.Context, m *sandbox.Manager, base *image.Image, d 
 		p.Step(fmt.Sprintf("[%d/%d] %s", i+1, len(steps), what))
 		fmt.Fprintf(logw, "kosa8: step %d/%d: %s\n", i+1, len(steps), st.line)
 		tail := &tailWriter{w: logw}
-		code, err := execCapture(ctx, sb, []string{"/bin/bash", "-e", "-o", "pipefail", "-c", st.line}, "root", tail)
+		code, err := execCapture(ctx, sb, []string{"/bin/bash", "-e", "-o", "pipefail", "-c", st.line}, "root", tail, tail)
 		if err != nil {
 			return nil, fmt.Errorf("image build step %d (%s): %w", i+1, st.line, err)
 		}
@@ -233,14 +233,15 @@ func refusedHosts(sb *sandbox.Sandbox) []string {
 	return out
 }
 
-// execCapture runs argv in a running sandbox with its output to w.
-func execCapture(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, w io.Writer) (int, error) {
+// execCapture runs argv in a running sandbox with its output to stdout
+// and stderr.
+func execCapture(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, stdout, stderr io.Writer) (int, error) {
 	conn, err := sandbox.NewClient(sb).Exec(ctx, &guest.ExecRequest{Argv: argv, User: user, Dir: "/root"})
 	if err != nil {
 		return errorCode, err
 	}
 	defer conn.Close()
-	st, err := guest.Pump(conn, guest.StdIO{Stdout: w, Stderr: w})
+	st, err := guest.Pump(conn, guest.StdIO{Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return errorCode, err
 	}
