@@ -141,6 +141,8 @@ func buildSteps(d image.DerivedRecipe) []buildStep {
 		"groupdel " + buildUser + " 2>/dev/null || true",
 		"rm -f /etc/sudoers.d/kosa8 " + sandbox.GuestCAPath + " " + sandbox.GuestHostCAPath,
 		"update-ca-certificates --fresh >/dev/null",
+		// On the disk before the poweroff, which kills QEMU if it is slow.
+		"sync",
 	}, " && ")})
 	return steps
 }
