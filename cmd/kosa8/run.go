@@ -24,7 +24,11 @@ func runCmd() *cobra.Command {
 		Short: "Create a sandbox, start it and run a command (or a login shell) in it",
 		Long: `Create a sandbox, start it and run COMMAND in it, or an interactive login shell
 when no command is given. The command's exit status is kosa8's. The sandbox is
-stopped when the command ends, and removed as well with --rm.`,
+stopped when the command ends, and removed as well with --rm.
+
+'kosa8 run AGENT [-- ARGS]' runs an agent preset ('kosa8 agents'): its image (built
+on first use), its hosts, its key (injected outside) and its kept settings, and
+its command with ARGS appended; --agent AGENT applies the preset to any command.`,
 		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run\n  kosa8 run claude\n  kosa8 run codex -- exec \"fix the failing test\"",
 		Args:    cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
