@@ -247,3 +247,34 @@ func TestImageSetupConfined(t *testing.T) {
 		}
 	}
 }
+
+// TestImageDerived: a project's [image] builds once into a read-only image
+// that later runs start from; changing the recipe builds a new one.
+func TestImageDerived(t *testing.T) {
+	p := &agentProject{t: t, dir: t.TempDir()}
+	mark := fmt.Sprintf("e2e-%d", time.Now().UnixNano())
+	toml := fmt.Sprintf("[image]\nsetup = [\"echo %s > /etc/kosa8-e2e-mark\", \"test -s /etc/kosa8/network.md\"]\n", mark)
+	if err := os.WriteFile(filepath.Join(p.dir, "kosa8.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := p.run("", "trust"); r.code != 0 {
+		t.Fatalf("trust: %s", r)
+	}
+	start := time.Now()
+	r := p.run("", "run", "--rm", "--", "sh", "-c", "cat /etc/kosa8-e2e-mark; ls /etc/sudoers.d/ /usr/local/share/ca-certificates/; id kosa8build 2>&1 || echo no-build-user")
+	t.Logf("first run (derived image build included): %s", time.Since(start).Round(time.Second))
+	if r.code != 0 || !strings.Contains(r.stdout, mark) || !strings.Contains(r.stdout, "no-build-user") {
+		t.Fatalf("the derived image lacks the setup's file or kept the build user:\n%s", r)
+	}
+	if !strings.Contains(r.stderr, "building image d-") {
+		t.Fatalf("no build progress shown:\n%s", r.stderr)
+	}
+	r = p.run("", "image", "ls")
+	if r.code != 0 || !strings.Contains(r.stdout, "derived: project") {
+		t.Fatalf("image ls does not list the derived image:\n%s", r)
+	}
+	r = p.run("", "run", "--rm", "--", "cat", "/etc/kosa8-e2e-mark")
+	if r.code != 0 || !strings.Contains(r.stdout, mark) || strings.Contains(r.stderr, "building image") {
+		t.Fatalf("the second run should start from the cached image:\n%s", r)
+	}
+}
