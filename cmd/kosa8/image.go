@@ -10,9 +10,11 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/agent"
@@ -83,6 +85,9 @@ func ensureDerived(ctx context.Context, m *sandbox.Manager, base *image.Image, d
 	if img, err := store.LookupDerived(base, d); err == nil {
 		return img, nil
 	}
+	// ^C stops the build and removes its sandbox (deferred in buildDerived).
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer stopSignals()
 	p := newProgress(os.Stderr)
 	defer p.Done()
 	lock, err := store.LockDerived(ctx, base, d, func() { p.Step("waiting for another build of this image to finish") })
@@ -261,6 +266,10 @@ func execCapture(ctx context.Context, sb *sandbox.Sandbox, argv []string, user s
 		return errorCode, err
 	}
 	defer conn.Close()
+	// ^C (ctx) ends the wait: closing the stream unblocks Pump, and the
+	// caller's clean-up removes the build sandbox with the process.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
 	st, err := guest.Pump(conn, guest.StdIO{Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return errorCode, err
