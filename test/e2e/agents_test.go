@@ -251,7 +251,9 @@ func TestImageSetupConfined(t *testing.T) {
 // TestImageDerived: a project's [image] builds once into a read-only image
 // that later runs start from; changing the recipe builds a new one.
 func TestImageDerived(t *testing.T) {
-	p := &agentProject{t: t, dir: t.TempDir()}
+	// A cache of its own (the base image hard-linked in), so the image this
+	// test builds goes away with it.
+	p := &agentProject{t: t, dir: t.TempDir(), env: []string{"KOSA8_CACHE=" + privateCache(t)}}
 	mark := fmt.Sprintf("e2e-%d", time.Now().UnixNano())
 	toml := fmt.Sprintf("[image]\nsetup = [\"echo %s > /etc/kosa8-e2e-mark\", \"test -s /etc/kosa8/network.md\"]\n", mark)
 	if err := os.WriteFile(filepath.Join(p.dir, "kosa8.toml"), []byte(toml), 0o644); err != nil {
@@ -277,4 +279,32 @@ func TestImageDerived(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, mark) || strings.Contains(r.stderr, "building image") {
 		t.Fatalf("the second run should start from the cached image:\n%s", r)
 	}
+}
+
+// privateCache returns an image cache holding hard links to the shared
+// cache's base images.
+func privateCache(t *testing.T) string {
+	shared := os.Getenv("KOSA8_CACHE")
+	if shared == "" {
+		c, err := os.UserCacheDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared = filepath.Join(c, "kosa8")
+	}
+	dir := t.TempDir()
+	archs, _ := filepath.Glob(filepath.Join(shared, "images", "*"))
+	for _, a := range archs {
+		dst := filepath.Join(dir, "images", filepath.Base(a))
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		imgs, _ := filepath.Glob(filepath.Join(a, "[0-9a-f]*"))
+		for _, img := range imgs {
+			if out, err := exec.Command("cp", "-al", img, dst+"/").CombinedOutput(); err != nil {
+				t.Fatalf("link %s into a private cache: %v %s", img, err, out)
+			}
+		}
+	}
+	return dir
 }
