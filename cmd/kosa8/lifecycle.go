@@ -23,7 +23,6 @@ import (
 
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/guest"
-	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/secrets"
@@ -54,6 +53,7 @@ type createFlags struct {
 	review     bool
 	exclude    []string
 	force      bool
+	ag         agentFlags // --agent, --no-host-ca, [agent] and [image] (agents.go)
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -80,6 +80,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fs.BoolVar(&f.force, "force", false, "allow your home directory or / as the workspace")
 	fs.DurationVar(&f.cpEvery, "checkpoint-every", 0, "take a checkpoint at this interval while running (e.g. 10m)")
 	fs.IntVar(&f.maxCP, "max-checkpoints", 0, fmt.Sprintf("keep at most this many checkpoints (default %d)", sandbox.DefaultMaxCheckpoints))
+	f.ag.register(fs)
 }
 
 // check validates the flags' own values before anything is created or
@@ -227,6 +228,9 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 		f.exclude = append(append([]string(nil), proj.Workspace.Exclude...), f.exclude...)
 		f.review = f.review || proj.Workspace.Review
 	}
+	if err := f.ag.apply(m, proj, f, &c); err != nil {
+		return c, err
+	}
 	if !f.noWS {
 		dir := f.workspace
 		if dir == "" {
@@ -326,7 +330,7 @@ func createSandbox(ctx context.Context, m *sandbox.Manager, f *createFlags) (*sa
 	if err := checkFolderFree(m, cfg.Name, cfg.Workspace); err != nil {
 		return nil, err
 	}
-	img, err := image.Store{Dir: m.Paths.Cache}.Lookup(image.DefaultRecipe(vmspec.Arch(cfg.Arch)))
+	img, err := f.ag.image(ctx, m, cfg)
 	if err != nil {
 		return nil, err
 	}

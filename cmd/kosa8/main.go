@@ -103,7 +103,7 @@ func newRoot() *cobra.Command {
 		Version:       version,
 	}
 	root.AddCommand(
-		setupCmd(), doctorCmd(), imageCmd(),
+		setupCmd(), doctorCmd(), imageCmd(), agentsCmd(),
 		runCmd(), createCmd(), startCmd(), execCmd(), shellCmd(),
 		lsCmd(), inspectCmd(), logsCmd(), stopCmd(), rmCmd(),
 		netCmd(), portCmd(), secretCmd(), mcpCmd(),

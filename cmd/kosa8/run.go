@@ -22,7 +22,7 @@ func runCmd() *cobra.Command {
 	var interactive, tty, noTTY, detach bool
 	var workdir, userName string
 	cmd := &cobra.Command{
-		Use:   "run [flags] [-- COMMAND [ARG...]]",
+		Use:   "run [flags] [AGENT] [-- COMMAND [ARG...]]",
 		Short: "Create a sandbox, start it and run a command (or a login shell) in it",
 		Long: `Create a sandbox on the current folder (or --workspace), start it and run
 COMMAND in it, or an interactive login shell when no command is given. The
@@ -30,8 +30,12 @@ command starts in the workspace folder and its exit status is kosa8's; kosa8's
 own failures exit 125, a command that cannot be run 126, one not found 127, and
 ^C while booting 130. Standard input is passed only with -i (or when it is a
 terminal). The sandbox is stopped when the command ends, and removed as well
-with --rm (kept if it holds changes waiting for review).`,
-		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run -i --rm -- sh < script.sh\n  kosa8 run",
+with --rm (kept if it holds changes waiting for review).
+
+'kosa8 run AGENT [-- ARGS]' runs an agent preset ('kosa8 agents'): its image (built
+on first use), its hosts, its key (injected outside) and its kept settings, and
+its command with ARGS appended; --agent AGENT applies the preset to any command.`,
+		Example: "  kosa8 run -- uname -a\n  kosa8 run --rm --memory 2G -- npm test\n  kosa8 run -i --rm -- sh < script.sh\n  kosa8 run\n  kosa8 run claude\n  kosa8 run codex -- exec \"fix the failing test\"",
 		Args:    cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := f.check(cmd.Flags()); err != nil {
@@ -39,6 +43,10 @@ with --rm (kept if it holds changes waiting for review).`,
 			}
 			m, err := manager()
 			if err != nil {
+				return err
+			}
+			// 'kosa8 run claude [-- ARGS]': the preset and its command.
+			if args, err = f.ag.fromArgs(args, cmd.ArgsLenAtDash()); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -89,7 +97,13 @@ with --rm (kept if it holds changes waiting for review).`,
 			if len(args) == 0 && !o.stdin {
 				fmt.Fprintln(os.Stderr, "kosa8: no terminal and no -i: the login shell gets no input (use -i to pass stdin)")
 			}
+			if err := f.ag.prepareHome(ctx, m, sb, o.user); err != nil {
+				fmt.Fprintf(os.Stderr, "kosa8: %v\n", err)
+			}
 			code, err := execIn(ctx, sb, o)
+			if err := f.ag.saveHome(ctx, m, sb, o.user); err != nil {
+				fmt.Fprintf(os.Stderr, "kosa8: %v\n", err)
+			}
 			finishRun(sb, m)
 			if err != nil {
 				return err

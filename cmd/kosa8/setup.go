@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kosa8/kosa8/internal/agent"
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/sandbox"
@@ -154,6 +155,7 @@ rebuilt only when its inputs change.`,
 func imageCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Manage guest images"}
 	var asJSON, rebuild bool
+	var agentName string
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List built images",
@@ -180,7 +182,11 @@ func imageCmd() *cobra.Command {
 				return printJSON(out)
 			}
 			for _, img := range imgs {
-				fmt.Printf("%s\t%s\tkernel %s\t%d MiB\tbuilt %s\n", filepath.Base(img.Dir), img.Manifest.Recipe.Arch, img.Manifest.KernelVersion, img.Manifest.RootFSBytes>>20, ago(img.Manifest.Built))
+				what := "base (Debian " + img.Manifest.Recipe.Suite + ")"
+				if d := img.Manifest.Derived; d != nil {
+					what = "derived: " + d.Label + " on " + d.Base
+				}
+				fmt.Printf("%s\t%s\t%s\tkernel %s\t%d MiB\tbuilt %s\n", filepath.Base(img.Dir), img.Manifest.Recipe.Arch, what, img.Manifest.KernelVersion, img.Manifest.RootFSBytes>>20, ago(img.Manifest.Built))
 			}
 			return nil
 		},
@@ -199,14 +205,25 @@ func imageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if agentName != "" {
+				p, err := agent.Get(agentName)
+				if err != nil {
+					return err
+				}
+				if img, err = ensureDerived(cmd.Context(), m, img, derivedRecipe(img, p, nil, nil, p.Name)); err != nil {
+					return err
+				}
+			}
 			fmt.Println(img.Dir)
 			return nil
 		},
 	}
 	build.Flags().BoolVar(&rebuild, "rebuild", false, "build again even if it exists")
+	build.Flags().StringVar(&agentName, "agent", "", "also build the derived image of this agent preset ('kosa8 agents')")
+	var pruneAll bool
 	prune := &cobra.Command{
 		Use:   "prune",
-		Short: "Remove image builds no sandbox uses, keeping the newest of the current recipe",
+		Short: "Remove image builds no sandbox uses, keeping the newest of the current base and of each derived image on it (--all: not those)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := manager()
@@ -215,8 +232,25 @@ func imageCmd() *cobra.Command {
 			}
 			store := image.Store{Dir: m.Paths.Cache}
 			keep := map[string]bool{}
-			if cur, err := store.Lookup(image.DefaultRecipe(vmspec.HostArch())); err == nil {
+			cur, err := store.Lookup(image.DefaultRecipe(vmspec.HostArch()))
+			if err == nil {
 				keep[cur.Dir] = true
+			}
+			if cur != nil && !pruneAll {
+				// The newest build of each derived recipe on the current base:
+				// the next 'kosa8 run AGENT' would build it again.
+				newest := map[string]*image.Image{}
+				all, _ := store.List()
+				for _, img := range all {
+					if d := img.Manifest.Derived; d != nil && d.Base == cur.Manifest.Key {
+						if n := newest[img.Manifest.Key]; n == nil || img.Manifest.Built.After(n.Manifest.Built) {
+							newest[img.Manifest.Key] = img
+						}
+					}
+				}
+				for _, img := range newest {
+					keep[img.Dir] = true
+				}
 			}
 			sbs, err := m.List()
 			if err != nil {
@@ -238,6 +272,7 @@ func imageCmd() *cobra.Command {
 			return nil
 		},
 	}
+	prune.Flags().BoolVar(&pruneAll, "all", false, "remove derived images too unless a sandbox uses them")
 	cmd.AddCommand(ls, build, prune)
 	return cmd
 }

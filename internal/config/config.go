@@ -32,6 +32,21 @@ type Project struct {
 	Network   Network   `toml:"network"`
 	Secrets   Secrets   `toml:"secrets"`
 	Workspace Workspace `toml:"workspace"`
+	Image     Image     `toml:"image"`
+	Agent     Agent     `toml:"agent"`
+}
+
+// Image is the [image] table: what the project's derived image adds to the
+// base image. It is built once per distinct recipe, inside a sandbox that
+// reaches only the package sources.
+type Image struct {
+	Packages []string `toml:"packages"` // Debian packages
+	Setup    []string `toml:"setup"`    // shell lines run once, as root, while the image is built
+}
+
+// Agent is the [agent] table.
+type Agent struct {
+	Preset string `toml:"preset"` // an agent preset: 'kosa8 agents' lists them
 }
 
 // Workspace is the [workspace] table.
@@ -127,6 +142,15 @@ func (p *Project) Settings() []string {
 	}
 	for _, a := range p.Workspace.Hold {
 		out = append(out, "workspace.hold: "+a)
+	}
+	for _, a := range p.Image.Packages {
+		out = append(out, "image.packages: "+a)
+	}
+	for _, a := range p.Image.Setup {
+		out = append(out, "image.setup: "+a)
+	}
+	if p.Agent.Preset != "" {
+		out = append(out, "agent.preset = "+p.Agent.Preset)
 	}
 	return out
 }

@@ -89,3 +89,27 @@ func FuzzParse(f *testing.F) {
 		_, _ = Parse(in) // must not panic or hang
 	})
 }
+
+func TestParseImageAndAgent(t *testing.T) {
+	p, err := Parse([]byte(`[image]
+packages = ["golang", "build-essential"]
+setup = ["npm install -g pnpm"]
+[agent]
+preset = "claude"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Image.Packages) != 2 || p.Image.Setup[0] != "npm install -g pnpm" || p.Agent.Preset != "claude" {
+		t.Fatalf("parsed %+v", p)
+	}
+	s := strings.Join(p.Settings(), "\n")
+	for _, want := range []string{"image.packages: golang", "image.setup: npm install -g pnpm", "agent.preset = claude"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("settings lack %q:\n%s", want, s)
+		}
+	}
+	if _, err := Parse([]byte("[agent]\npreset = \"claude\"\nshell = true\n")); err == nil || !strings.Contains(err.Error(), `"agent.shell"`) {
+		t.Errorf("unknown agent key: %v", err)
+	}
+}

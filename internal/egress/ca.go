@@ -5,15 +5,21 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"math/big"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"time"
 )
@@ -134,4 +140,97 @@ func (c *CA) Leaf(host string) (*tls.Certificate, error) {
 	l := &tls.Certificate{Certificate: [][]byte{der, c.cert.Raw}, PrivateKey: key, Leaf: leaf}
 	c.leaves[host] = l
 	return l, nil
+}
+
+// Host roots: many users sit behind a TLS-inspecting proxy whose CA their
+// host trusts; a sandbox whose guest lacks it cannot reach anything that
+// passes through untouched. The guest's bundle gets the CAs the host trusts
+// beyond the distribution's defaults. Only certificates cross, never keys.
+
+// hostRootFiles are the Linux places an administrator's roots end up.
+var hostRootFiles = []string{
+	"/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu: every trusted root, added ones included
+	"/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL
+}
+
+// hostRootDirs hold roots an administrator added, one per file.
+var hostRootDirs = []string{"/usr/local/share/ca-certificates"}
+
+// maxRootsPEM bounds what is read from one file.
+const maxRootsPEM = 8 << 20
+
+// HostRootsPEM returns the certificate authorities the host trusts, as PEM.
+func HostRootsPEM() []byte {
+	var out []byte
+	read := func(p string) {
+		f, err := os.Open(p)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		b, err := io.ReadAll(io.LimitReader(f, maxRootsPEM))
+		if err == nil {
+			out = append(out, b...)
+			out = append(out, '\n')
+		}
+	}
+	if runtime.GOOS == "darwin" {
+		// The roots an administrator added live in the System keychain;
+		// Apple's own are in the system roots keychain, which the guest's
+		// distribution covers.
+		if b, err := exec.Command("security", "find-certificate", "-a", "-p", "/Library/Keychains/System.keychain").Output(); err == nil {
+			out = append(out, b...)
+		}
+		return out
+	}
+	for _, p := range hostRootFiles {
+		read(p)
+	}
+	for _, d := range hostRootDirs {
+		_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.Type().IsRegular() && strings.HasSuffix(p, ".crt") {
+				read(p)
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+// ExtraRoots returns, as PEM, the CA certificates in host that guest does
+// not hold. Anything but a certificate that parses as a CA is dropped: a
+// private key in a host file never reaches the guest.
+func ExtraRoots(host, guest []byte) []byte {
+	have := map[[32]byte]bool{}
+	for _, c := range pemCerts(guest) {
+		have[sha256.Sum256(c.Raw)] = true
+	}
+	var out []byte
+	for _, c := range pemCerts(host) {
+		sum := sha256.Sum256(c.Raw)
+		if have[sum] || !c.IsCA {
+			continue
+		}
+		have[sum] = true
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return out
+}
+
+func pemCerts(b []byte) []*x509.Certificate {
+	var out []*x509.Certificate
+	for len(b) > 0 {
+		var blk *pem.Block
+		blk, b = pem.Decode(b)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		if c, err := x509.ParseCertificate(blk.Bytes); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/agent"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -49,9 +50,22 @@ chroot "$root" sh -eu -c '
 k="$root/var/tmp/kosa8-kernel/x"
 mkdir -p "$out/kernel"
 cp "$k"/boot/vmlinuz-* "$out/kernel/vmlinuz"
-ls "$k/lib/modules" > "$out/kernel/version"
-cp -a "$k"/lib/modules/* "$out/kernel/"
+# Debian 13 ships the module tree under usr/ (merged /usr).
+mods="$k/lib/modules"
+[ -d "$mods" ] || mods="$k/usr/lib/modules"
+ls "$mods" > "$out/kernel/version"
+cp -a "$mods"/* "$out/kernel/"
+# Debian 13 ships modules compressed; the initramfs builder reads their
+# .modinfo and the agent loads them with finit_module, so unpack them here.
+find "$out/kernel" -name '*.ko.xz' -exec xz -d {} +
+find "$out/kernel" -name '*.ko.zst' -exec zstd -q -d --rm {} +
 rm -rf "$root/var/tmp/kosa8-kernel"
+# The network note: an agent refused a connection reads why, and what to
+# tell its user (the presets point their agents' memory files at it too).
+mkdir -p "$root/etc/kosa8" "$root/etc/profile.d"
+printf '%s' "$KOSA8_NETWORK_NOTE" > "$root/etc/kosa8/network.md"
+cp "$root/etc/kosa8/network.md" "$root/etc/motd"
+printf '%s\n' 'case $- in *i*) [ -r /etc/motd ] && cat /etc/motd ;; esac' > "$root/etc/profile.d/kosa8-motd.sh"
 echo "kosa8: step clean"
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb "$root"/var/log/*.log
 echo "kosa8: step rootfs"
@@ -70,6 +84,8 @@ var Tools = map[string]string{
 	"mkfs.ext4":  "e2fsprogs",
 	"dpkg-deb":   "dpkg",
 	"gpg":        "gpg", // mmdebstrap reads the archive keyring with it
+	"xz":         "xz-utils",
+	"zstd":       "zstd", // the kernel's modules come compressed with one of them
 }
 
 // MissingTools returns the packages to install for the build tools not found.
@@ -159,7 +175,7 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 	args = append(args, r.Mirrors...)
 	progress(fmt.Sprintf("bootstrapping Debian %s (%s mode; about 2 minutes)", r.Suite, mode))
 	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
-	cmd.Env = append(os.Environ(), "KOSA8_IMAGE_OUT="+out, "KOSA8_KERNEL_PACKAGE="+r.KernelPackage())
+	cmd.Env = append(os.Environ(), "KOSA8_IMAGE_OUT="+out, "KOSA8_KERNEL_PACKAGE="+r.KernelPackage(), "KOSA8_NETWORK_NOTE="+agent.NetworkNote)
 	start := time.Now()
 	if err := runLogged(cmd, logw, func(line string) {
 		if step, ok := strings.CutPrefix(line, "kosa8: step "); ok {

@@ -35,7 +35,7 @@ import (
 
 // recipeVersion changes whenever the build steps change in a way that
 // changes the image.
-const recipeVersion = 1
+const recipeVersion = 3
 
 // Recipe is everything an image is built from.
 type Recipe struct {
@@ -51,8 +51,13 @@ type Recipe struct {
 var DefaultPackages = []string{
 	"bash", "coreutils", "procps", "sudo", "less", "netbase", "iproute2", "e2fsprogs",
 	"ca-certificates", "curl", "git", "openssh-client",
-	"python3", "python3-requests", "nodejs", "npm",
+	"python3", "python3-pip", "python3-venv", "python3-requests", "nodejs", "npm",
+	// What coding agents reach for.
+	"build-essential", "jq", "ripgrep", "vim-tiny", "nano", "unzip", "file",
 }
+
+// Suite is the Debian release of the base image: today's stable.
+const Suite = "trixie"
 
 // DefaultRecipe is the image kosa8 uses unless told otherwise. The mirror
 // can be changed with KOSA8_DEBIAN_MIRROR (a base URL).
@@ -64,12 +69,12 @@ func DefaultRecipe(arch vmspec.Arch) Recipe {
 	security := strings.TrimSuffix(mirror, "/debian") + "/debian-security"
 	return Recipe{
 		Arch:     arch,
-		Suite:    "bookworm",
+		Suite:    Suite,
 		Packages: DefaultPackages,
 		Mirrors: []string{
-			"deb " + mirror + " bookworm main",
-			"deb " + mirror + " bookworm-updates main",
-			"deb " + security + " bookworm-security main",
+			"deb " + mirror + " " + Suite + " main",
+			"deb " + mirror + " " + Suite + "-updates main",
+			"deb " + security + " " + Suite + "-security main",
 		},
 	}
 }
@@ -102,6 +107,10 @@ type Manifest struct {
 	KernelVersion string    `json:"kernel_version"`
 	Built         time.Time `json:"built"`
 	RootFSBytes   int64     `json:"rootfs_bytes"`
+	// Derived is set for a derived image: its recipe, and the base build
+	// it was made from.
+	Derived *DerivedRecipe `json:"derived,omitempty"`
+	BaseDir string         `json:"base_dir,omitempty"`
 }
 
 // Image is a built image in the cache.

@@ -35,6 +35,9 @@ type Config struct {
 	// Network is the allow-list and port forwards it was created with;
 	// later changes live in network.json and ports.json.
 	Network NetworkConfig `json:"network"`
+	// NoHostCA keeps the host's own trusted roots out of the guest's
+	// bundle (--no-host-ca).
+	NoHostCA bool `json:"no_host_ca,omitempty"`
 	// Secrets names the host secrets bound to the sandbox: the guest sees
 	// placeholders, the broker injects the values.
 	Secrets []string `json:"secrets,omitempty"`

@@ -40,6 +40,12 @@ type NetworkConfig struct {
 	Rules      []string      `json:"rules,omitempty"`
 	AllowBroad bool          `json:"allow_broad,omitempty"`
 	Ports      []PortForward `json:"ports,omitempty"`
+	// Pins binds names to the addresses they resolved to on the host when
+	// the sandbox was made (an image build's package sources): exactly
+	// these names may reach exactly these addresses, even where the
+	// special-address check would refuse them (a mirror behind a proxy in
+	// a private or documentation range); no other name may.
+	Pins map[string]netip.Addr `json:"pins,omitempty"`
 }
 
 // PortForward forwards a host port to a guest port.
@@ -194,6 +200,14 @@ func startNetwork(sb *Sandbox, configDir string, log *slog.Logger) (*network, er
 	overrides, err := parseOverrides(os.Getenv(EnvNetOverrides))
 	if err != nil {
 		return nil, err
+	}
+	for name, a := range sb.Config.Network.Pins {
+		if overrides == nil {
+			overrides = map[string]netip.Addr{}
+		}
+		if _, ok := overrides[name]; !ok {
+			overrides[name] = a
+		}
 	}
 	res, err := resolverFor(os.Getenv(EnvNetResolver))
 	if err != nil {

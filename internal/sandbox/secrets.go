@@ -19,6 +19,10 @@ const placeholdersFile = "placeholders.json"
 // update-ca-certificates to add it to the system roots.
 const GuestCAPath = "/usr/local/share/ca-certificates/kosa8-sandbox.crt"
 
+// GuestHostCAPath holds the host's roots the guest's distribution lacks
+// (a TLS-inspecting proxy's CA), for update-ca-certificates to keep them.
+const GuestHostCAPath = "/usr/local/share/ca-certificates/kosa8-host.crt"
+
 // GuestCABundle is the guest's system bundle: the distribution's roots and,
 // after update-ca-certificates, the sandbox CA.
 const GuestCABundle = "/etc/ssl/certs/ca-certificates.crt"

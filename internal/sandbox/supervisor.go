@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/egress"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netstack"
@@ -507,17 +508,31 @@ func (s *supervisor) installCA(ctx context.Context) error {
 	if _, err := c.ReadFile(ctx, GuestCABundle, &bundle); err != nil {
 		return fmt.Errorf("read %s: %w", GuestCABundle, err)
 	}
-	if bytes.Contains(bundle.Bytes(), ca) {
+	// The host's own roots beyond the guest's (a TLS-inspecting proxy's
+	// CA), unless the sandbox was made with --no-host-ca.
+	var extra []byte
+	if !s.sb.Config.NoHostCA {
+		extra = egress.ExtraRoots(egress.HostRootsPEM(), bundle.Bytes())
+	}
+	if bytes.Contains(bundle.Bytes(), ca) && len(extra) == 0 {
 		return nil
 	}
 	if err := c.WriteFile(ctx, GuestCAPath, 0o644, "root", bytes.NewReader(ca)); err != nil {
 		return err
 	}
+	if len(extra) > 0 {
+		if err := c.WriteFile(ctx, GuestHostCAPath, 0o644, "root", bytes.NewReader(extra)); err != nil {
+			return err
+		}
+	}
 	b := bundle.Bytes()
 	if len(b) > 0 && b[len(b)-1] != '\n' {
 		b = append(b, '\n')
 	}
-	return c.WriteFile(ctx, GuestCABundle, 0o644, "root", bytes.NewReader(append(b, ca...)))
+	if !bytes.Contains(b, ca) {
+		b = append(b, ca...)
+	}
+	return c.WriteFile(ctx, GuestCABundle, 0o644, "root", bytes.NewReader(append(b, extra...)))
 }
 
 // guestPortName must match the agent's agent.DefaultPortName.

@@ -1,0 +1,389 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"github.com/kosa8/kosa8/internal/agent"
+	"github.com/kosa8/kosa8/internal/config"
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/secrets"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+func agentsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "agents",
+		Short: "List the agent presets: what each installs, allows, injects and keeps",
+		Long: `An agent preset says how a coding agent is installed into its image, which hosts
+its API and its updater need, which secrets it uses and how kosa8 injects each,
+which folders of its home are kept across runs (its credential files never are),
+and the command that starts it. 'kosa8 run NAME' runs it; --agent NAME applies
+a preset to any command; [agent] preset = "NAME" in kosa8.toml does so for a
+project.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			all, err := agent.All()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(all)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			for _, p := range all {
+				pkg := "npm " + p.Install.NPM
+				if p.Install.Pip != "" {
+					pkg = "pip " + p.Install.Pip
+				}
+				fmt.Fprintf(w, "%s\t%s\n", p.Name, p.Description)
+				fmt.Fprintf(w, "  install\t%s@%s\n", pkg, p.Install.Version)
+				fmt.Fprintf(w, "  allows\t%s\n", strings.Join(p.Rules(), " "))
+				for i, s := range p.Secrets {
+					label := "  secret"
+					if i > 0 {
+						label = "  or"
+					}
+					f := s.Format
+					if f == "" {
+						f = "{value}"
+					}
+					fmt.Fprintf(w, "%s\t%s → %s: %s on %s\n", label, s.Name, s.Header, f, strings.Join(s.Hosts, ", "))
+				}
+				home := func(l []string) string {
+					var out []string
+					for _, x := range l {
+						out = append(out, "~/"+x)
+					}
+					return strings.Join(out, " ")
+				}
+				fmt.Fprintf(w, "  keeps\t%s\n", home(p.Home.Keep))
+				if len(p.Home.Credentials) > 0 {
+					fmt.Fprintf(w, "  never keeps\t%s (credentials: use 'kosa8 secret add')\n", home(p.Home.Credentials))
+				}
+				fmt.Fprintf(w, "  runs\t%s\n", strings.Join(p.Command, " "))
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// agentFlags are the agent and image parts of create and run.
+type agentFlags struct {
+	name     string
+	noHostCA bool
+
+	preset  *agent.Preset
+	recipe  image.DerivedRecipe // derived image to use (Empty: the base)
+	project string              // the folder whose agent home is kept
+}
+
+func (a *agentFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&a.name, "agent", "", "an agent preset ('kosa8 agents'): its image, hosts, secrets and kept settings")
+	fs.BoolVar(&a.noHostCA, "no-host-ca", false, "do not add the certificate authorities this host trusts to the guest's bundle")
+}
+
+// fromArgs turns 'kosa8 run NAME [-- ARGS]' into the preset NAME and its
+// command with ARGS appended. 'kosa8 run -- CMD' stays a plain command.
+func (a *agentFlags) fromArgs(args []string, dash int) ([]string, error) {
+	before := len(args)
+	if dash >= 0 {
+		before = dash
+	}
+	if before == 0 {
+		if a.name != "" && len(args) == 0 {
+			p, err := agent.Get(a.name)
+			if err != nil {
+				return nil, err
+			}
+			return slices.Clone(p.Command), nil
+		}
+		return args, nil
+	}
+	if before > 1 {
+		return nil, fmt.Errorf("'kosa8 run %s': put the command after --, as in 'kosa8 run -- %s'", strings.Join(args[:before], " "), strings.Join(args, " "))
+	}
+	p, err := agent.Get(args[0])
+	if err != nil {
+		return nil, fmt.Errorf("%w (or run a command with 'kosa8 run -- %s')", err, args[0])
+	}
+	if a.name != "" && a.name != p.Name {
+		return nil, fmt.Errorf("two agents given: %s and --agent %s", p.Name, a.name)
+	}
+	a.name = p.Name
+	return append(slices.Clone(p.Command), args[1:]...), nil
+}
+
+// apply adds the preset's and the project's parts to a sandbox being made:
+// network rules, secrets (those stored; a message naming the 'kosa8 secret
+// add' line when none is), environment, and the derived image's recipe.
+func (a *agentFlags) apply(m *sandbox.Manager, proj *config.Project, f *createFlags, c *sandbox.Config) error {
+	c.NoHostCA = a.noHostCA
+	if a.name == "" && proj != nil {
+		a.name = proj.Agent.Preset
+	}
+	var pkgs, setup []string
+	if proj != nil {
+		pkgs, setup = proj.Image.Packages, proj.Image.Setup
+	}
+	if a.name != "" {
+		p, err := agent.Get(a.name)
+		if err != nil {
+			return err
+		}
+		a.preset = p
+		// The preset's rules first: the user's own come after and add to them.
+		f.allow = append(p.Rules(), f.allow...)
+		store, err := secrets.Open(m.Paths.Config)
+		if err != nil {
+			return err
+		}
+		var have []string
+		for _, s := range p.Secrets {
+			if _, err := store.Describe(s.Name); err == nil || slices.Contains(f.secrets, s.Name) {
+				have = append(have, s.Name)
+			}
+		}
+		if len(have) == 0 {
+			var lines []string
+			for _, s := range p.Secrets {
+				lines = append(lines, "    "+s.AddCommand())
+			}
+			either := "this"
+			if len(lines) > 1 {
+				either = "one of these"
+			}
+			return fmt.Errorf("%s needs a key, kept on this machine and injected by kosa8 (the sandbox sees a placeholder); store it with %s (the value is read from stdin or a prompt):\n%s",
+				p.Name, either, strings.Join(lines, "\n"))
+		}
+		for _, s := range have {
+			if !slices.Contains(f.secrets, s) {
+				f.secrets = append(f.secrets, s)
+			}
+		}
+		c.Env = append(c.Env, p.EnvList()...)
+	}
+	if a.preset != nil || len(pkgs) > 0 || len(setup) > 0 {
+		base, err := baseImage(m, vmspec.Arch(c.Arch))
+		if err != nil {
+			return err
+		}
+		label := "project"
+		if a.preset != nil {
+			label = a.preset.Name
+			if len(pkgs)+len(setup) > 0 {
+				label += " + project"
+			}
+		}
+		a.recipe = derivedRecipe(base, a.preset, pkgs, setup, label)
+		if err := a.recipe.Validate(); err != nil {
+			return fmt.Errorf("kosa8.toml: %w", err)
+		}
+	}
+	if c.Workspace != nil {
+		a.project = c.Workspace.Path
+	} else if wd, err := os.Getwd(); err == nil {
+		a.project = wd
+	}
+	return nil
+}
+
+// image returns the image a sandbox of cfg starts from: the base, or the
+// derived image for the preset and the project, built on first use.
+func (a *agentFlags) image(ctx context.Context, m *sandbox.Manager, cfg sandbox.Config) (*image.Image, error) {
+	base, err := baseImage(m, vmspec.Arch(cfg.Arch))
+	if err != nil {
+		return nil, err
+	}
+	if a.recipe.Empty() {
+		return base, nil
+	}
+	return ensureDerived(ctx, m, base, a.recipe)
+}
+
+// Agent home: the preset's settings folders are kept per project on the
+// host as one archive, restored into the guest when a run starts and saved
+// when it ends. The host only ever writes that one file (never unpacks it),
+// so no name or link the agent plants can reach a host path; credential
+// files are dropped on the way out.
+
+// maxHomeArchive bounds a kept agent home.
+const maxHomeArchive = 256 << 20
+
+func (a *agentFlags) homeArchive(m *sandbox.Manager) string {
+	h := sha256.Sum256([]byte(a.project))
+	return filepath.Join(m.Paths.Home, "agent-homes", hex.EncodeToString(h[:8])+"-"+a.preset.Name+".tar")
+}
+
+// prepareHome restores the kept home into the guest and writes the
+// network note where the agent reads its standing instructions.
+func (a *agentFlags) prepareHome(ctx context.Context, m *sandbox.Manager, sb *sandbox.Sandbox, user string) error {
+	if a.preset == nil {
+		return nil
+	}
+	p := a.preset
+	if f, err := os.Open(a.homeArchive(m)); err == nil {
+		code, err := execStdin(ctx, sb, []string{"/bin/sh", "-c", "cd ~ && exec tar -x --no-same-owner --no-overwrite-dir -f -"}, user, f)
+		f.Close()
+		if err != nil || code != 0 {
+			fmt.Fprintf(os.Stderr, "kosa8: could not restore %s's kept settings (%v, status %d): starting without them\n", p.Name, err, code)
+		}
+	}
+	if p.Home.Memory == "" {
+		return nil
+	}
+	// The note goes in once: the user may edit the file, and it is kept.
+	script := `f="$HOME/$1"; mkdir -p "$(dirname "$f")"; grep -qs 'kosa8 sandbox' "$f" || { [ -s "$f" ] && echo; cat /etc/kosa8/network.md; } >> "$f"`
+	code, err := execStdin(ctx, sb, []string{"/bin/sh", "-c", script, "sh", p.Home.Memory}, user, nil)
+	if err != nil || code != 0 {
+		return fmt.Errorf("write the network note into ~/%s: status %d: %v", p.Home.Memory, code, err)
+	}
+	return nil
+}
+
+// saveHome copies the kept folders out of the guest into the host archive,
+// without the agent's credential files.
+func (a *agentFlags) saveHome(ctx context.Context, m *sandbox.Manager, sb *sandbox.Sandbox, user string) error {
+	if a.preset == nil {
+		return nil
+	}
+	p := a.preset
+	args := []string{"/bin/sh", "-c", `cd ~ && for k in "$@"; do [ -e "$k" ] && printf '%s\0' "$k"; done | tar -c --null -T - -f -`, "sh"}
+	args = append(args, p.Home.Keep...)
+	var raw bytes.Buffer
+	var stderr bytes.Buffer
+	code, err := execCapture(ctx, sb, args, user, &limitWriter{w: &raw, n: maxHomeArchive}, &limitWriter{w: &stderr, n: 64 << 10})
+	if err != nil || code != 0 {
+		return fmt.Errorf("save %s's settings: status %d: %v %s", p.Name, code, err, sanitize(lastLines(stderr.String(), 3), true))
+	}
+	var out bytes.Buffer
+	held, err := filterHome(p, &raw, &out)
+	if err != nil {
+		return fmt.Errorf("save %s's settings: %w", p.Name, err)
+	}
+	for _, h := range held {
+		fmt.Fprintf(os.Stderr, "kosa8: %s wrote credentials to ~/%s; they are not kept. Store the key on this machine instead:\n", p.Name, h)
+		for _, s := range p.Secrets {
+			fmt.Fprintf(os.Stderr, "    %s\n", s.AddCommand())
+		}
+	}
+	dst := a.homeArchive(m)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return err
+	}
+	return writeNoFollow(dst, out.Bytes())
+}
+
+// filterHome copies a tar stream from the guest, keeping only directories,
+// regular files and links under the preset's kept paths, never a
+// credential file; it returns the credential files it dropped.
+func filterHome(p *agent.Preset, in io.Reader, out io.Writer) ([]string, error) {
+	tr := tar.NewReader(in)
+	tw := tar.NewWriter(out)
+	var held []string
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return held, err
+		}
+		name := strings.TrimPrefix(path.Clean(strings.TrimPrefix(h.Name, "./")), "/")
+		if name == "." || strings.HasPrefix(name, "../") || name == ".." || !p.Keeps(name) {
+			continue
+		}
+		if p.IsCredential(name) {
+			held = append(held, name)
+			continue
+		}
+		switch h.Typeflag {
+		case tar.TypeDir, tar.TypeReg, tar.TypeSymlink:
+		default:
+			continue
+		}
+		hdr := &tar.Header{Name: name, Typeflag: h.Typeflag, Mode: h.Mode & 0o777, Size: h.Size, ModTime: h.ModTime, Linkname: h.Linkname}
+		if h.Typeflag != tar.TypeReg {
+			hdr.Size = 0
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return held, err
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := io.Copy(tw, tr); err != nil {
+				return held, err
+			}
+		}
+	}
+	return held, tw.Close()
+}
+
+// writeNoFollow replaces dst with data atomically, never through a link.
+func writeNoFollow(dst string, data []byte) error {
+	tmp := dst + ".tmp"
+	_ = os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+type limitWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (l *limitWriter) Write(b []byte) (int, error) {
+	if int64(len(b)) > l.n {
+		return 0, fmt.Errorf("agent home larger than %d MiB: not kept", maxHomeArchive>>20)
+	}
+	l.n -= int64(len(b))
+	return l.w.Write(b)
+}
+
+// execStdin runs argv in the sandbox with stdin from r (nil: none) and its
+// output to this process's stderr.
+func execStdin(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, r io.Reader) (int, error) {
+	conn, err := sandbox.NewClient(sb).Exec(ctx, &guest.ExecRequest{Argv: argv, User: user})
+	if err != nil {
+		return exitKosa8, err
+	}
+	defer conn.Close()
+	st, err := guest.Pump(conn, guest.StdIO{Stdin: r, Stdout: os.Stderr, Stderr: os.Stderr})
+	if err != nil {
+		return exitKosa8, err
+	}
+	if st.Error != "" {
+		return exitKosa8, errors.New(st.Error)
+	}
+	return st.Code, nil
+}
