@@ -23,6 +23,7 @@ test: unit test-vm
 unit:
 	$(GO) test ./...
 	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
+	cd python && python3 -m unittest discover -s tests
 
 # VM tests: boot real sandboxes with the built image.
 test-vm: build
