@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,20 +57,7 @@ exec ` + real + ` "$@"
 
 func runEnv(t *testing.T, env []string, timeout time.Duration, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := kosa8Cmd(ctx, args...)
-	cmd.Env = append(cmd.Env, env...)
-	var out, errb strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("kosa8 %v: %v", args, err)
-	}
-	return result{out.String(), errb.String(), code}
+	return invocation{env: env, timeout: timeout}.run(t, args...)
 }
 
 // kvmAttempts counts the fake QEMU's KVM attempts in a kept sandbox's

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,22 +28,7 @@ type agentProject struct {
 
 func (p *agentProject) run(stdin string, args ...string) result {
 	p.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), agentsCmdWait)
-	defer cancel()
-	cmd := kosa8Cmd(ctx, args...)
-	cmd.Dir = p.dir
-	cmd.Env = append(cmd.Env, p.env...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		p.t.Fatalf("kosa8 %v: %v", args, err)
-	}
-	return result{out.String(), errb.String(), code}
+	return invocation{dir: p.dir, env: p.env, stdin: stdin, timeout: agentsCmdWait}.run(p.t, args...)
 }
 
 // TestImageSetupConfined: a setup line in a project's [image] runs in a

@@ -88,14 +88,29 @@ func (r result) String() string {
 	return fmt.Sprintf("exit %d\nstdout: %q\nstderr: %q", r.code, r.stdout, r.stderr)
 }
 
-// run runs kosa8 with args and stdin, within two minutes.
-func run(t *testing.T, stdin string, args ...string) result {
+// invocation says how to run kosa8, beyond its arguments.
+type invocation struct {
+	dir     string        // working folder; "" for a fresh empty one
+	env     []string      // added to the environment (later entries win)
+	stdin   string        // "" for none
+	timeout time.Duration // 0 for two minutes
+}
+
+// run runs kosa8 with args as in says.
+func (in invocation) run(t *testing.T, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	if in.timeout == 0 {
+		in.timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), in.timeout)
 	defer cancel()
 	cmd := kosa8Cmd(ctx, args...)
-	if stdin != "" {
-		cmd.Stdin = strings.NewReader(stdin)
+	if in.dir != "" {
+		cmd.Dir = in.dir
+	}
+	cmd.Env = append(cmd.Env, in.env...)
+	if in.stdin != "" {
+		cmd.Stdin = strings.NewReader(in.stdin)
 	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -107,6 +122,12 @@ func run(t *testing.T, stdin string, args ...string) result {
 		t.Fatalf("kosa8 %v: %v", args, err)
 	}
 	return result{out.String(), errb.String(), code}
+}
+
+// run runs kosa8 with args and stdin, within two minutes.
+func run(t *testing.T, stdin string, args ...string) result {
+	t.Helper()
+	return invocation{stdin: stdin}.run(t, args...)
 }
 
 // must runs kosa8 and fails the test unless it exits 0.
