@@ -101,12 +101,13 @@ type syncView struct {
 	Conflicts []wsync.Conflict `json:"conflicts"`
 	Skipped   []string         `json:"skipped"`
 	Errors    []string         `json:"errors"`
+	Quota     wsync.Quota      `json:"quota"`
 }
 
 func printSyncStatus(st *sandbox.SyncStatus, asJSON bool) error {
 	if asJSON {
 		v := syncView{Path: st.Path, Files: st.Files, LastSync: st.LastSync, Pending: viewChanges(st.Pending), Held: viewChanges(st.Held),
-			Conflicts: st.Conflicts, Skipped: st.Skipped, Errors: st.Errors}
+			Conflicts: st.Conflicts, Skipped: st.Skipped, Errors: st.Errors, Quota: st.Quota}
 		if v.Conflicts == nil {
 			v.Conflicts = []wsync.Conflict{}
 		}

@@ -1,12 +1,14 @@
 package checkpoint
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // Spares keeps spare RAM files ready for checkpoints, in Dir: files the
@@ -186,6 +188,17 @@ func (p *Spares) work() {
 			p.mu.Unlock()
 			continue
 		}
+		if errors.Is(err, errNoRoom) && p.disabled == nil {
+			// Not for good: the next checkpoint's Refill looks again,
+			// when the user may have freed space.
+			os.Remove(s.path)
+			if p.Log != nil {
+				p.Log.Info("no spare RAM file for now: checkpoints copy into new pages", "err", err)
+			}
+			p.running = false
+			p.mu.Unlock()
+			return
+		}
 		if err != nil || p.disabled != nil {
 			os.Remove(s.path)
 			if err != nil && p.disabled == nil {
@@ -208,6 +221,20 @@ func (p *Spares) work() {
 // delta when s holds the checkpoint delta starts from, else by writing it
 // all. It returns what s holds: target, or "" when target's RAM is gone
 // (deleted meanwhile).
+// spareHeadroom is the disk space a new spare must leave free.
+const spareHeadroom = 512 << 20
+
+var errNoRoom = errors.New("no room for a spare RAM file")
+
+// freeBytes is the space free to this user in dir's filesystem.
+func freeBytes(dir string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}
+
 func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delta) (string, error) {
 	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
 		return "", err
@@ -238,6 +265,12 @@ func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delt
 	if !stale {
 		if err := f.Truncate(0); err != nil {
 			return "", err
+		}
+		// A new spare takes the guest's whole RAM size on disk: never at
+		// the cost of the space a checkpoint itself needs. Without room,
+		// checkpoints copy into new pages (slower, but they fit).
+		if free, err := freeBytes(p.Dir); err == nil && free < p.Size+spareHeadroom {
+			return "", fmt.Errorf("%d MiB free in %s, a spare needs %d MiB and leaves %d MiB: %w", free>>20, p.Dir, p.Size>>20, spareHeadroom>>20, errNoRoom)
 		}
 		if base == nil {
 			s.base = "" // all zeros however far it gets
