@@ -97,7 +97,7 @@ func TestCheckpointAndRewind(t *testing.T) {
 		t.Fatalf("the counter did not run on: %d then %d", atC1, later)
 	}
 	// The process's memory changes after the checkpoint.
-	must(t, "exec", name, "--", "sh", "-c", "pkill -USR1 -f count.tmp")
+	must(t, "exec", name, "--", "sh", "-c", "pkill -USR1 -f 'count[.]tmp'")
 	markIs(t, name, "after")
 
 	must(t, "rewind", name, c1.ID)
