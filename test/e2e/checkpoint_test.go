@@ -325,7 +325,7 @@ func TestStartFromCheckpoint(t *testing.T) {
 	if r := must(t, "exec", name, "--", "sh", "-c", "cat ~/f"); r.stdout != "two\n" {
 		t.Fatalf("after a rewind to the disks kept by start --from: %q", r.stdout)
 	}
-	if r := run(t, "", "start", "--from", "nosuch", name); r.code == 0 || !strings.Contains(r.stderr, "no such checkpoint") {
+	if r := run(t, "", "start", "--from", "nosuch", name); r.code == 0 || !strings.Contains(r.stderr, "no checkpoint \"nosuch\"") {
 		t.Fatalf("start --from an unknown checkpoint:\n%s", r)
 	}
 }
