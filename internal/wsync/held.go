@@ -23,8 +23,10 @@ type HoldRules struct {
 
 // Compared folded (see foldName): on a case-insensitive host file system
 // ".ENVRC" is the ".envrc" direnv reads.
-var heldNames = []string{"kosa8.toml", ".gitmodules", ".envrc", ".mise.toml", ".tool-versions", ".exrc", ".nvim.lua", ".nvimrc"}
-var heldDirs = []string{".vscode", ".idea", ".cursor", ".zed", ".claude", ".devcontainer"}
+var heldNames = []string{"kosa8.toml", ".gitmodules", ".envrc", ".mise.toml", ".tool-versions", ".exrc", ".nvim.lua", ".nvimrc",
+	".vimrc", ".dir-locals.el", ".aider.conf.yml", ".mcp.json", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs"}
+var heldDirs = []string{".vscode", ".idea", ".cursor", ".zed", ".claude", ".devcontainer",
+	".gemini", ".codex", ".hg", ".jj", ".cargo", ".husky", ".githooks"}
 
 // foldName is a name as a case-insensitive host file system (macOS, a
 // Windows drive under WSL) sees it: lower case, without the code points
@@ -65,8 +67,10 @@ func (h HoldRules) pathHold(p string, gitDirs map[string]bool) (why string, cfg 
 	if slices.Contains(heldNames, base) {
 		return "host tools run or obey this file", false
 	}
-	for i, c := range parts {
-		if slices.Contains(heldDirs, foldName(c)) && i < len(parts)-1 {
+	// The folder itself too: a link in its place would point host tools
+	// at files the guest chose elsewhere.
+	for _, c := range parts {
+		if slices.Contains(heldDirs, foldName(c)) {
 			return "host tools run or obey this folder's files", false
 		}
 	}
@@ -229,6 +233,11 @@ func (h HoldRules) holdWhy(p string, typ byte, gitDirs map[string]bool, hostDir 
 		case !hostDir(prefix):
 			return "inside a new git repository (" + prefix + " is not on the host)", false
 		}
+	}
+	if inGit && typ == 'l' {
+		// git writes through links it finds there (a reflog appended to
+		// a hook through logs/HEAD).
+		return "a link inside a git directory (git would write through it)", false
 	}
 	if !inGit && typ != 'd' && foldName(parts[len(parts)-1]) == "head" {
 		return "a HEAD would make its folder a git repository", false

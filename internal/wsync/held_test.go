@@ -15,10 +15,15 @@ func TestHeld(t *testing.T) {
 		".git/modules/a/modules/b/hooks/x", ".vscode/settings.json", "web/.vscode/tasks.json",
 		".idea/workspace.xml", ".cursor/rules", ".zed/settings.json", ".claude/settings.json",
 		".devcontainer/devcontainer.json", "certs/server.pem", "deploy/prod.yaml",
+		// The folder itself: a link named .vscode or .claude points host
+		// tools at settings elsewhere in the workspace.
+		".vscode", ".claude", "web/.idea",
+		".gemini/settings.json", ".codex/config.toml", ".hg/hgrc", ".jj/repo/config.toml", ".cargo/config.toml",
+		".husky/pre-commit", ".githooks/pre-commit", ".aider.conf.yml", ".mcp.json", ".npmrc", ".vimrc", ".dir-locals.el",
 	}
 	free := []string{
 		"main.go", "README.md", ".git/objects/ab/" + strings.Repeat("c", 38), ".git/refs/heads/main", ".git/HEAD", ".git/index",
-		"docs/hooks/pre-commit.md", "config", "src/config", ".gitignore", "deploy/dev.yaml", ".vscode",
+		"docs/hooks/pre-commit.md", "config", "src/config", ".gitignore", "deploy/dev.yaml", "vscode",
 	}
 	for _, p := range held {
 		if !h.Held(p) {
@@ -89,4 +94,22 @@ func FuzzGitRank(f *testing.F) {
 			t.Fatalf("rank %d", r)
 		}
 	})
+}
+
+// A link anywhere in a git directory is held: git writes through it (a
+// reflog appended to a hook through logs/HEAD), whatever the allow-list
+// says of the name.
+func TestLinkInGitDirHeld(t *testing.T) {
+	hostDir := func(string) bool { return true }
+	for _, p := range []string{".git/logs/HEAD", ".git/COMMIT_EDITMSG", ".git/refs/heads/main", "sub/.git/index"} {
+		if why, _ := (HoldRules{}).holdWhy(p, 'l', nil, hostDir); why == "" {
+			t.Errorf("a link at %s is not held", p)
+		}
+		if why, _ := (HoldRules{}).holdWhy(p, 'f', nil, hostDir); why != "" {
+			t.Errorf("a file at %s is held: %s", p, why)
+		}
+	}
+	if why, _ := (HoldRules{}).holdWhy("gd/logs/HEAD", 'l', map[string]bool{"gd": true}, hostDir); why == "" {
+		t.Error("a link in a gitdir: target is not held")
+	}
 }
