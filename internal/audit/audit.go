@@ -30,6 +30,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -51,6 +52,22 @@ type Event struct {
 	Answer   string    `json:"answer,omitempty"`
 	// Count is set on a summary: how many records it stands for.
 	Count int `json:"count,omitempty"`
+}
+
+// maxField bounds each text field of a record: names and reasons come from
+// the guest (a Host header of a megabyte), and records of that size would
+// rotate the security log away in seconds, whatever the per-kind budgets.
+const maxField = 512
+
+// bounded is e with every text field cut to maxField bytes (a cut field
+// ends in "…(N bytes)", so the record still says it was longer).
+func (e Event) bounded() Event {
+	for _, f := range []*string{&e.Kind, &e.Name, &e.Dest, &e.Upstream, &e.QType, &e.Decision, &e.Rule, &e.Reason, &e.Answer} {
+		if len(*f) > maxField {
+			*f = strings.ToValidUTF8((*f)[:maxField], "") + "…(" + strconv.Itoa(len(*f)) + " bytes)"
+		}
+	}
+	return e
 }
 
 // Kinds of security records written by callers outside the network.
@@ -171,6 +188,7 @@ func (l *Log) add(e Event, security bool) {
 	if e.Time.IsZero() {
 		e.Time = time.Now().UTC()
 	}
+	e = e.bounded()
 	l.main.add(e)
 	if security {
 		l.sec.add(e)

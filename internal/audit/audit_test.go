@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -186,5 +187,17 @@ func TestNilLogIsSafe(t *testing.T) {
 	l.Security(Event{Kind: KindHeld})
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A guest-sized field (a megabyte Host header) is cut before it is
+// written: records cannot rotate the security log away by their size.
+func TestFieldsBounded(t *testing.T) {
+	e := Event{Kind: "http", Name: strings.Repeat("a", 1<<20), Reason: "short"}.bounded()
+	if len(e.Name) > maxField+32 || !strings.HasSuffix(e.Name, "(1048576 bytes)") {
+		t.Fatalf("name not bounded: %d bytes, ends %q", len(e.Name), e.Name[len(e.Name)-20:])
+	}
+	if e.Reason != "short" {
+		t.Fatalf("a short field changed: %q", e.Reason)
 	}
 }
