@@ -20,7 +20,8 @@ import (
 )
 
 func mcpCmd() *cobra.Command {
-	return &cobra.Command{
+	var folders []string
+	cmd := &cobra.Command{
 		Use:   "mcp",
 		Short: "Serve sandboxes to a model as MCP tools over stdio",
 		Long: `Serve the Model Context Protocol on standard input and output, so that an agent
@@ -28,6 +29,10 @@ func mcpCmd() *cobra.Command {
 commands in it, read and write its files, checkpoint and rewind it, and see what its
 network refused. The model cannot widen the network: net_request_approval only
 asks you, and you approve with 'kosa8 net allow'.
+
+The model may pick only the folder kosa8 mcp was started in (the project the
+agent runs in) and folders below it, or those named with --folder; never your
+home directory or / themselves.
 
   claude mcp add kosa8 -- kosa8 mcp`,
 		Args: cobra.NoArgs,
@@ -37,16 +42,66 @@ asks you, and you approve with 'kosa8 net allow'.
 			if err != nil {
 				return err
 			}
-			return newMCPServer(c, log).Run(cmd.Context(), &mcp.StdioTransport{})
+			roots, err := mcpRoots(folders)
+			if err != nil {
+				return err
+			}
+			return newMCPServer(c, log, roots...).Run(cmd.Context(), &mcp.StdioTransport{})
 		},
 	}
+	cmd.Flags().StringArrayVar(&folders, "folder", nil, "a folder (with those below it) the model may make sandboxes for (default: the current folder)")
+	return cmd
+}
+
+// mcpRoots are the folders a model may pick sandboxes in: those named, or
+// the current folder; resolved, and never the home directory or /, whose
+// folders hold keys and credentials.
+func mcpRoots(folders []string) ([]string, error) {
+	if len(folders) == 0 {
+		wd, err := os.Getwd()
+		if err != nil {
+			return nil, err
+		}
+		folders = []string{wd}
+	}
+	home, _ := os.UserHomeDir()
+	var roots []string
+	for _, f := range folders {
+		abs, err := filepath.Abs(f)
+		if err == nil {
+			abs, err = filepath.EvalSymlinks(abs)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--folder %s: %w", f, err)
+		}
+		if abs == "/" || (home != "" && abs == filepath.Clean(home)) {
+			return nil, fmt.Errorf("kosa8 mcp would let the model pick any folder under %s (your keys and credentials among them): start it in a project folder, or name one with --folder", abs)
+		}
+		roots = append(roots, abs)
+	}
+	return roots, nil
+}
+
+// within reports whether folder (resolved) is one of roots or below one.
+func within(folder string, roots []string) bool {
+	real, err := filepath.EvalSymlinks(folder)
+	if err != nil {
+		return false
+	}
+	for _, r := range roots {
+		if rel, err := filepath.Rel(r, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return true
+		}
+	}
+	return false
 }
 
 // mcpServer holds the sandbox a session picked: the tools act on it
 // unless they name another.
 type mcpServer struct {
-	c   *sdk.Client
-	log *slog.Logger
+	c     *sdk.Client
+	log   *slog.Logger
+	roots []string // folders (and those below) the model may pick
 
 	mu      sync.Mutex
 	current string
@@ -60,8 +115,10 @@ on that sandbox. Take a checkpoint before anything risky and rewind if it goes w
 When the network refuses a host you need, call net_blocked and then
 net_request_approval: only the user can allow a host.`
 
-func newMCPServer(c *sdk.Client, log *slog.Logger) *mcp.Server {
-	s := &mcpServer{c: c, log: log}
+// newMCPServer serves c's sandboxes; the model may pick folders within
+// roots only.
+func newMCPServer(c *sdk.Client, log *slog.Logger, roots ...string) *mcp.Server {
+	s := &mcpServer{c: c, log: log, roots: roots}
 	srv := mcp.NewServer(&mcp.Implementation{Name: "kosa8", Title: "kosa8 sandboxes", Version: version}, &mcp.ServerOptions{Instructions: mcpInstructions, Logger: log})
 	no := false
 	mcp.AddTool(srv, &mcp.Tool{Name: "sandbox_create_or_pick", Description: "Pick the sandbox of a project folder, starting it if needed, or create and start one. The other tools act on it afterwards. Network rules come from the user (kosa8.toml they trusted, or 'kosa8 net allow'), never from this call.",
@@ -128,6 +185,10 @@ func (s *mcpServer) createOrPick(ctx context.Context, _ *mcp.CallToolRequest, in
 	var out PickOut
 	if !filepath.IsAbs(in.Folder) {
 		return nil, out, fmt.Errorf("folder %q is not an absolute path", in.Folder)
+	}
+	if !within(in.Folder, s.roots) {
+		s.log.Warn("refused a folder outside the allowed ones", "folder", in.Folder, "allowed", s.roots)
+		return nil, out, fmt.Errorf("folder %q is outside the folders this server may use (%s): the user can add it with 'kosa8 mcp --folder'", in.Folder, strings.Join(s.roots, ", "))
 	}
 	list, err := s.c.ForFolder(ctx, in.Folder)
 	if err != nil {

@@ -30,7 +30,8 @@ func mcpSession(t *testing.T) (*mcp.ClientSession, string) {
 	}
 	st, ct := mcp.NewInMemoryTransports()
 	ctx := context.Background()
-	srv := newMCPServer(c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	root := t.TempDir()
+	srv := newMCPServer(c, slog.New(slog.NewTextHandler(io.Discard, nil)), root)
 	ss, err := srv.Connect(ctx, st, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +88,11 @@ func TestMCPTools(t *testing.T) {
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "run", Arguments: map[string]any{"sandbox": "s", "command": "true"}})
 	if err != nil || !res.IsError || !strings.Contains(textOf(res), "not running") {
 		t.Fatalf("run in a stopped sandbox: %v %+v", err, res)
+	}
+	// A folder outside the server's roots (a key folder, say) is refused.
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_create_or_pick", Arguments: map[string]any{"folder": "/etc"}})
+	if err != nil || !res.IsError {
+		t.Fatalf("a folder outside the roots: %v %+v", err, res)
 	}
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_create_or_pick", Arguments: map[string]any{"folder": "relative/dir"}})
 	if err != nil || !res.IsError || !strings.Contains(textOf(res), "absolute") {

@@ -54,7 +54,7 @@ func TestMCPServer(t *testing.T) {
 	os.WriteFile(filepath.Join(ws, "hello.txt"), []byte("original\n"), 0o644)
 
 	client := mcp.NewClient(&mcp.Implementation{Name: "kosa8-e2e", Version: "1"}, nil)
-	s, err := client.Connect(ctx, &mcp.CommandTransport{Command: kosa8Cmd(ctx, "mcp")}, nil)
+	s, err := client.Connect(ctx, &mcp.CommandTransport{Command: kosa8Cmd(ctx, "mcp", "--folder", ws)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestMCPInspector(t *testing.T) {
 		t.Helper()
 		full := []string{"--cli",
 			"-e", "KOSA8_HOME=" + home, "-e", "KOSA8_CONFIG=" + filepath.Join(home, "config"),
-			"-e", "KOSA8_ACCEL=" + os.Getenv("KOSA8_ACCEL"), kosa8, "mcp"}
+			"-e", "KOSA8_ACCEL=" + os.Getenv("KOSA8_ACCEL"), kosa8, "mcp", "--folder", home}
 		cmd := exec.CommandContext(ctx, inspector, append(full, args...)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
