@@ -527,6 +527,14 @@ func (g *Gateway) serve(conn net.Conn, up *upstream) {
 	}()
 	gr := bufio.NewReaderSize(guest, 32<<10)
 	_, err := gr.Peek(1)
+	start := startOther
+	if err == nil && up.name != "" && peekByte(gr) != 22 {
+		start = httpStart(gr, guest)
+	}
+	port := 0
+	if ap, perr := netip.ParseAddrPort(ev.Dest); perr == nil {
+		port = int(ap.Port())
+	}
 	switch {
 	case err != nil:
 		// The guest sent nothing before closing.
@@ -535,7 +543,13 @@ func (g *Gateway) serve(conn net.Conn, up *upstream) {
 		_, _ = io.Copy(up.conn, gr)
 	case peekByte(gr) == 22:
 		err = g.serveTLS(guest, gr, up, &takenBack, downDone)
-	case looksLikeHTTP(gr, guest):
+	case start == startUndecided:
+		err = errors.New("the first bytes begin an HTTP request that never came whole: refused rather than passed unchecked")
+	case start == startOther && port == 80:
+		// Port 80 speaks HTTP: what is not a request the proxy can check
+		// (a leading CRLF, a lower-case method) does not pass unchecked.
+		err = errors.New("not an HTTP request on port 80: refused rather than passed unchecked")
+	case start == startHTTP:
 		// Take the upstream back from the raw copy: the proxy parses
 		// responses too. If the server already spoke, this is no HTTP.
 		takenBack.Store(true)

@@ -22,30 +22,42 @@ import (
 
 var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ", "PATCH ", "TRACE ", "CONNECT ", "PRI "}
 
-// looksLikeHTTP reports whether the guest's first bytes start an HTTP/1
-// request. It waits briefly for enough bytes to tell.
-func looksLikeHTTP(gr *bufio.Reader, conn net.Conn) bool {
+// How a guest's first bytes start.
+const (
+	startOther     = iota // no HTTP method begins this way
+	startHTTP             // a method and its space
+	startUndecided        // a method's first letters, then silence or the end
+)
+
+// httpStart reads (without consuming) up to a method's length of gr within
+// two seconds. A guest that sends "GE" and waits is undecided, never
+// "other": passing it as raw bytes would skip the Host check of the
+// request it completes later.
+func httpStart(gr *bufio.Reader, conn net.Conn) int {
 	_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
 	defer conn.SetReadDeadline(time.Time{})
 	for n := 1; n <= 8; n++ {
 		b, err := gr.Peek(n)
 		if err != nil {
-			return false
+			if n == 1 {
+				return startOther
+			}
+			return startUndecided
 		}
 		matched := false
 		for _, m := range httpMethods {
 			if strings.HasPrefix(m, string(b)) {
 				matched = true
 				if len(m) == n {
-					return true
+					return startHTTP
 				}
 			}
 		}
 		if !matched {
-			return false
+			return startOther
 		}
 	}
-	return false
+	return startOther
 }
 
 // bufferedConn reads first what a bufio.Reader already took from the conn.
