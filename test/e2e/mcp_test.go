@@ -212,9 +212,12 @@ func TestMCPInspector(t *testing.T) {
 	// this run's state directory explicitly.
 	inspect := func(args ...string) string {
 		t.Helper()
-		full := []string{"--cli",
-			"-e", "KOSA8_HOME=" + home, "-e", "KOSA8_CONFIG=" + filepath.Join(home, "config"),
-			"-e", "KOSA8_ACCEL=" + os.Getenv("KOSA8_ACCEL"), kosa8, "mcp", "--folder", home}
+		full := []string{"--cli", "-e", "KOSA8_HOME=" + home, "-e", "KOSA8_CONFIG=" + filepath.Join(home, "config")}
+		if a := os.Getenv("KOSA8_ACCEL"); a != "" {
+			// The inspector takes only key=value with a value.
+			full = append(full, "-e", "KOSA8_ACCEL="+a)
+		}
+		full = append(full, kosa8, "mcp", "--folder", home)
 		cmd := exec.CommandContext(ctx, inspector, append(full, args...)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
