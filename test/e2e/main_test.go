@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -39,16 +40,33 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
+	// go test's own timeout panics without running the cleanup below:
+	// reap this run's sandboxes shortly before it, so none outlives it.
+	flag.Parse()
+	if f := flag.Lookup("test.timeout"); f != nil {
+		if d, err := time.ParseDuration(f.Value.String()); err == nil && d > time.Minute {
+			time.AfterFunc(d-30*time.Second, func() {
+				fmt.Fprintln(os.Stderr, "e2e: the test timeout is near: removing this run's sandboxes")
+				reap()
+			})
+		}
+	}
 	code := m.Run()
-	// Leave nothing running: stop whatever a failed test left behind.
-	out, _ := exec.Command(filepath.Join(binDir, "kosa8"), "ls", "--json").Output()
+	reap()
+	os.RemoveAll(home)
+	os.Exit(code)
+}
+
+// reap removes every sandbox of this run: a failed test may leave one
+// running.
+func reap() {
+	cmd := kosa8Cmd(context.Background(), "ls", "--json")
+	out, _ := cmd.Output()
 	var list []struct{ Name string }
 	_ = json.Unmarshal(out, &list)
 	for _, l := range list {
 		_ = kosa8Cmd(context.Background(), "rm", "-f", l.Name).Run()
 	}
-	os.RemoveAll(home)
-	os.Exit(code)
 }
 
 func buildBinaries() (string, error) {
