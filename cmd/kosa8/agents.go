@@ -378,12 +378,5 @@ func execStdin(ctx context.Context, sb *sandbox.Sandbox, argv []string, user str
 		return exitKosa8, err
 	}
 	defer conn.Close()
-	st, err := guest.Pump(conn, guest.StdIO{Stdin: r, Stdout: os.Stderr, Stderr: os.Stderr})
-	if err != nil {
-		return exitKosa8, err
-	}
-	if st.Error != "" {
-		return exitKosa8, errors.New(st.Error)
-	}
-	return st.Code, nil
+	return pumpExit(conn, guest.StdIO{Stdin: r, Stdout: os.Stderr, Stderr: os.Stderr})
 }

@@ -270,14 +270,7 @@ func execCapture(ctx context.Context, sb *sandbox.Sandbox, argv []string, user s
 	// caller's clean-up removes the build sandbox with the process.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	st, err := guest.Pump(conn, guest.StdIO{Stdout: stdout, Stderr: stderr})
-	if err != nil {
-		return exitKosa8, err
-	}
-	if st.Error != "" {
-		return exitKosa8, errors.New(st.Error)
-	}
-	return st.Code, nil
+	return pumpExit(conn, guest.StdIO{Stdout: stdout, Stderr: stderr})
 }
 
 // tailWriter copies to w and keeps the last bytes written.

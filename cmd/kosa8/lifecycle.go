@@ -525,6 +525,13 @@ func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error
 			}
 		}()
 	}
+	return pumpExit(conn, sio)
+}
+
+// pumpExit runs a guest process's streams to their end and returns its
+// exit status, or kosa8's own (exitKosa8) when the stream or the agent
+// failed.
+func pumpExit(conn io.ReadWriter, sio guest.StdIO) (int, error) {
 	st, err := guest.Pump(conn, sio)
 	if err != nil {
 		return exitKosa8, err
