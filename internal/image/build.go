@@ -209,18 +209,8 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 		return nil, err
 	}
 	m := Manifest{Key: r.Key(), Recipe: r, KernelVersion: kver, Built: time.Now().UTC(), RootFSBytes: st.Size()}
-	mb, _ := json.MarshalIndent(m, "", "  ")
-	if err := writeFileAtomic(filepath.Join(out, "manifest.json"), 0o644, func(w io.Writer) error {
-		_, err := w.Write(mb)
-		return err
-	}); err != nil {
+	if _, err := install(out, archDir, m); err != nil {
 		return nil, err
-	}
-	// A new directory per build: sandboxes whose disks sit on an older
-	// build of the same recipe keep it until 'kosa8 image prune'.
-	dst := filepath.Join(archDir, r.Key()+"-"+time.Now().UTC().Format("20060102T150405"))
-	if err := os.Rename(out, dst); err != nil {
-		return nil, fmt.Errorf("install image: %w", err)
 	}
 	ok = true
 	os.RemoveAll(work)
@@ -279,4 +269,23 @@ func sweepBuilds(archDir string) {
 	for _, d := range dirs {
 		_ = os.RemoveAll(d) // we hold the lock: no build is running
 	}
+}
+
+// install writes m as out's manifest and moves out into archDir under a
+// new name, returning it. A new directory per build: sandboxes whose disks
+// sit on an older build of the same recipe keep it until 'kosa8 image
+// prune'.
+func install(out, archDir string, m Manifest) (string, error) {
+	mb, _ := json.MarshalIndent(m, "", "  ")
+	if err := writeFileAtomic(filepath.Join(out, "manifest.json"), 0o644, func(w io.Writer) error {
+		_, err := w.Write(mb)
+		return err
+	}); err != nil {
+		return "", err
+	}
+	dst := filepath.Join(archDir, m.Key+"-"+time.Now().UTC().Format("20060102T150405"))
+	if err := os.Rename(out, dst); err != nil {
+		return "", fmt.Errorf("install image: %w", err)
+	}
+	return dst, nil
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -228,16 +227,9 @@ func (s Store) CommitDerived(ctx context.Context, base *Image, d DerivedRecipe, 
 	dd := d
 	m.Derived = &dd
 	m.BaseDir = base.Dir
-	mb, _ := json.MarshalIndent(m, "", "  ")
-	if err := writeFileAtomic(filepath.Join(out, "manifest.json"), 0o644, func(w io.Writer) error {
-		_, err := w.Write(mb)
-		return err
-	}); err != nil {
+	dst, err := install(out, archDir, m)
+	if err != nil {
 		return nil, err
-	}
-	dst := filepath.Join(archDir, d.Key()+"-"+time.Now().UTC().Format("20060102T150405"))
-	if err := os.Rename(out, dst); err != nil {
-		return nil, fmt.Errorf("install image: %w", err)
 	}
 	ok = true
 	os.RemoveAll(work)
