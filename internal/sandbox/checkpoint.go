@@ -139,10 +139,19 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err 
 	tLoaded := time.Now()
 	client, err := guest.Connect(lctx, m.Agent())
 	if err != nil {
+		// A QEMU that dies resets the agent's socket a moment before its
+		// exit is reaped: give the exit a moment to arrive, as QEMU's own
+		// words say more than the reset.
+		wait := 2 * time.Second
+		if ctx.Err() != nil {
+			wait = 0
+		}
+		grace := time.NewTimer(wait)
+		defer grace.Stop()
 		select {
 		case <-m.Done():
 			return fmt.Errorf("the VM stopped while booting: %v%s", m.Wait(context.Background()), consoleTail(s.sb.Path(ConsoleLog)))
-		default:
+		case <-grace.C:
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			return fmt.Errorf("the guest agent did not answer%s", consoleTail(s.sb.Path(ConsoleLog)))
@@ -765,8 +774,11 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 	defer flush()
 	var manifest map[string]*wsync.Entry
 	if s.ws != nil {
-		manifest = s.ws.engine.Manifest()
+		// The sync stops first: a pass that began after the checkpoint
+		// waits on a machine that stays paused, holding the engine (and
+		// Manifest with it) until it is cancelled.
 		s.ws.detach()
+		manifest = s.ws.engine.Manifest()
 	}
 	old := s.currentMachine()
 	s.expectExit(old)

@@ -131,7 +131,7 @@ func TestAttackWorkspace(t *testing.T) {
 	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
 	setWorkspaceConfig(t, name, map[string]any{"quota_bytes": 100 << 20})
 	must(t, "start", name)
-	root := func(script string) result {
+	root := func(t *testing.T, script string) result {
 		t.Helper()
 		r := run(t, "", "exec", "-u", "root", name, "--", "sh", "-c", "set -e; cd "+ws+"; "+gitAnyOwner+script)
 		if r.code != 0 {
@@ -152,7 +152,7 @@ func TestAttackWorkspace(t *testing.T) {
 	}
 
 	t.Run("git indirections and held files", func(t *testing.T) {
-		root(strings.ReplaceAll(`
+		root(t, strings.ReplaceAll(`
 			printf '#!/bin/sh\ntouch M-hook\n' > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit
 			echo 'touch M-envrc' > .envrc
 			mkdir -p .vscode; echo '{"tasks":[{"command":"touch M-vscode","runOptions":{"runOn":"folderOpen"}}]}' > .vscode/tasks.json
@@ -191,7 +191,7 @@ func TestAttackWorkspace(t *testing.T) {
 			"huge config": `{ cat .git/config; yes '# padding padding padding' | head -n 42000;
 				printf '[core]\n\tfsmonitor = touch M-huge\n'; } > /tmp/c && cat /tmp/c > .git/config && test $(stat -c %s .git/config) -gt 1048576`,
 		} {
-			root("cp .git/config /tmp/orig-config; " + strings.ReplaceAll(script, "M-", marker+"-"))
+			root(t, "cp .git/config /tmp/orig-config; " + strings.ReplaceAll(script, "M-", marker+"-"))
 			st := syncNow(t, name)
 			if b, _ := os.ReadFile(filepath.Join(ws, ".git", "config")); string(b) != string(origConfig) {
 				t.Errorf("%s: the config reached the host:\n%.300s", what, b)
@@ -200,13 +200,13 @@ func TestAttackWorkspace(t *testing.T) {
 				t.Errorf("%s: .git/config not held (held: %d paths)", what, len(st.Held))
 			}
 			hostChecks(t, what)
-			root("cat /tmp/orig-config > .git/config")
+			root(t, "cat /tmp/orig-config > .git/config")
 		}
 	})
 
 	t.Run("rewind keeps held files held", func(t *testing.T) {
 		cp := checkpointNow(t, name, "with held files")
-		root("rm -f .envrc; echo after > after.txt")
+		root(t, "rm -f .envrc; echo after > after.txt")
 		waitHost(t, "after.txt", fileIs(filepath.Join(ws, "after.txt"), "after\n"))
 		must(t, "rewind", name, cp.ID)
 		st := syncNow(t, name)
@@ -225,12 +225,12 @@ func TestAttackWorkspace(t *testing.T) {
 	})
 
 	t.Run("link chains", func(t *testing.T) {
-		root(`mkdir -p a/b/c; ln -s ../.. a/b/c/up; ln -s a/b/c/up/../../x escape`)
+		root(t, `mkdir -p a/b/c; ln -s ../.. a/b/c/up; ln -s a/b/c/up/../../x escape`)
 		syncNow(t, name)
 		// The other order, across two passes: the chain's far end first.
-		root(`mkdir -p d/e/f; ln -s d/e/f/up/../../x escape2`)
+		root(t, `mkdir -p d/e/f; ln -s d/e/f/up/../../x escape2`)
 		syncNow(t, name)
-		root(`ln -s ../.. d/e/f/up`)
+		root(t, `ln -s ../.. d/e/f/up`)
 		st := syncNow(t, name)
 		if out := linksLeave(ws); len(out) > 0 {
 			t.Fatalf("links on the host lead out of the folder: %v\nheld: %+v", out, st.Held)
@@ -241,9 +241,9 @@ func TestAttackWorkspace(t *testing.T) {
 	})
 
 	t.Run("link then folder", func(t *testing.T) {
-		root(`mkdir -p s/t; ln -s s/t/../../x l`)
+		root(t, `mkdir -p s/t; ln -s s/t/../../x l`)
 		syncNow(t, name)
-		root(`rm -rf s/t; mkdir -p s/u/v; ln -s u/v s/t`)
+		root(t, `rm -rf s/t; mkdir -p s/u/v; ln -s u/v s/t`)
 		syncNow(t, name)
 		if out := linksLeave(ws); len(out) > 0 {
 			t.Fatalf("links on the host lead out of the folder: %v", out)
@@ -256,7 +256,7 @@ func TestAttackWorkspace(t *testing.T) {
 		// holes); what matters here is what the host keeps of them, the
 		// same at any size (the unit tests copy 120 MiB of holes).
 		start := time.Now()
-		root(`truncate -s 64M big1`)
+		root(t, `truncate -s 64M big1`)
 		st := syncNow(t, name)
 		took := time.Since(start)
 		var s syscall.Stat_t
@@ -267,7 +267,7 @@ func TestAttackWorkspace(t *testing.T) {
 		if s.Size != 64<<20 || s.Blocks*512 > 16<<20 {
 			t.Fatalf("the sparse file cost the host %d bytes", s.Blocks*512)
 		}
-		root(`truncate -s 64M big2`)
+		root(t, `truncate -s 64M big2`)
 		st = syncNow(t, name)
 		if _, err := os.Stat(filepath.Join(ws, "big2")); err == nil {
 			t.Fatal("the quota did not stop big2")
@@ -279,7 +279,7 @@ func TestAttackWorkspace(t *testing.T) {
 		if !strings.Contains(out, "quota") || !strings.Contains(out, "refused") {
 			t.Fatalf("sync status does not say the quota was reached:\n%s", out)
 		}
-		root(`rm -f big1 big2`)
+		root(t, `rm -f big1 big2`)
 		syncNow(t, name)
 	})
 }

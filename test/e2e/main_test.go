@@ -14,8 +14,11 @@ import (
 	"os/user"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kosa8/kosa8/internal/termsafe"
 )
 
 var (
@@ -52,9 +55,63 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	if code != 0 {
+		// Boots that failed keep their logs there; print them, as the
+		// run's state directory is removed below.
+		dirs, _ := filepath.Glob(filepath.Join(home, "failed", "*"))
+		for _, d := range dirs {
+			printLogs(d)
+		}
+	}
 	reap()
 	os.RemoveAll(home)
 	os.Exit(code)
+}
+
+// dumpSupervisors sends SIGQUIT to the supervisor of every sandbox of
+// this run: each writes its goroutines' stacks to its log and exits.
+func dumpSupervisors() {
+	states, _ := filepath.Glob(filepath.Join(home, "sandboxes", "*", "state.json"))
+	for _, p := range states {
+		var st struct {
+			PID int `json:"supervisor_pid"`
+		}
+		b, _ := os.ReadFile(p)
+		if json.Unmarshal(b, &st) == nil && st.PID > 0 && processRunning(st.PID) {
+			_ = syscall.Kill(st.PID, syscall.SIGQUIT)
+		}
+	}
+	time.Sleep(time.Second)
+}
+
+// printLogs prints the last lines of a sandbox's logs to stderr.
+func printLogs(dir string) {
+	for _, f := range []string{"supervisor.log", "console.log"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			continue
+		}
+		text, stacks, _ := strings.Cut(string(b), "SIGQUIT: quit")
+		if stacks != "" {
+			// Only the goroutines in kosa8's own code, the rest is noise.
+			var keep []string
+			for _, g := range strings.Split(stacks, "\n\n") {
+				if strings.Contains(g, "github.com/kosa8/") {
+					keep = append(keep, g)
+				}
+			}
+			stacks = strings.Join(keep, "\n\n")
+		}
+		lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+		if len(lines) > 60 {
+			lines = lines[len(lines)-60:]
+		}
+		fmt.Fprintf(os.Stderr, "---- %s (last %d lines)\n%s\n---- end of %s\n",
+			filepath.Join(dir, f), len(lines), termsafe.Clean(strings.Join(lines, "\n"), true), f)
+		if stacks != "" {
+			fmt.Fprintf(os.Stderr, "---- its goroutines at SIGQUIT\n%s\n----\n", stacks)
+		}
+	}
 }
 
 // reap removes every sandbox of this run: a failed test may leave one
@@ -127,12 +184,28 @@ func (in invocation) run(t *testing.T, args ...string) result {
 		cmd.Dir = in.dir
 	}
 	cmd.Env = append(cmd.Env, in.env...)
+	if len(args) > 0 && args[0] == "rm" && t.Failed() {
+		// The test failed: what the sandbox logged is the only account
+		// of why on a CI machine, and rm is about to delete it.
+		for _, a := range args[1:] {
+			if !strings.HasPrefix(a, "-") {
+				printLogs(filepath.Join(home, "sandboxes", a))
+			}
+		}
+	}
 	if in.stdin != "" {
 		cmd.Stdin = strings.NewReader(in.stdin)
 	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
+	if ctx.Err() != nil {
+		// kosa8 hung: ask every supervisor of this run where it is
+		// (Go prints its goroutines into the sandbox's log on SIGQUIT,
+		// and exits), for the logs printed when the test removes it.
+		t.Errorf("kosa8 %v did not end within %v: the supervisors' stacks are in their logs", args, in.timeout)
+		dumpSupervisors()
+	}
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
