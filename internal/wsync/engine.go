@@ -128,6 +128,7 @@ type Engine struct {
 	passLinks map[string]string // links the host scan of this pass saw
 	gitMarks  map[string]bool   // .git files, HEADs and commondirs known
 	gitDirs   map[string]bool   // folders git uses as git directories, besides .git ones
+	gitRuns   map[string]string // paths a host git config names (hooksPath, includes, commands), to the config
 	used      Quota
 	errs      []string
 	passErrs  []string // this pass's failures (the first few)
@@ -231,6 +232,7 @@ func (e *Engine) startPass(ctx context.Context, h map[string]*Entry) {
 		}
 	}
 	e.gitDirs = e.findGitDirs(ctx)
+	e.gitRuns = e.findGitRuns(ctx, e.gitDirs)
 }
 
 // finishPass ends a pass: the gathered guest writes go out, then the
@@ -483,6 +485,9 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 	var content []byte // a git config, read once: what is checked is what is written
 	if w.via != viaApprove {
 		why, cfg := e.opts.Hold.holdWhy(p, typ, e.gitDirs, e.hostDir(ctx))
+		if why == "" {
+			why = gitRunWhy(p, typ, e.gitRuns)
+		}
 		if why == "" && w.src != p {
 			why, cfg2 := e.opts.Hold.holdWhy(w.src, typ, e.gitDirs, e.hostDir(ctx))
 			if why != "" {

@@ -385,3 +385,94 @@ func TestRemoteRefsNextToHEADCross(t *testing.T) {
 		t.Fatalf("remote-tracking refs held: %+v", p.e.Status().Held)
 	}
 }
+
+// The host's own git config names folders and scripts of the workspace
+// that git runs (core.hooksPath, includes, fsmonitor, filters, aliases):
+// guest changes there are held, as are links in place of their folders.
+func TestHostGitConfigNamesHeld(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	p := newPair(t, Options{})
+	cfg := "[core]\n\thooksPath = tools/hooks\n\tfsmonitor = \"scripts/fsmon.sh\"\n" +
+		"[include]\n\tpath = ../team.gitconfig\n" +
+		"[filter \"lfsx\"]\n\tclean = ./bin/clean %f\n" +
+		"[alias]\n\tup = !sh ci/up.sh --fast\n" +
+		"[remote \"origin\"]\n\turl = https://example.com/r\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n" +
+		"[branch \"main\"]\n\tmerge = refs/heads/main\n"
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".git/config", cfg)
+		write(t, d, "tools/readme.md", "tools\n")
+	}
+	p.sync(t)
+	heldWant := []string{"tools/hooks/pre-commit", "scripts/fsmon.sh", "team.gitconfig", "bin/clean", "ci/up.sh"}
+	for _, f := range heldWant {
+		write(t, p.guest, f, "#!/bin/sh\ntouch /tmp/pwned\n")
+	}
+	write(t, p.guest, "tools/other.txt", "fine\n")
+	write(t, p.guest, "refs/heads/main", "not a ref, a plain file\n")
+	p.sync(t)
+	st := p.e.Status()
+	held := map[string]string{}
+	for _, h := range st.Held {
+		held[h.Path] = h.Why
+	}
+	for _, f := range heldWant {
+		if exists(p.host, f) {
+			t.Errorf("%s reached the host", f)
+		}
+		if !strings.Contains(held[f], ".git/config") {
+			t.Errorf("%s: held %q, want a reason naming .git/config", f, held[f])
+		}
+	}
+	for _, f := range []string{"tools/other.txt", "refs/heads/main"} {
+		if !exists(p.host, f) {
+			t.Errorf("%s did not cross (held: %q)", f, held[f])
+		}
+	}
+	// A link in place of the hooks folder's parent would move it.
+	os.RemoveAll(filepath.Join(p.guest, "ci"))
+	if err := os.Symlink("tools", filepath.Join(p.guest, "ci")); err != nil {
+		t.Fatal(err)
+	}
+	p.sync(t)
+	if fi, err := os.Lstat(filepath.Join(p.host, "ci")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		t.Error("a link replaced a folder the host's git config names")
+	}
+
+	// The user's global config, relative to every work tree.
+	write(t, os.Getenv("HOME"), ".gitconfig", "[core]\n\thooksPath = myhooks\n")
+	write(t, p.guest, "myhooks/post-checkout", "evil")
+	p.sync(t)
+	if exists(p.host, "myhooks/post-checkout") {
+		t.Error("a hook in the global core.hooksPath reached the host")
+	}
+}
+
+// Names with control characters would reach the user's terminal through
+// ls or git status: held.
+func TestControlCharacterNamesHeld(t *testing.T) {
+	p := newPair(t, Options{})
+	p.sync(t)
+	bad := []string{"a\x1b]0;pwned\x07b", "d\x9bir/x", "tab\there", "del\x7f"}
+	for _, n := range bad {
+		write(t, p.guest, n, "x")
+	}
+	write(t, p.guest, "ok-ünïcode.txt", "x")
+	p.sync(t)
+	for _, n := range bad {
+		if exists(p.host, n) {
+			t.Errorf("%q reached the host", n)
+		}
+	}
+	if !exists(p.host, "ok-ünïcode.txt") {
+		t.Error("a plain Unicode name was held")
+	}
+}
+
+func TestGitNamedPaths(t *testing.T) {
+	got := gitNamedPaths([]byte("[core]\nhooksPath=hooks ; c\n[includeIf \"gitdir:~/w/\"]\n\tpath = x.inc\n[diff \"p\"]\n\ttextconv = 'tools/conv' --x\n[url \"git@h:\"]\n\tinsteadOf = https://h/\n"))
+	want := []string{"hooks", "x.inc", "tools/conv"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}

@@ -214,6 +214,9 @@ func (h HoldRules) holdWhy(p string, typ byte, gitDirs map[string]bool, hostDir 
 	if why != "" || typ == 0 {
 		return why, cfg
 	}
+	if controlName(p) {
+		return "a name with control characters (listing it would send them to a terminal)", false
+	}
 	parts := strings.Split(p, "/")
 	inGit := false
 	for i, c := range parts {
@@ -243,6 +246,21 @@ func (h HoldRules) holdWhy(p string, typ byte, gitDirs map[string]bool, hostDir 
 		return "a HEAD would make its folder a git repository", false
 	}
 	return "", cfg
+}
+
+// controlName reports whether p holds a control character (C0, DEL, C1)
+// or is not UTF-8: such a name, created on the host, reaches the user's
+// terminal raw through ls, git status or an editor's file list.
+func controlName(p string) bool {
+	if !utf8.ValidString(p) {
+		return true
+	}
+	for _, r := range p {
+		if r < 0x20 || r == 0x7f || r >= 0x80 && r < 0xa0 {
+			return true
+		}
+	}
+	return false
 }
 
 // IsGitConfig reports whether p is the config of a directory named .git.

@@ -113,3 +113,30 @@ func TestLinkInGitDirHeld(t *testing.T) {
 		t.Error("a link in a gitdir: target is not held")
 	}
 }
+
+// The host's git config is read at every pass: no input panics or names a
+// path outside the folder's rules, and a held decision never panics.
+func FuzzGitNamedPaths(f *testing.F) {
+	f.Add([]byte("[core]\n\thooksPath = tools/hooks\n[alias]\n\tx = !sh a/b.sh\n"), "tools/hooks/pre-commit")
+	f.Add([]byte("[include]path=\"../x\"\n[remote \"o\"]\nurl=https://h/r\n"), "x")
+	f.Fuzz(func(t *testing.T, cfg []byte, p string) {
+		runs := map[string]string{}
+		for _, v := range gitNamedPaths(cfg) {
+			if v == "" {
+				t.Fatal("an empty name")
+			}
+			if _, err := CleanRel(v); err == nil {
+				runs[v] = ".git/config"
+			}
+		}
+		if _, err := CleanRel(p); err != nil {
+			return
+		}
+		for _, typ := range []byte{0, 'f', 'd', 'l'} {
+			why := gitRunWhy(p, typ, runs)
+			if _, named := runs[p]; named && typ != 0 && why == "" {
+				t.Fatalf("%q is named by the config but not held", p)
+			}
+		}
+	})
+}
