@@ -572,7 +572,9 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 				return err
 			}
 			defer rc.Close()
-			r = rc
+			// No more than the scan saw and the quota counted: a file
+			// the guest grows meanwhile is written on a later pass.
+			r = &atMost{r: rc, left: g.Size}
 		}
 		hash, err := e.host.Write(ctx, p, g.Mode, r, g.Hash)
 		if err != nil {
@@ -595,6 +597,26 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 	}
 	e.setManifest(p, g, "guest")
 	return nil, true
+}
+
+// atMost reads r, failing with errChanged past left bytes.
+type atMost struct {
+	r    io.Reader
+	left int64
+}
+
+func (a *atMost) Read(p []byte) (int, error) {
+	if a.left < 0 {
+		return 0, errChanged
+	}
+	if int64(len(p)) > a.left+1 {
+		p = p[:a.left+1]
+	}
+	n, err := a.r.Read(p)
+	if a.left -= int64(n); a.left < 0 {
+		return 0, errChanged
+	}
+	return n, err
 }
 
 // gitConfigCheck reads the guest's git config whole and says why its

@@ -5,6 +5,7 @@ package wsync
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -474,5 +475,44 @@ func TestGitNamedPaths(t *testing.T) {
 	want := []string{"hooks", "x.inc", "tools/conv"}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// growing is a guest whose files grow between the scan and the copy.
+type growing struct {
+	Side
+	extra int64
+}
+
+func (g growing) Read(ctx context.Context, p string) (io.ReadCloser, error) {
+	rc, err := g.Side.Read(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(rc, io.LimitReader(zeros{}, g.extra)), rc}, nil
+}
+
+// A file that grows while it is copied never lands bigger than the scan
+// saw (and the quota counted): issue 9's quota bypass.
+func TestGrowingFileKeepsQuota(t *testing.T) {
+	p := newPair(t, Options{QuotaBytes: 8 << 20})
+	p.sync(t)
+	write(t, p.guest, "grows", "small\n")
+	hr, _ := OpenRoot(p.host)
+	gr, _ := OpenRoot(p.guest)
+	t.Cleanup(func() { hr.Close(); gr.Close() })
+	p.e = NewEngine(&HostSide{Root: hr}, growing{&HostSide{Root: gr}, 64 << 20}, p.e.Manifest(), Options{QuotaBytes: 8 << 20}, nil)
+	p.e.Sync(context.Background(), nil)
+	if fi, err := os.Stat(filepath.Join(p.host, "grows")); err == nil {
+		t.Fatalf("a file that grew during the copy landed: %d bytes", fi.Size())
+	}
+	if st := p.e.Status(); st.Quota.Bytes > 8<<20 {
+		t.Fatalf("quota bytes %d over the 8 MiB quota", st.Quota.Bytes)
+	}
+	if ents, _ := os.ReadDir(p.host); len(ents) != 0 {
+		t.Fatalf("left on the host: %v", ents)
 	}
 }
