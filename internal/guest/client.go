@@ -136,7 +136,7 @@ func (c *Client) Open(ctx context.Context, req *Request) (net.Conn, *Response, e
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent: %w", err)
 	}
-	stop := context.AfterFunc(ctx, func() { s.Close() })
+	stop := context.AfterFunc(ctx, func() { Abort(s) })
 	defer stop()
 	if err := WriteJSON(s, FrameRequest, req); err != nil {
 		s.Close()
@@ -151,6 +151,14 @@ func (c *Client) Open(ctx context.Context, req *Request) (net.Conn, *Response, e
 		return nil, nil, err
 	}
 	return s, resp, nil
+}
+
+// Abort ends a stream now: a yamux stream's Close only half-closes it,
+// and a Read blocked on a guest that never answers (a paused machine)
+// would wait on; the deadline wakes it.
+func Abort(s net.Conn) {
+	_ = s.SetDeadline(time.Now())
+	_ = s.Close()
 }
 
 // ReadResponse reads a Response or FrameError and turns the latter into an error.
@@ -245,7 +253,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (*FileI
 		return nil, err
 	}
 	defer s.Close()
-	stop := context.AfterFunc(ctx, func() { s.Close() })
+	stop := context.AfterFunc(ctx, func() { Abort(s) })
 	defer stop()
 	for {
 		f, err := ReadFrame(s)
@@ -284,7 +292,7 @@ func (c *Client) Write(ctx context.Context, req *Request, r io.Reader) error {
 		return err
 	}
 	defer s.Close()
-	stop := context.AfterFunc(ctx, func() { s.Close() })
+	stop := context.AfterFunc(ctx, func() { Abort(s) })
 	defer stop()
 	req.Op = OpWrite
 	if err := WriteJSON(s, FrameRequest, req); err != nil {

@@ -39,7 +39,7 @@ func (g *GuestSide) Scan(ctx context.Context, paths []string) (map[string]*Entry
 		return nil, err
 	}
 	defer s.Close()
-	stop := context.AfterFunc(ctx, func() { s.Close() })
+	stop := context.AfterFunc(ctx, func() { guest.Abort(s) })
 	defer stop()
 	out := map[string]*Entry{}
 	for {
@@ -130,7 +130,7 @@ func (g *GuestSide) Watch(ctx context.Context, fn func(paths []string, all bool)
 		return err
 	}
 	defer s.Close()
-	stop := context.AfterFunc(ctx, func() { s.Close() })
+	stop := context.AfterFunc(ctx, func() { guest.Abort(s) })
 	defer stop()
 	for {
 		f, err := guest.ReadFrame(s)
@@ -167,7 +167,7 @@ func (g *GuestSide) Put(ctx context.Context, items []PutItem) (map[string]error,
 		return nil, err
 	}
 	defer s.Close()
-	stop := context.AfterFunc(ctx, func() { s.Close() })
+	stop := context.AfterFunc(ctx, func() { guest.Abort(s) })
 	defer stop()
 	failed := map[string]error{}
 	buf := make([]byte, 256<<10)
