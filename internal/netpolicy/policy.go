@@ -389,20 +389,49 @@ func (r *Rule) target() string {
 
 // Remove drops every rule whose target is host (as written: "github.com",
 // "*.npmjs.org", "10.0.0.0/8"; with a prefix such as "deny:", only rules
-// of that kind). It reports how many it removed.
+// of that kind). With ports ("github.com:22"), only those ports go, and a
+// rule goes when it has none left. It reports how many rules it changed.
 func (p *Policy) Remove(target string) (int, error) {
 	r, err := ParseRule(target, ParseOptions{AllowBroad: true})
 	if err != nil {
 		return 0, err
 	}
-	n := 0
-	p.Rules = slices.DeleteFunc(p.Rules, func(e Rule) bool {
-		if e.target() == r.target() && (r.prefix() == "" || r.prefix() == e.prefix()) {
-			n++
-			return true
+	bare := strings.TrimSpace(target)
+	for _, k := range []string{"deny:", "read:", "inspect:"} {
+		bare = strings.TrimPrefix(bare, k)
+	}
+	withPorts := strings.Contains(bare, ":")
+	match := func(e *Rule) bool {
+		return e.target() == r.target() && (r.prefix() == "" || r.prefix() == e.prefix())
+	}
+	if withPorts {
+		for i := range p.Rules {
+			if e := &p.Rules[i]; match(e) && len(e.Ports) == 0 {
+				return 0, fmt.Errorf("%s covers every port: remove it whole (%s) and add back the ports to keep", e.Text, e.prefix()+e.target())
+			}
 		}
-		return false
-	})
+	}
+	n := 0
+	kept := p.Rules[:0]
+	for _, e := range p.Rules {
+		if match(&e) && !withPorts {
+			n++
+			continue
+		}
+		if match(&e) {
+			left := slices.DeleteFunc(slices.Clone(e.Ports), func(port uint16) bool { return slices.Contains(r.Ports, port) })
+			if len(left) != len(e.Ports) {
+				n++
+				if len(left) == 0 {
+					continue
+				}
+				e.Ports = left
+				e.Text = e.prefix() + e.target() + e.portText()
+			}
+		}
+		kept = append(kept, e)
+	}
+	p.Rules = kept
 	return n, nil
 }
 

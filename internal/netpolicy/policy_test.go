@@ -155,9 +155,27 @@ func TestAddMergesAndRemove(t *testing.T) {
 	if !p.Decide("github.com", 22).Allow || !p.Decide("github.com", 443).Allow {
 		t.Fatal("merged rule lost a port")
 	}
-	n, err := p.Remove("GitHub.com.")
+	// A port given removes that port only.
+	n, err := p.Remove("github.com:22")
+	if err != nil || n != 1 || p.Decide("github.com", 22).Allow || !p.Decide("github.com", 443).Allow || p.Rules[0].Text != "github.com" {
+		t.Fatalf("remove a port: n=%d err=%v rules=%+v", n, err, p.Rules)
+	}
+	if n, _ := p.Remove("github.com:8080"); n != 0 || len(p.Rules) != 1 {
+		t.Fatalf("removing a port the rule lacks changed it: n=%d rules=%+v", n, p.Rules)
+	}
+	n, err = p.Remove("GitHub.com.")
 	if err != nil || n != 1 || p.Decide("github.com", 443).Allow {
 		t.Fatalf("remove: n=%d err=%v rules=%+v", n, err, p.Rules)
+	}
+	// The last ports gone, the rule goes.
+	p = mustPolicy(t, "example.com:22")
+	if n, _ := p.Remove("example.com:22"); n != 1 || len(p.Rules) != 0 {
+		t.Fatalf("rule left without ports: %+v", p.Rules)
+	}
+	// A deny rule for every port cannot lose one port: say so.
+	p = mustPolicy(t, "deny:bad.example.com")
+	if _, err := p.Remove("deny:bad.example.com:22"); err == nil || len(p.Rules) != 1 {
+		t.Fatalf("a port taken from an every-port deny rule: err=%v rules=%+v", err, p.Rules)
 	}
 }
 
