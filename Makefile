@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 GOFLAGS_  := -trimpath
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 
-.PHONY: build setup test unit test-vm test-vm-qemu10 bench clean
+.PHONY: build setup test unit test-vm test-vm-qemu10 bench soak clean
 
 build:
 	$(GO) build $(GOFLAGS_) -ldflags '$(LDFLAGS)' -o $(BIN)/kosa8 ./cmd/kosa8
@@ -45,6 +45,13 @@ bench: build
 	$(GO) run ./bench -bin $(abspath $(BIN)) net
 	$(GO) run ./bench -bin $(abspath $(BIN)) ws
 	$(GO) run ./bench -bin $(abspath $(BIN)) cp
+
+# Not in CI: many sandboxes writing, deleting and fetching at once for
+# 10 minutes, then files lost or corrupted and sandboxes stuck (both must
+# be 0). SOAK="-sandboxes 6 -memory 384M -duration 10m" by default.
+SOAK ?=
+soak: build
+	$(GO) run ./bench -bin $(abspath $(BIN)) $(SOAK) soak
 
 clean:
 	rm -rf $(BIN)

@@ -56,8 +56,10 @@ func main() {
 		benchWS()
 	case "cp":
 		benchCP()
+	case "soak":
+		benchSoak()
 	default:
-		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws or cp", flag.Arg(0)))
+		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp or soak", flag.Arg(0)))
 	}
 }
 

@@ -117,6 +117,9 @@ func TestAttackWorkspace(t *testing.T) {
 	hostGit(t, ws, "remote", "add", "origin", "https://example.com/r.git")
 	hostGit(t, ws, "add", "README.md")
 	hostGit(t, ws, "commit", "-q", "-m", "first")
+	// The host repository runs hooks from a folder of the workspace: the
+	// guest's files there must be held like .git/hooks.
+	hostGit(t, ws, "config", "core.hooksPath", "tools/hooks")
 	origConfig, _ := os.ReadFile(filepath.Join(ws, ".git", "config"))
 	// Outside the folder: what an escaping link would reach.
 	os.WriteFile(filepath.Join(base, "x"), []byte("OUTSIDE\n"), 0o644)
@@ -201,6 +204,33 @@ func TestAttackWorkspace(t *testing.T) {
 			}
 			hostChecks(t, what)
 			root(t, "cat /tmp/orig-config > .git/config")
+		}
+	})
+
+	t.Run("what the host's git config names, held folders as links, control characters", func(t *testing.T) {
+		root(t, strings.ReplaceAll(`
+			mkdir -p tools/hooks; printf '#!/bin/sh\ntouch M-hookspath\n' > tools/hooks/pre-commit; chmod +x tools/hooks/pre-commit
+			ln -s tools/hooks .githooks
+			echo x > "$(printf 'name\033]0;pwned\007')"
+			echo fine > tools/notes.txt
+		`, "M-", marker+"-"))
+		st := syncNow(t, name)
+		held := heldPaths(st)
+		for _, p := range []string{"tools/hooks/pre-commit", ".githooks", "name\x1b]0;pwned\x07"} {
+			if _, err := os.Lstat(filepath.Join(ws, p)); err == nil {
+				t.Errorf("%q reached the host", p)
+			}
+			if _, ok := held[p]; !ok {
+				t.Errorf("%q is not reported held (held: %v)", p, held)
+			}
+		}
+		if b, err := os.ReadFile(filepath.Join(ws, "tools", "notes.txt")); err != nil || string(b) != "fine\n" {
+			t.Errorf("an ordinary file beside the hooks did not cross: %q %v", b, err)
+		}
+		hostChecks(t, "hooksPath")
+		out := run(t, "", "held", name).stdout
+		if strings.ContainsAny(out, "\x1b\x07") {
+			t.Errorf("kosa8 held printed the guest's control characters: %q", out)
 		}
 	})
 
