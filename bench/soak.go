@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm"
 )
 
 var (
@@ -34,7 +35,7 @@ while time.time() < until:
     os.makedirs(d, exist_ok=True)
     with open("%s/f%d" % (d, n), "w") as f:
         f.write(("%s-%d\n" % (i, n)) * (1 + n % 300))
-    old = n - ` + "%d" + `
+    old = n - KEEP
     if old > 0:
         os.remove("soak/d%d/f%d" % (old % 8, old))
     if n % 5 == 0:
@@ -91,10 +92,13 @@ func benchSoak() {
 	paths, err := sandbox.DefaultPaths()
 	must(err)
 	for _, r := range results {
-		r.rssStart = rssKiB(open(paths, r.name).Status().SupervisorPID).total
+		st := open(paths, r.name).Status()
+		r.rssStart = rssKiB(st.SupervisorPID).total
+		accel = vmm.Accel(st.Accel) // what they run under (a failed KVM falls back)
 	}
+	a := string(accel)
 	fmt.Fprintf(os.Stderr, "soaking for %v...\n", *soakFor)
-	script := fmt.Sprintf(soakScript, soakKeep)
+	script := strings.Replace(soakScript, "KEEP", fmt.Sprint(soakKeep), 1)
 	var wg sync.WaitGroup
 	for idx, r := range results {
 		wg.Add(1)
@@ -104,13 +108,15 @@ func benchSoak() {
 			defer cancel()
 			cmd := exec.CommandContext(ctx, filepath.Join(*binDir, "kosa8"), "exec", "-w", r.ws, r.name, "--",
 				"python3", "-c", script, fmt.Sprint(idx), url, fmt.Sprint(soakFor.Seconds()))
+			var errb strings.Builder
+			cmd.Stderr = &errb
 			out, err := cmd.Output()
 			if ctx.Err() != nil {
 				r.stuck = "the workload did not end 3 min after its time"
 				return
 			}
 			if err != nil {
-				r.stuck = fmt.Sprintf("the workload failed: %v", err)
+				r.stuck = fmt.Sprintf("the workload failed: %v: %.300s", err, errb.String())
 				return
 			}
 			var res struct{ N, Ok, Fail int }
@@ -162,7 +168,6 @@ func benchSoak() {
 		kosa8("rm", "-f", r.name)
 	}
 
-	a := string(accel)
 	var rows []row
 	var lost, stuck, writes, reqOK, reqFail int
 	for _, r := range results {

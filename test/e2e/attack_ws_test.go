@@ -293,7 +293,7 @@ func TestAttackWorkspace(t *testing.T) {
 		if err := syscall.Stat(filepath.Join(ws, "big1"), &s); err != nil {
 			t.Fatalf("big1 not on the host: %v (status %+v)", err, st)
 		}
-		t.Logf("64M sparse file synced in %s; on the host: size %d, %d bytes allocated (accel %s)", took, s.Size, s.Blocks*512, os.Getenv("KOSA8_ACCEL"))
+		t.Logf("64M sparse file synced in %s; on the host: size %d, %d bytes allocated (accel %s)", took, s.Size, s.Blocks*512, ls(t)[name].Status.Accel)
 		if s.Size != 64<<20 || s.Blocks*512 > 16<<20 {
 			t.Fatalf("the sparse file cost the host %d bytes", s.Blocks*512)
 		}

@@ -28,10 +28,12 @@ func bootID() string {
 }
 
 func procAttr() *syscall.SysProcAttr {
-	// macOS has no parent-death signal; the supervisor kills QEMU on exit
-	// and QEMU's QMP socket closing ends it otherwise.
+	// macOS has no parent-death signal: a watchdog (lifetime.go) kills
+	// QEMU when its supervisor ends.
 	return &syscall.SysProcAttr{Setpgid: true}
 }
+
+func parentDeathSignal() bool { return false }
 
 func defaultRAMDir() string {
 	return filepath.Join(os.TempDir(), "kosa8-"+strconv.Itoa(os.Getuid()))

@@ -40,8 +40,17 @@ func bootID() string {
 func procAttr() *syscall.SysProcAttr {
 	// QEMU gets SIGKILL when the supervisor's thread that started it dies,
 	// and its own process group so a terminal's ^C does not reach it.
+	if !parentDeathSignal() {
+		return &syscall.SysProcAttr{Setpgid: true}
+	}
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 }
+
+// parentDeathSignal tells whether QEMU dies with its supervisor by the
+// kernel's parent-death signal; if not, a watchdog does it (lifetime.go),
+// as on macOS. KOSA8_TEST_NO_PDEATHSIG=1 switches the signal off, so that
+// the macOS mechanism is tested here.
+func parentDeathSignal() bool { return os.Getenv("KOSA8_TEST_NO_PDEATHSIG") != "1" }
 
 func defaultRAMDir() string {
 	return filepath.Join("/dev/shm", "kosa8-"+strconv.Itoa(os.Getuid()))

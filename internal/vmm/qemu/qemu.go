@@ -371,6 +371,17 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}
 	m.pid = cmd.Process.Pid
 	cleanup = append(cleanup, func() { _ = m.Kill() })
+	if !parentDeathSignal() {
+		// Started here, not on the confined thread above.
+		dog, err := startWatchdog(m.pid)
+		if err != nil {
+			return fail(err)
+		}
+		go func() {
+			<-m.done
+			dog.release()
+		}()
+	}
 	qmpQemu.Close()
 	agentQemu.Close()
 
