@@ -212,7 +212,23 @@ func TestRmRemovesEverything(t *testing.T) {
 }
 
 func TestSupervisorKillLeavesNoOrphan(t *testing.T) {
-	name := sandbox(t, "crashy")
+	supervisorKillLeavesNoOrphan(t, "crashy", nil)
+}
+
+// The same with the parent-death signal switched off: QEMU's watchdog,
+// the mechanism macOS relies on, must do it.
+func TestSupervisorKillLeavesNoOrphanWatchdog(t *testing.T) {
+	supervisorKillLeavesNoOrphan(t, "crashy-dog", []string{"KOSA8_TEST_NO_PDEATHSIG=1"})
+}
+
+func supervisorKillLeavesNoOrphan(t *testing.T, name string, env []string) {
+	if r := runWith(t, env, "create", name); r.code != 0 {
+		t.Fatalf("create: %s", r)
+	}
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
+	if r := runWith(t, env, "start", name); r.code != 0 {
+		t.Fatalf("start: %s", r)
+	}
 	must(t, "exec", name, "--", "sh", "-c", "echo before-crash > ~/f && sync")
 	e := ls(t)[name]
 	if e.Status.QEMUPID == 0 || !processRunning(e.Status.QEMUPID) {
