@@ -9,9 +9,12 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 
 .PHONY: build setup test unit test-vm test-vm-qemu10 bench soak clean
 
+# The guest agent for both guest architectures (kosa8 picks the one that
+# matches the sandbox's --arch), and kosa8-agent for the host's own.
 build:
 	$(GO) build $(GOFLAGS_) -ldflags '$(LDFLAGS)' -o $(BIN)/kosa8 ./cmd/kosa8
 	CGO_ENABLED=0 GOOS=linux $(GO) build $(GOFLAGS_) -ldflags '-s -w' -o $(BIN)/kosa8-agent ./cmd/kosa8-agent
+	for a in amd64 arm64; do CGO_ENABLED=0 GOOS=linux GOARCH=$$a $(GO) build $(GOFLAGS_) -ldflags '-s -w' -o $(BIN)/kosa8-agent-linux-$$a ./cmd/kosa8-agent || exit 1; done
 
 setup: build
 	$(BIN)/kosa8 setup
@@ -23,6 +26,7 @@ test: unit test-vm
 unit:
 	$(GO) test ./...
 	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
+	GOOS=linux GOARCH=arm64 $(GO) vet ./...
 	cd python && python3 -m unittest discover -s tests
 
 # VM tests: boot real sandboxes with the built image.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
 // State is where a sandbox is in its life.
@@ -120,7 +121,7 @@ func (s *Sandbox) launch(ctx context.Context, restore string, rewind bool) error
 	if err != nil {
 		return err
 	}
-	agent, err := sandbox.AgentPath(bin)
+	agent, err := sandbox.AgentPath(bin, vmspec.Arch(s.sb.Config.Arch))
 	if err != nil {
 		return err
 	}

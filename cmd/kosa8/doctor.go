@@ -48,7 +48,7 @@ func doctorChecks(ctx context.Context) []check {
 	} else {
 		add(check{Name: "qemu-img", Detail: "not found", Fix: "kosa8 setup (installs qemu-utils)"})
 	}
-	if a, err := agentPath(); err != nil {
+	if a, err := agentPath(vmspec.HostArch()); err != nil {
 		add(check{Name: "agent", Detail: err.Error(), Fix: "make build"})
 	} else {
 		add(check{Name: "agent", OK: true, Detail: a})

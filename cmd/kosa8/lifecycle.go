@@ -374,7 +374,7 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 	if err := checkFolderFree(m, sb.Config.Name, sb.Config.Workspace); err != nil {
 		return nil, err
 	}
-	agent, err := agentPath()
+	agent, err := agentPath(vmspec.Arch(sb.Config.Arch))
 	if err != nil {
 		return nil, err
 	}

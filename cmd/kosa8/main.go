@@ -10,12 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
 // version is set at build time (-ldflags "-X main.version=…").
@@ -133,28 +133,13 @@ func manager() (*sandbox.Manager, error) {
 	return &sandbox.Manager{Paths: p}, nil
 }
 
-// agentPath finds the kosa8-agent binary that goes into the guest.
-func agentPath() (string, error) {
-	if p := os.Getenv("KOSA8_AGENT"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("KOSA8_AGENT=%s: %w", p, err)
-		}
-		return p, nil
-	}
+// agentPath finds the kosa8-agent binary for a guest of arch.
+func agentPath(arch vmspec.Arch) (string, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return "", err
 	}
-	self, _ = filepath.EvalSymlinks(self)
-	for _, p := range []string{
-		filepath.Join(filepath.Dir(self), "kosa8-agent"),
-		filepath.Join(filepath.Dir(self), "..", "lib", "kosa8", "kosa8-agent"),
-	} {
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", errors.New("kosa8-agent not found next to kosa8: run 'make build' (or set KOSA8_AGENT)")
+	return sandbox.AgentPath(self, arch)
 }
 
 func lookTool(name string) bool {

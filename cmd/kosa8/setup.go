@@ -125,7 +125,7 @@ rebuilt only when its inputs change.`,
 					return fmt.Errorf("still missing after install: %s", strings.Join(still, " "))
 				}
 			}
-			agent, err := agentPath()
+			agent, err := agentPath(vmspec.HostArch())
 			if err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"time"
 	"unicode"
+
+	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
 // LaunchOptions say how to start a sandbox's supervisor.
@@ -143,11 +146,17 @@ func Launch(ctx context.Context, sb *Sandbox, o LaunchOptions) (*Status, error) 
 	}
 }
 
-// AgentPath finds the kosa8-agent binary that goes into the guest:
-// $KOSA8_AGENT, else next to the kosa8 binary (or in ../lib/kosa8).
-func AgentPath(kosa8Binary string) (string, error) {
+// AgentPath finds the kosa8-agent binary for a guest of arch:
+// $KOSA8_AGENT, else next to the kosa8 binary (or in ../lib/kosa8) as
+// kosa8-agent-linux-ARCH, or kosa8-agent. Whichever it finds must be a
+// Linux program for arch: a wrong one would stop the guest at its first
+// instruction, with nothing but "exec format error" on its console.
+func AgentPath(kosa8Binary string, arch vmspec.Arch) (string, error) {
 	if p := os.Getenv("KOSA8_AGENT"); p != "" {
 		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("KOSA8_AGENT=%s: %w", p, err)
+		}
+		if err := checkAgentArch(p, arch); err != nil {
 			return "", fmt.Errorf("KOSA8_AGENT=%s: %w", p, err)
 		}
 		return p, nil
@@ -156,15 +165,43 @@ func AgentPath(kosa8Binary string) (string, error) {
 	if err != nil {
 		self = kosa8Binary
 	}
-	for _, p := range []string{
-		filepath.Join(filepath.Dir(self), "kosa8-agent"),
-		filepath.Join(filepath.Dir(self), "..", "lib", "kosa8", "kosa8-agent"),
-	} {
-		if _, err := os.Stat(p); err == nil {
+	var wrong error
+	for _, dir := range []string{filepath.Dir(self), filepath.Join(filepath.Dir(self), "..", "lib", "kosa8")} {
+		for _, name := range []string{"kosa8-agent-linux-" + string(arch), "kosa8-agent"} {
+			p := filepath.Join(dir, name)
+			if _, err := os.Stat(p); err != nil {
+				continue
+			}
+			if err := checkAgentArch(p, arch); err != nil {
+				if wrong == nil {
+					wrong = fmt.Errorf("%s: %w", p, err)
+				}
+				continue
+			}
 			return p, nil
 		}
 	}
+	if wrong != nil {
+		return "", fmt.Errorf("no kosa8-agent for %s guests next to %s (%v): run 'make build', which builds kosa8-agent-linux-%s", arch, kosa8Binary, wrong, arch)
+	}
 	return "", fmt.Errorf("kosa8-agent not found next to %s: run 'make build' (or set KOSA8_AGENT)", kosa8Binary)
+}
+
+// checkAgentArch checks that p is a Linux ELF program for arch.
+func checkAgentArch(p string, arch vmspec.Arch) error {
+	f, err := elf.Open(p)
+	if err != nil {
+		return fmt.Errorf("not a Linux program: %w", err)
+	}
+	defer f.Close()
+	want := map[vmspec.Arch]elf.Machine{vmspec.AMD64: elf.EM_X86_64, vmspec.ARM64: elf.EM_AARCH64}[arch]
+	if want == 0 {
+		return fmt.Errorf("no guest architecture %q", arch)
+	}
+	if f.Machine != want {
+		return fmt.Errorf("built for %s, the guest is %s", f.Machine, arch)
+	}
+	return nil
 }
 
 // logTail is the last lines of a log, control characters replaced (the
