@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -19,12 +20,42 @@ import (
 	"github.com/kosa8/kosa8/internal/guest"
 )
 
-// The supervisor's API, on api.sock:
-//
-//	GET  /v1/status          StatusResponse
-//	POST /v1/exec            ExecRequest JSON; "Upgrade: kosa8-exec" → 101, then exec frames
-//	POST /v1/stop?kill=1     stop (clean poweroff unless kill); answers once QEMU is gone
-//	GET  /v1/info            the guest's Info
+// Route is one route of the supervisor's API, served on the sandbox's
+// api.sock (mode 0600: the sandbox owner's alone).
+type Route struct {
+	Pattern string // method and path, as http.ServeMux takes them
+	Doc     string // what it takes and answers
+}
+
+// Routes is the supervisor's API, every route it serves and nothing else:
+// routes() refuses to register a route missing here, and a test checks
+// that each one here is registered. Errors answer {"error": "..."} with a
+// 4xx or 5xx status.
+var Routes = []Route{
+	{"GET /v1/status", "StatusResponse: the sandbox's name and Status"},
+	{"GET /v1/info", "guest.Info: the guest's kernel, user and workspace, asked of its agent"},
+	{"POST /v1/stop", "?kill=1 for no clean poweroff; answers once QEMU is gone"},
+	{"POST /v1/pause", "saves the running machine and stops; start resumes it"},
+	{"POST /v1/checkpoints", "CheckpointRequest{message} → checkpoint.Meta of the new checkpoint"},
+	{"DELETE /v1/checkpoints/{id}", "deletes a checkpoint and the disk layers nothing else uses"},
+	{"POST /v1/rewind", "CheckpointRequest{id} → RewindResult; 404 for an unknown checkpoint"},
+	{"POST /v1/exec", `guest.ExecRequest JSON with "Upgrade: kosa8-exec" → 101, then exec frames (stdin, stdout, stderr, resize, exit)`},
+	{"GET /v1/net", "NetResponse: the allow-list in force"},
+	{"POST /v1/net/allow", "NetRequest{rules, allow_broad} → NetResponse"},
+	{"POST /v1/net/deny", "NetRequest{rules} → NetResponse"},
+	{"POST /v1/net/rm", "NetRequest{rules} → NetResponse with how many rules changed; host:port removes that port"},
+	{"GET /v1/net/refused", "a stream of the hosts the network refuses, one JSON object a line, as it happens"},
+	{"GET /v1/ports", "[]PortForward: the ports forwarded from the host"},
+	{"POST /v1/ports", "PortForward → PortForward; 409 when the host port is taken"},
+	{"DELETE /v1/ports/{port}", "ends the forward of a host port"},
+	{"GET /v1/sync", "SyncStatus: the workspace sync, held and pending changes, quota"},
+	{"POST /v1/sync/now", "a sync pass now → SyncStatus"},
+	{"POST /v1/sync/apply", "SyncRequest{paths} writes reviewed changes to the host"},
+	{"POST /v1/sync/approve", "SyncRequest{paths} writes held changes to the host"},
+	{"POST /v1/sync/discard", "SyncRequest{paths} drops held or pending changes"},
+	{"GET /v1/debug/memory", "the guest's RAM, paused for a consistent image (the proof no secret is inside)"},
+	{"POST /v1/debug/plain-migrate", "PlainMigrate: QEMU's whole-machine migration to a scratch file, the checkpoint benchmark's baseline"},
+}
 
 const upgradeProto = "kosa8-exec"
 
@@ -61,7 +92,14 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func (s *supervisor) routes() http.Handler {
-	mux := http.NewServeMux()
+	mux, _ := s.routeMux()
+	return mux
+}
+
+// routeMux registers the API's handlers, each only if Routes documents it,
+// and returns the patterns it registered.
+func (s *supervisor) routeMux() (*http.ServeMux, []string) {
+	mux := &documentedMux{ServeMux: http.NewServeMux()}
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, StatusResponse{Name: s.sb.Config.Name, Status: s.getStatus()})
 	})
@@ -230,7 +268,21 @@ func (s *supervisor) routes() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, s.net.ports())
 	})
-	return mux
+	return mux.ServeMux, mux.registered
+}
+
+// documentedMux registers a handler only for a route Routes documents.
+type documentedMux struct {
+	*http.ServeMux
+	registered []string
+}
+
+func (m *documentedMux) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request)) {
+	if !slices.ContainsFunc(Routes, func(r Route) bool { return r.Pattern == pattern }) {
+		panic("api route " + pattern + " is not in Routes: document it there")
+	}
+	m.registered = append(m.registered, pattern)
+	m.ServeMux.HandleFunc(pattern, h)
 }
 
 // SyncRequest names workspace paths.
