@@ -29,6 +29,7 @@ var (
 i, url, until = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
 os.makedirs("soak", exist_ok=True)
 n = ok = fail = 0
+errs = {}
 while time.time() < until:
     n += 1
     d = "soak/d%d" % (n % 8)
@@ -42,10 +43,11 @@ while time.time() < until:
         try:
             urllib.request.urlopen(url, timeout=10).read()
             ok += 1
-        except Exception:
+        except Exception as e:
             fail += 1
+            errs[type(e).__name__ + ": " + str(e)[:80]] = errs.get(type(e).__name__ + ": " + str(e)[:80], 0) + 1
     time.sleep(0.05)
-print(json.dumps({"n": n, "ok": ok, "fail": fail}))
+print(json.dumps({"n": n, "ok": ok, "fail": fail, "errors": errs}))
 `
 )
 
@@ -77,6 +79,7 @@ func benchSoak() {
 		lost, corrupt, extra  int
 		stuck                 string
 		rssStart, rssEnd, rss int
+		errors                map[string]int
 	}
 	results := make([]*result, *soakN)
 	for i := range *soakN {
@@ -119,12 +122,15 @@ func benchSoak() {
 				r.stuck = fmt.Sprintf("the workload failed: %v: %.300s", err, errb.String())
 				return
 			}
-			var res struct{ N, Ok, Fail int }
+			var res struct {
+				N, Ok, Fail int
+				Errors      map[string]int
+			}
 			if err := json.Unmarshal(out, &res); err != nil {
 				r.stuck = fmt.Sprintf("workload output %q: %v", out, err)
 				return
 			}
-			r.n, r.ok, r.fail = res.N, res.Ok, res.Fail
+			r.n, r.ok, r.fail, r.errors = res.N, res.Ok, res.Fail, res.Errors
 		}()
 	}
 	wg.Wait()
@@ -172,6 +178,9 @@ func benchSoak() {
 	var lost, stuck, writes, reqOK, reqFail int
 	for _, r := range results {
 		note := fmt.Sprintf("%d files written, %d requests ok, %d failed; supervisor RSS %d → %d MiB", r.n, r.ok, r.fail, r.rssStart>>10, r.rssEnd>>10)
+		for e, n := range r.errors {
+			note += fmt.Sprintf("; %d× %s", n, e)
+		}
 		value := fmt.Sprintf("lost %d, corrupt %d, left over %d", r.lost, r.corrupt, r.extra)
 		if r.stuck != "" {
 			value, note = "STUCK", r.stuck
