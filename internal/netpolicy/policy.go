@@ -402,6 +402,9 @@ func (p *Policy) Remove(target string) (int, error) {
 	}
 	withPorts := strings.Contains(bare, ":")
 	match := func(e *Rule) bool {
+		if withPorts && r.prefix() == "" && e.Deny {
+			return false // a port comes off a deny rule only when asked with deny:
+		}
 		return e.target() == r.target() && (r.prefix() == "" || r.prefix() == e.prefix())
 	}
 	if withPorts {

@@ -304,6 +304,10 @@ func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, wh
 	if !decodeBody(w, r, &req) {
 		return
 	}
+	// Not during a checkpoint or a rewind: this scans the guest, which
+	// they pause (a rewind would wait on the engine this holds).
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
 	resume := s.ws.Pause()
 	defer resume()
 	var done []string

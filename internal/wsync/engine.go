@@ -510,6 +510,9 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 		if why := LinkWhy(engineLinks{ctx, e}, p, g.Link); why != "" {
 			return hold(why)
 		}
+		if controlName(g.Link) {
+			return hold("a link whose text has control characters (ls -l would send them to a terminal)")
+		}
 	}
 	if e.opts.Review && w.via != viaApply && w.via != viaApprove {
 		e.pending[p] = Change{Path: p, Kind: w.kind, Why: "review", Guest: g}
@@ -565,6 +568,9 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 		}
 		var r io.Reader
 		if content != nil {
+			if int64(len(content)) != g.Size {
+				return errChanged
+			}
 			r = bytes.NewReader(content)
 		} else {
 			rc, err := e.guest.Read(ctx, w.src)
@@ -609,12 +615,15 @@ func (a *atMost) Read(p []byte) (int, error) {
 	if a.left < 0 {
 		return 0, errChanged
 	}
-	if int64(len(p)) > a.left+1 {
+	if a.left < int64(len(p))-1 {
 		p = p[:a.left+1]
 	}
 	n, err := a.r.Read(p)
 	if a.left -= int64(n); a.left < 0 {
 		return 0, errChanged
+	}
+	if err == io.EOF && a.left > 0 {
+		return n, errChanged // shorter than scanned: not what was checked
 	}
 	return n, err
 }
@@ -676,7 +685,7 @@ func (e *Engine) overQuota(p string, g *Entry) string {
 	switch {
 	case files > 0 && e.used.Files+files > q.QuotaFiles:
 		return fmt.Sprintf("sync quota: the sandbox may keep at most %d files of its own in the host folder (it has %d); delete some inside, or raise quota_files in the sandbox's config", q.QuotaFiles, e.used.Files)
-	case bytes > 0 && e.used.Bytes+bytes > q.QuotaBytes:
+	case bytes > 0 && bytes > q.QuotaBytes-e.used.Bytes: // no overflow, whatever size the guest claims
 		return fmt.Sprintf("sync quota: the sandbox may keep at most %d bytes of its own in the host folder (it has %d, this file is %d); delete some inside, or raise quota_bytes in the sandbox's config", q.QuotaBytes, e.used.Bytes, g.Size)
 	}
 	return ""

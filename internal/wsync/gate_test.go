@@ -471,10 +471,22 @@ func TestControlCharacterNamesHeld(t *testing.T) {
 }
 
 func TestGitNamedPaths(t *testing.T) {
-	got := gitNamedPaths([]byte("[core]\nhooksPath=hooks ; c\n[includeIf \"gitdir:~/w/\"]\n\tpath = x.inc\n[diff \"p\"]\n\ttextconv = 'tools/conv' --x\n[url \"git@h:\"]\n\tinsteadOf = https://h/\n"))
-	want := []string{"hooks", "x.inc", "tools/conv"}
+	cfg := "[core]\nhooksPath=hooks ; c\n[includeIf \"gitdir:~/w/\"]\n\tpath = x.inc\n[diff \"p\"]\n\ttextconv = 'tools/conv' --x\n" +
+		"[url \"git@h:\"]\n\tinsteadOf = https://h/\n[core]\n\tfsmonitor = \"sc ri/fs.sh\" # the team's\n" +
+		"[alias]\n\tx = !\"$(git rev-parse --show-toplevel)/scripts/x.sh\"\n\ty = !sh lint.sh\n[remote \"o\"]\n\turl = a/b\n\tuploadpack = ./up/pack\n"
+	var got []string
+	for _, n := range gitNamedPaths([]byte(cfg)) {
+		got = append(got, string(n.kind)+":"+n.value)
+	}
+	want := []string{"h:hooks", "i:x.inc", "w:tools/conv", "b:--x", "b:sc", "w:ri/fs.sh", "b:$", "b:git", "b:rev-parse", "w:scripts/x.sh", "b:sh", "b:lint.sh", "w:./up/pack"}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
-		t.Errorf("got %q, want %q", got, want)
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+	if v := gitValue(` "tools/hooks" # team hooks`); v != "tools/hooks" {
+		t.Errorf("quoted value with a comment: %q", v)
+	}
+	if v := gitValue(`a\"b;c`); v != `a"b` {
+		t.Errorf("escaped quote: %q", v)
 	}
 }
 
@@ -514,5 +526,96 @@ func TestGrowingFileKeepsQuota(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(p.host); len(ents) != 0 {
 		t.Fatalf("left on the host: %v", ents)
+	}
+}
+
+// What the host's git reaches indirectly: an included config's hooksPath,
+// a linked worktree's relative hooksPath, a hook that is a link to a
+// script of the folder, a script an alias names without a slash.
+func TestHostGitConfigIndirect(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
+	p := newPair(t, Options{})
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".git/config", "[include]\n\tpath = ../.gitconfig\n[alias]\n\tlint = !sh lint.sh\n")
+		write(t, d, ".gitconfig", "[core]\n\thooksPath = \"scripts/hooks\" # the team's hooks\n")
+		write(t, d, "wt1/.git", "gitdir: ../.git/worktrees/wt1\n")
+		write(t, d, ".git/worktrees/wt1/HEAD", "ref: refs/heads/wt1\n")
+		write(t, d, ".git/worktrees/wt1/commondir", "../..\n")
+		write(t, d, "lint.sh", "echo lint\n")
+		write(t, d, "tools/pre-push", "echo push\n")
+	}
+	if err := os.Symlink("../../tools/pre-push", filepath.Join(p.host, ".git/hooks/pre-push")); err != nil {
+		os.MkdirAll(filepath.Join(p.host, ".git/hooks"), 0o755)
+		if err := os.Symlink("../../tools/pre-push", filepath.Join(p.host, ".git/hooks/pre-push")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.sync(t)
+	evil := []string{"scripts/hooks/pre-commit", "wt1/scripts/hooks/pre-commit", "lint.sh", "tools/pre-push", ".gitconfig"}
+	for _, f := range evil {
+		write(t, p.guest, f, "#!/bin/sh\ntouch /tmp/pwned\n")
+	}
+	p.sync(t)
+	held := map[string]string{}
+	for _, h := range p.e.Status().Held {
+		held[h.Path] = h.Why
+	}
+	for _, f := range evil {
+		if strings.Contains(read(p.host, f), "pwned") {
+			t.Errorf("%s reached the host (held: %q)", f, held[f])
+		}
+		if held[f] == "" {
+			t.Errorf("%s not reported held", f)
+		}
+	}
+}
+
+// lying is a guest that reports a size of its choosing for every file.
+type lying struct {
+	Side
+	size int64
+}
+
+func (l lying) Scan(ctx context.Context, paths []string) (map[string]*Entry, error) {
+	m, err := l.Side.Scan(ctx, paths)
+	for _, e := range m {
+		if e.Type == 'f' {
+			e.Size = l.size
+		}
+	}
+	return m, err
+}
+
+// Sizes come from the guest: none of them breaks the quota or the sync.
+func TestGuestSizesNotTrusted(t *testing.T) {
+	for _, size := range []int64{-1 << 40, 1<<63 - 1, 1<<63 - 4, 0} {
+		p := newPair(t, Options{QuotaBytes: 1 << 20})
+		write(t, p.guest, "f", strings.Repeat("x", 4096))
+		hr, _ := OpenRoot(p.host)
+		gr, _ := OpenRoot(p.guest)
+		t.Cleanup(func() { hr.Close(); gr.Close() })
+		p.e = NewEngine(&HostSide{Root: hr}, lying{&HostSide{Root: gr}, size}, nil, Options{QuotaBytes: 1 << 20}, nil)
+		p.e.Sync(context.Background(), nil) // must not panic
+		if st := p.e.Status(); st.Quota.Bytes < 0 || st.Quota.Bytes > 1<<20 {
+			t.Errorf("size %d: quota bytes %d", size, st.Quota.Bytes)
+		}
+		if exists(p.host, "f") {
+			t.Errorf("size %d: a file of 4096 bytes landed for a claimed %d", size, size)
+		}
+	}
+}
+
+// A link's text reaches a terminal through ls -l: no control characters.
+func TestLinkTextControlCharactersHeld(t *testing.T) {
+	p := newPair(t, Options{})
+	p.sync(t)
+	if err := os.Symlink("a\x1b]0;pwned\x07", filepath.Join(p.guest, "l")); err != nil {
+		t.Fatal(err)
+	}
+	p.sync(t)
+	if exists(p.host, "l") {
+		t.Error("a link whose text has an escape sequence reached the host")
 	}
 }

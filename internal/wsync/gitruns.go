@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -15,26 +16,54 @@ import (
 // then runs or obeys: core.hooksPath = tools/hooks makes every file there
 // a hook, include.path pulls in a config, core.fsmonitor, filters, diff
 // drivers and aliases run commands, any of which may be a script in the
-// folder. Those configs are the user's (a guest change to them is held),
-// but the files they name are ordinary workspace paths: the sync holds a
-// guest change to them too. The list is read from the host at every pass.
+// folder. Those configs are the user's (a guest change to one inside the
+// folder is held), but the files they name are ordinary workspace paths:
+// the sync holds a guest change to them too. The list is read from the
+// host at every pass, erring toward naming more: a path named for nothing
+// only costs an approval.
+//
+// Read: every git directory's config and config.worktree (and those of
+// its linked worktrees), what they include (recursively, as deep as git
+// goes), the system and global configs, and the config of a repository
+// above the folder. Relative names are taken from every work tree in the
+// folder and from each git directory, as git resolves hooksPath from the
+// work tree a command runs in and includes from the including file.
 
-// maxHostGitConfig bounds what is read of one host git config.
-const maxHostGitConfig = 256 << 10
+const (
+	// maxHostGitConfig bounds what is read of one host git config.
+	maxHostGitConfig = 256 << 10
+	// maxIncludeDepth is git's own limit on nested includes.
+	maxIncludeDepth = 10
+)
 
-// gitNamedPaths returns the values of a git config that may name a path git
-// runs or reads: the whole value of core.hooksPath and of include paths,
-// and every word containing a slash of any other value but remotes',
-// branches' and URL-like ones. It is lenient (the file is the host's, not
-// the guest's) and errs toward naming more: a path named for nothing only
-// costs an approval.
-func gitNamedPaths(b []byte) []string {
-	var out []string
+// gitHookNames are the hooks git runs: held by name where hooksPath is a
+// work tree's root (the folder itself cannot be held whole).
+var gitHookNames = []string{"applypatch-msg", "pre-applypatch", "post-applypatch", "pre-commit", "pre-merge-commit",
+	"prepare-commit-msg", "commit-msg", "post-commit", "pre-rebase", "post-checkout", "post-merge", "pre-push",
+	"pre-receive", "update", "proc-receive", "post-receive", "post-update", "reference-transaction", "push-to-checkout",
+	"pre-auto-gc", "post-rewrite", "sendemail-validate", "fsmonitor-watchman", "p4-changelist", "p4-prepare-changelist",
+	"p4-post-changelist", "p4-pre-submit", "post-index-change"}
+
+// gitEntry is one key and value of a git config.
+type gitEntry struct{ key, value string }
+
+// gitConfigEntries reads a git config leniently (the file is the host's,
+// not the guest's): sections with or without subsections, values parsed
+// as git does (quotes, escapes, comments), continuation lines joined.
+func gitConfigEntries(b []byte) []gitEntry {
+	var out []gitEntry
 	section := ""
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 0, 4096), maxHostGitConfig)
+	pending := ""
 	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
+		line := pending + sc.Text()
+		pending = ""
+		if strings.HasSuffix(line, `\`) && !strings.HasSuffix(line, `\\`) {
+			pending = strings.TrimSuffix(line, `\`)
+			continue
+		}
+		line = strings.TrimSpace(line)
 		if line == "" || line[0] == '#' || line[0] == ';' {
 			continue
 		}
@@ -45,7 +74,7 @@ func gitNamedPaths(b []byte) []string {
 			}
 			name, sub, _ := strings.Cut(strings.TrimSpace(line[1:end]), " ")
 			section = strings.ToLower(name)
-			if sub = strings.Trim(strings.TrimSpace(sub), `"`); sub != "" {
+			if sub = gitValue(strings.TrimSpace(sub)); sub != "" {
 				section += "." + sub
 			}
 			line = strings.TrimSpace(line[end+1:])
@@ -54,26 +83,82 @@ func gitNamedPaths(b []byte) []string {
 			}
 		}
 		k, v, _ := strings.Cut(line, "=")
-		key := section + "." + strings.ToLower(strings.TrimSpace(k))
-		v = strings.TrimSpace(v)
-		if i := strings.IndexAny(v, "#;"); i >= 0 && !strings.Contains(v[:i], `"`) {
-			v = strings.TrimSpace(v[:i])
-		}
-		v = strings.TrimSuffix(v, `\`)
-		top, _, _ := strings.Cut(section, ".")
+		out = append(out, gitEntry{section + "." + strings.ToLower(strings.TrimSpace(k)), gitValue(v)})
+	}
+	return out
+}
+
+// gitValue is a config value as git reads it: double quotes toggle, # and
+// ; outside quotes start a comment, \" \\ \n \t \b are escapes; spaces
+// around it go.
+func gitValue(v string) string {
+	var b strings.Builder
+	quoted := false
+	for i := 0; i < len(v); i++ {
+		c := v[i]
 		switch {
-		case key == "core.hookspath", top == "include" || top == "includeif" && strings.HasSuffix(key, ".path"):
-			if w := strings.Trim(v, `"`); w != "" {
-				out = append(out, w)
+		case c == '\\' && i+1 < len(v):
+			i++
+			switch v[i] {
+			case 'n':
+				b.WriteByte('\n')
+			case 't':
+				b.WriteByte('\t')
+			case 'b':
+				b.WriteByte('\b')
+			default:
+				b.WriteByte(v[i])
 			}
-		case top == "remote", top == "branch", top == "url", top == "submodule":
+		case c == '"':
+			quoted = !quoted
+		case (c == '#' || c == ';') && !quoted:
+			return strings.TrimSpace(b.String())
 		default:
-			for _, w := range strings.FieldsFunc(v, func(r rune) bool {
-				return r == ' ' || r == '\t' || r == '"' || r == '\'' || r == ';' || r == '&' || r == '|'
+			b.WriteByte(c)
+		}
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// gitNamed is what a config names: a hooks folder, an included config, or
+// a word of a command (that may be a script of the folder).
+type gitNamed struct {
+	kind  byte // 'h' hooks folder, 'i' include, 'w' word with a slash, 'b' bare word (a file if it exists)
+	value string
+}
+
+// gitNamedPaths classifies a config's values: the whole value of
+// core.hooksPath and of include paths, and the words of every other value
+// but those that only name remotes, branches and URLs.
+func gitNamedPaths(b []byte) []gitNamed {
+	var out []gitNamed
+	for _, e := range gitConfigEntries(b) {
+		top, _, _ := strings.Cut(e.key, ".")
+		last := e.key[strings.LastIndexByte(e.key, '.')+1:]
+		switch {
+		case e.value == "":
+		case e.key == "core.hookspath":
+			out = append(out, gitNamed{'h', e.value})
+		case (top == "include" || top == "includeif") && last == "path":
+			out = append(out, gitNamed{'i', e.value})
+		case top == "url", top == "branch",
+			(top == "remote" || top == "submodule") && (last == "url" || last == "pushurl" || last == "fetch" || last == "push" || last == "path" || last == "branch" || last == "mirror"):
+			// Names of remotes, refs and URLs: nothing git runs.
+		default:
+			for _, w := range strings.FieldsFunc(e.value, func(r rune) bool {
+				return strings.ContainsRune(" \t\n'\";&|<>`(", r)
 			}) {
-				w = strings.TrimPrefix(w, "!")
-				if strings.Contains(w, "/") && !strings.Contains(w, "://") {
-					out = append(out, w)
+				w = strings.TrimLeft(w, "!")
+				if i := strings.LastIndexAny(w, ")}"); i >= 0 {
+					w = w[i+1:] // "$(git rev-parse --show-toplevel)/x.sh" names /x.sh of a work tree
+					w = strings.TrimPrefix(w, "/")
+				}
+				switch {
+				case w == "" || strings.Contains(w, "://"):
+				case strings.Contains(w, "/"):
+					out = append(out, gitNamed{'w', w})
+				default:
+					out = append(out, gitNamed{'b', w})
 				}
 			}
 		}
@@ -81,82 +166,282 @@ func gitNamedPaths(b []byte) []string {
 	return out
 }
 
-// findGitRuns lists the folder's paths (with the config naming each) that
-// a host git config names: the configs of the git directories in gitDirs
-// and of every .git folder the host holds, and the user's global ones.
-// Relative names are taken both from the work tree and from the git
-// directory, as git resolves hooksPath from one and includes from the
-// other.
-func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[string]string {
-	var root string
-	if d, ok := e.host.(interface{ Dir() string }); ok {
-		root = d.Dir()
-	}
-	home, _ := os.UserHomeDir()
-	runs := map[string]string{}
-	add := func(p, from string) {
-		if _, err := CleanRel(p); err == nil && p != "." {
-			runs[p] = from
+// gitRunsFinder gathers what the host's git configs name.
+type gitRunsFinder struct {
+	ctx       context.Context
+	e         *Engine
+	roots     []string // the folder's absolute path, and its path with links resolved
+	worktrees []string // absolute: every work tree git may run in
+	runs      map[string]string
+}
+
+// rel turns an absolute host path into a path of the folder, or "".
+func (f *gitRunsFinder) rel(abs string) string {
+	abs = filepath.Clean(abs)
+	for _, r := range f.roots {
+		if abs == r {
+			return "."
 		}
-	}
-	// resolve adds a value named by a config, relative ones from each base.
-	resolve := func(v, from string, bases ...string) {
-		switch {
-		case strings.HasPrefix(v, "~/") && home != "":
-			v = filepath.Join(home, v[2:])
-		case strings.HasPrefix(v, "~"):
-			return
-		}
-		if strings.HasPrefix(v, "/") {
-			if root != "" && strings.HasPrefix(v, root+"/") {
-				add(path.Clean(strings.TrimPrefix(v, root+"/")), from)
-			}
-			return
-		}
-		for _, b := range bases {
-			add(path.Join(b, v), from)
-		}
-	}
-	dirs := []string{}
-	for d := range gitDirs {
-		dirs = append(dirs, d)
-	}
-	for p := range e.gitMarks {
-		if foldName(path.Base(p)) == ".git" {
-			if ent := e.hostStat(ctx, p); ent != nil && ent.Type == 'd' {
-				dirs = append(dirs, p)
+		if rest, ok := strings.CutPrefix(abs, r+"/"); ok {
+			if _, err := CleanRel(rest); err == nil {
+				return rest
 			}
 		}
 	}
-	var worktrees []string
-	for _, d := range dirs {
-		wt := path.Dir(d)
-		worktrees = append(worktrees, wt, d)
-		cfg := path.Join(d, "config")
-		b, err := readAllMax(ctx, e.host.Read, cfg, maxHostGitConfig)
+	return ""
+}
+
+func (f *gitRunsFinder) add(rel, from string) {
+	if rel == "" || rel == "." {
+		return // the folder itself: not held whole
+	}
+	f.runs[rel] = from
+}
+
+// addHooks adds a hooks folder; one that is a work tree's root (hooksPath
+// = .) is held by git's hook names, not whole.
+func (f *gitRunsFinder) addHooks(rel, from string, isWorktree bool) {
+	if rel == "" {
+		return
+	}
+	if rel == "." || isWorktree {
+		for _, h := range gitHookNames {
+			f.runs[path.Join(rel, h)] = from
+		}
+		return
+	}
+	f.runs[rel] = from
+}
+
+// abs resolves a configured name from base (absolute), "~/" from home.
+func abs(name, base string) string {
+	if strings.HasPrefix(name, "~/") {
+		home, err := os.UserHomeDir()
 		if err != nil {
+			return ""
+		}
+		return filepath.Join(home, name[2:])
+	}
+	if strings.HasPrefix(name, "~") {
+		return "" // ~user: another user's home, never the folder's
+	}
+	if filepath.IsAbs(name) {
+		return filepath.Clean(name)
+	}
+	return filepath.Join(base, name)
+}
+
+// read reads a config by its absolute path: inside the folder through the
+// root (never following a link out), elsewhere as the user's own file.
+func (f *gitRunsFinder) read(file string) []byte {
+	if rel := f.rel(file); rel != "" {
+		b, err := readAllMax(f.ctx, f.e.host.Read, rel, maxHostGitConfig)
+		if err != nil {
+			return nil
+		}
+		return b
+	}
+	b, err := readFileMax(file, maxHostGitConfig)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// config adds what the config file names; bases are where its relative
+// command and hooks names are taken from (its includes: from its folder).
+func (f *gitRunsFinder) config(file string, bases []string, depth int) {
+	if depth > maxIncludeDepth {
+		return
+	}
+	b := f.read(file)
+	if b == nil {
+		return
+	}
+	from := file
+	if rel := f.rel(file); rel != "" {
+		from = rel
+	}
+	for _, n := range gitNamedPaths(b) {
+		switch n.kind {
+		case 'i':
+			inc := abs(n.value, filepath.Dir(file))
+			if inc == "" {
+				continue
+			}
+			f.add(f.rel(inc), from)
+			f.config(inc, bases, depth+1)
+		case 'h':
+			for _, base := range bases {
+				if p := abs(n.value, base); p != "" {
+					f.addHooks(f.rel(p), from, slices.Contains(f.worktrees, p))
+				}
+			}
+		case 'w':
+			for _, base := range bases {
+				if p := abs(n.value, base); p != "" {
+					f.add(f.rel(p), from)
+				}
+			}
+		case 'b':
+			// A bare word is a file of the folder only where one exists.
+			for _, base := range bases {
+				if rel := f.rel(filepath.Join(base, n.value)); rel != "" && rel != "." {
+					if ent := f.e.hostStat(f.ctx, rel); ent != nil && ent.Type == 'f' {
+						f.add(rel, from)
+					}
+				}
+			}
+		}
+	}
+}
+
+// findGitRuns lists the folder's paths (to the config naming each) that
+// host git configs name, and the in-folder targets of host links on the
+// way to them.
+func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[string]string {
+	d, ok := e.host.(interface{ Dir() string })
+	if !ok {
+		return nil
+	}
+	root := filepath.Clean(d.Dir())
+	f := &gitRunsFinder{ctx: ctx, e: e, roots: []string{root}, runs: map[string]string{}}
+	if real, err := filepath.EvalSymlinks(root); err == nil && real != root {
+		f.roots = append(f.roots, real)
+	}
+	// The git directories of the folder, and its work trees: every folder
+	// holding a .git (folder or file), and each git directory's parent.
+	dirs := map[string]bool{}
+	for g := range gitDirs {
+		dirs[g] = true
+	}
+	wts := map[string]bool{}
+	for p := range e.gitMarks {
+		if foldName(path.Base(p)) != ".git" {
 			continue
 		}
-		for _, v := range gitNamedPaths(b) {
-			resolve(v, cfg, wt, d)
+		ent := e.hostStat(ctx, p)
+		if ent == nil {
+			continue
+		}
+		wts[path.Dir(p)] = true
+		if ent.Type == 'd' {
+			dirs[p] = true
 		}
 	}
-	if home != "" && len(worktrees) > 0 {
+	for g := range dirs {
+		wts[path.Dir(g)] = true
+		wts[g] = true
+	}
+	for w := range wts {
+		f.worktrees = append(f.worktrees, filepath.Join(root, w))
+	}
+	// A repository above the folder: its config may name paths inside.
+	var above []string
+	for dir := filepath.Dir(root); ; dir = filepath.Dir(dir) {
+		if fi, err := os.Lstat(filepath.Join(dir, ".git")); err == nil {
+			gd := filepath.Join(dir, ".git")
+			if !fi.IsDir() {
+				b, _ := readFileMax(gd, 4096)
+				t, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir:")
+				if !ok {
+					break
+				}
+				gd = abs(strings.TrimSpace(t), dir)
+			}
+			f.worktrees = append(f.worktrees, dir)
+			above = append(above, filepath.Join(gd, "config"), filepath.Join(gd, "config.worktree"))
+			break
+		}
+		if dir == "/" || dir == "." {
+			break
+		}
+	}
+	if len(f.worktrees) == 0 {
+		return f.runs // no repository: no config of git's applies here
+	}
+	for g := range dirs {
+		gabs := filepath.Join(root, g)
+		bases := append([]string{gabs}, f.worktrees...)
+		f.config(filepath.Join(gabs, "config"), bases, 0)
+		f.config(filepath.Join(gabs, "config.worktree"), bases, 0)
+		if wt, err := e.host.Scan(ctx, []string{path.Join(g, "worktrees")}); err == nil {
+			for p, ent := range wt {
+				if ent.Type == 'f' && path.Base(p) == "config.worktree" {
+					f.config(filepath.Join(root, p), bases, 0)
+				}
+			}
+		}
+		// Hooks in the default place are held already (gitAllowed); links
+		// there lead git to files elsewhere in the folder.
+		f.linkTargets(path.Join(g, "hooks"))
+	}
+	for _, c := range above {
+		f.config(c, f.worktrees, 0)
+	}
+	home, _ := os.UserHomeDir()
+	var system []string
+	if s := os.Getenv("GIT_CONFIG_SYSTEM"); s != "" {
+		system = append(system, s)
+	} else {
+		system = append(system, "/etc/gitconfig", "/opt/homebrew/etc/gitconfig", "/usr/local/etc/gitconfig")
+	}
+	if g := os.Getenv("GIT_CONFIG_GLOBAL"); g != "" {
+		system = append(system, g)
+	} else if home != "" {
 		xdg := os.Getenv("XDG_CONFIG_HOME")
 		if xdg == "" {
 			xdg = filepath.Join(home, ".config")
 		}
-		for _, g := range []string{filepath.Join(home, ".gitconfig"), filepath.Join(xdg, "git", "config")} {
-			b, err := readFileMax(g, maxHostGitConfig)
-			if err != nil {
-				continue
-			}
-			for _, v := range gitNamedPaths(b) {
-				resolve(v, g, worktrees...)
+		system = append(system, filepath.Join(home, ".gitconfig"), filepath.Join(xdg, "git", "config"))
+	}
+	for _, c := range system {
+		f.config(c, f.worktrees, 0)
+	}
+	for p := range f.runs {
+		f.linkTargets(p)
+	}
+	return f.runs
+}
+
+// linkTargets adds, for a named path p, where host links lead git from it:
+// the targets of links at or below p, and p's rest below a link on its way.
+func (f *gitRunsFinder) linkTargets(p string) {
+	seen := map[string]bool{}
+	var walk func(p, from string, depth int)
+	walk = func(p, from string, depth int) {
+		if depth > 8 || seen[p] {
+			return
+		}
+		seen[p] = true
+		for _, links := range []map[string]string{f.e.passLinks, f.e.links} {
+			for l, text := range links {
+				var target string
+				if strings.HasPrefix(text, "/") {
+					target = f.rel(text)
+				} else if j := path.Join(path.Dir(l), text); j != ".." && !strings.HasPrefix(j, "../") {
+					target = j
+				}
+				if target == "" {
+					continue
+				}
+				switch {
+				case l == p || strings.HasPrefix(l, p+"/"):
+					f.add(target, from)
+					walk(target, from, depth+1)
+				case strings.HasPrefix(p, l+"/"):
+					t := path.Join(target, strings.TrimPrefix(p, l+"/"))
+					f.add(t, from)
+					walk(t, from, depth+1)
+				}
 			}
 		}
 	}
-	return runs
+	from := f.runs[p]
+	if from == "" {
+		from = "a link in " + p
+	}
+	walk(p, from, 0)
 }
 
 // readFileMax reads at most max bytes of a file of the host user's.

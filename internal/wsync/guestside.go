@@ -63,6 +63,10 @@ func (g *GuestSide) Scan(ctx context.Context, paths []string) (map[string]*Entry
 				if e.Type != 'f' && e.Type != 'd' && e.Type != 'l' {
 					continue
 				}
+				// Sizes feed the quota: one out of range is a lie.
+				if e.Size < 0 || g.MaxFile > 0 && e.Size > g.MaxFile && !e.Big {
+					continue
+				}
 				out[e.Path] = &Entry{Path: e.Path, Type: e.Type, Mode: e.Mode.Perm(), Size: e.Size, Hash: e.Hash, Link: e.Link, Big: e.Big}
 			}
 		default:

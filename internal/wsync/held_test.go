@@ -121,12 +121,12 @@ func FuzzGitNamedPaths(f *testing.F) {
 	f.Add([]byte("[include]path=\"../x\"\n[remote \"o\"]\nurl=https://h/r\n"), "x")
 	f.Fuzz(func(t *testing.T, cfg []byte, p string) {
 		runs := map[string]string{}
-		for _, v := range gitNamedPaths(cfg) {
-			if v == "" {
+		for _, n := range gitNamedPaths(cfg) {
+			if n.value == "" {
 				t.Fatal("an empty name")
 			}
-			if _, err := CleanRel(v); err == nil {
-				runs[v] = ".git/config"
+			if _, err := CleanRel(n.value); err == nil {
+				runs[n.value] = ".git/config"
 			}
 		}
 		if _, err := CleanRel(p); err != nil {
