@@ -150,7 +150,11 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err 
 		defer grace.Stop()
 		select {
 		case <-m.Done():
-			return fmt.Errorf("the VM stopped while booting: %v%s", m.Wait(context.Background()), consoleTail(s.sb.Path(ConsoleLog)))
+			why := "QEMU exited: the guest's kernel stopped (a panic, or a power-off)"
+			if werr := m.Wait(context.Background()); werr != nil {
+				why = werr.Error()
+			}
+			return fmt.Errorf("the VM stopped while booting: %s%s", why, consoleTail(s.sb.Path(ConsoleLog)))
 		case <-grace.C:
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {

@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 
@@ -159,6 +160,16 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		// runs new code: an idle sandbox's QEMU grew past 700 MiB after a few
 		// hundred execs. 256 MiB bounds it.
 		accel += ",tb-size=256"
+		// One thread runs every vCPU in turn. With a thread per vCPU
+		// (QEMU's default for x86 on x86) the Debian kernel now and then
+		// died at boot with "Oops: int3" in code it was patching live
+		// (text_poke's breakpoints, seen in CI and here: about 1 boot in
+		// 100); the single thread serializes what the kernel's patching
+		// assumes is serialized. KOSA8_TCG_THREADS=multi restores QEMU's
+		// default (faster for parallel work, at that risk).
+		if s.CPUs > 1 && os.Getenv("KOSA8_TCG_THREADS") != "multi" {
+			accel += ",thread=single"
+		}
 	}
 	a = append(a,
 		"-accel", accel,

@@ -59,9 +59,9 @@ func TestArgsPerPlatform(t *testing.T) {
 		console string
 	}{
 		{"linux amd64 kvm", vmspec.AMD64, vmm.KVM, "kvm", "microvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
-		{"linux amd64 tcg", vmspec.AMD64, vmm.TCG, "tcg,tb-size=256", "microvm,acpi=on,rtc=on,pit=on,memory-backend=ram", "max", "console=ttyS0"},
+		{"linux amd64 tcg", vmspec.AMD64, vmm.TCG, "tcg,tb-size=256,thread=single", "microvm,acpi=on,rtc=on,pit=on,memory-backend=ram", "max", "console=ttyS0"},
 		{"darwin arm64 hvf", vmspec.ARM64, vmm.HVF, "hvf", "virt,gic-version=3,memory-backend=ram", "host", "console=ttyAMA0"},
-		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "tcg,tb-size=256", "virt,gic-version=max,memory-backend=ram", "max", "console=ttyAMA0"},
+		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "tcg,tb-size=256,thread=single", "virt,gic-version=max,memory-backend=ram", "max", "console=ttyAMA0"},
 		{"linux arm64 kvm", vmspec.ARM64, vmm.KVM, "kvm", "virt,gic-version=max,memory-backend=ram", "host", "console=ttyAMA0"},
 	}
 	for _, tc := range cases {
@@ -228,7 +228,7 @@ func TestArgsPerQEMUVersion(t *testing.T) {
 	// The whole 7.2 line, so that any change to it is seen here.
 	golden := "-name kosa8-t,debug-threads=on -nodefaults -no-user-config -display none -no-reboot" +
 		" -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny" +
-		" -bios /usr/share/qemu/qboot.rom -accel tcg,tb-size=256 -machine microvm,acpi=on,rtc=on,pit=on,memory-backend=ram" +
+		" -bios /usr/share/qemu/qboot.rom -accel tcg,tb-size=256,thread=single -machine microvm,acpi=on,rtc=on,pit=on,memory-backend=ram" +
 		" -cpu max -smp 2 -m 1024M -object memory-backend-file,id=ram,size=1024M,mem-path=/proc/self/fd/3,share=on" +
 		" -kernel /img/vmlinuz -initrd /img/initrd -append console=ttyS0 kosa8.uid=1000" +
 		" -chardev socket,id=qmp,fd=4 -mon chardev=qmp,mode=control -chardev socket,id=agent,fd=5" +
