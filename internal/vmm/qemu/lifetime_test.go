@@ -11,23 +11,26 @@ import (
 	"time"
 )
 
-// TestWatchdogHelper is the supervisor stand-in of the tests below: it
-// starts a child in a process group of its own without a parent-death
-// signal (the macOS case), and its watchdog; prints the child's pid; then
-// waits to be killed, or (KOSA8_WATCHDOG_RELEASE) lets the child end
-// first and releases the watchdog as the driver does.
-func TestWatchdogHelper(t *testing.T) {
+// The supervisor stand-in of the tests below, when the test binary runs
+// as one (KOSA8_WATCHDOG_HELPER=1): it starts a child in a process group
+// of its own without a parent-death signal (the macOS case), and its
+// watchdog; prints the child's pid; then waits to be killed, or
+// (KOSA8_WATCHDOG_RELEASE=1) lets the child end first and releases the
+// watchdog as the driver does.
+func init() {
 	if os.Getenv("KOSA8_WATCHDOG_HELPER") != "1" {
-		t.Skip("run by TestWatchdogKillsQEMUWithSupervisor")
+		return
 	}
 	child := exec.Command("sleep", "300")
 	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := child.Start(); err != nil {
-		t.Fatal(err)
+		fmt.Println(err)
+		os.Exit(1)
 	}
 	dog, err := startWatchdog(child.Process.Pid)
 	if err != nil {
-		t.Fatal(err)
+		fmt.Println(err)
+		os.Exit(1)
 	}
 	fmt.Printf("child %d watchdog %d\n", child.Process.Pid, dog.cmd.Process.Pid)
 	if os.Getenv("KOSA8_WATCHDOG_RELEASE") == "1" {
@@ -37,6 +40,7 @@ func TestWatchdogHelper(t *testing.T) {
 		fmt.Println("released")
 	}
 	time.Sleep(time.Minute)
+	os.Exit(0)
 }
 
 func alive(pid int) bool {
@@ -50,7 +54,7 @@ func alive(pid int) bool {
 
 func startHelper(t *testing.T, release bool) (helper *exec.Cmd, child, dog int) {
 	t.Helper()
-	helper = exec.Command(os.Args[0], "-test.run=^TestWatchdogHelper$", "-test.v")
+	helper = exec.Command(os.Args[0], "-test.run=^$")
 	helper.Env = append(os.Environ(), "KOSA8_WATCHDOG_HELPER=1", "KOSA8_WATCHDOG_RELEASE="+map[bool]string{true: "1"}[release])
 	out, err := helper.StdoutPipe()
 	if err != nil {
