@@ -103,6 +103,29 @@ func TestArgsPerPlatform(t *testing.T) {
 	}
 }
 
+// Under TCG one thread runs every vCPU (the guest kernel's live patching
+// raced with a thread per vCPU); KOSA8_TCG_THREADS=multi opts out, and a
+// one-vCPU guest needs nothing.
+func TestTCGThreads(t *testing.T) {
+	sp := spec(vmspec.AMD64)
+	t.Setenv("KOSA8_TCG_THREADS", "multi")
+	args, err := Args(sp, opts(vmm.TCG))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, args, "-accel", 0); got != "tcg,tb-size=256" {
+		t.Errorf("KOSA8_TCG_THREADS=multi: -accel = %q", got)
+	}
+	t.Setenv("KOSA8_TCG_THREADS", "")
+	sp.CPUs = 1
+	if args, err = Args(sp, opts(vmm.TCG)); err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, args, "-accel", 0); got != "tcg,tb-size=256" {
+		t.Errorf("one vCPU: -accel = %q", got)
+	}
+}
+
 func TestArgsDevices(t *testing.T) {
 	s := spec(vmspec.AMD64)
 	s.Disks = append(s.Disks, vmspec.Disk{ID: "base", Path: "/img/base.raw", Format: "raw", ReadOnly: true})
