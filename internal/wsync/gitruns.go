@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // The host's own git configuration can name files of the folder that git
@@ -445,12 +447,17 @@ func (f *gitRunsFinder) linkTargets(p string) {
 }
 
 // readFileMax reads at most max bytes of a file of the host user's.
+// Regular files only, opened without blocking: a FIFO or a device named
+// by a config must not stall the sync.
 func readFileMax(name string, max int64) ([]byte, error) {
-	f, err := os.Open(name)
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", name)
+	}
 	return io.ReadAll(io.LimitReader(f, max))
 }
 
