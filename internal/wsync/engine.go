@@ -488,6 +488,11 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 		if why == "" {
 			why = gitRunWhy(p, typ, e.gitRuns)
 		}
+		if why == "" && cfg && g == nil {
+			// Its names (hooksPath, includes) would be gone on the next
+			// pass, and the guest's files there unheld.
+			why = "deletes a git config"
+		}
 		if why == "" && w.src != p {
 			why, cfg2 := e.opts.Hold.holdWhy(w.src, typ, e.gitDirs, e.hostDir(ctx))
 			if why != "" {

@@ -474,11 +474,14 @@ func TestGitNamedPaths(t *testing.T) {
 	cfg := "[core]\nhooksPath=hooks ; c\n[includeIf \"gitdir:~/w/\"]\n\tpath = x.inc\n[diff \"p\"]\n\ttextconv = 'tools/conv' --x\n" +
 		"[url \"git@h:\"]\n\tinsteadOf = https://h/\n[core]\n\tfsmonitor = \"sc ri/fs.sh\" # the team's\n" +
 		"[alias]\n\tx = !\"$(git rev-parse --show-toplevel)/scripts/x.sh\"\n\ty = !sh lint.sh\n[remote \"o\"]\n\turl = a/b\n\tuploadpack = ./up/pack\n"
+	cfg += "[init]\n\tdefaultBranch = main\n[core]\n\tworktree = ../../sub\n[user]\n\tname = J Smith\n" +
+		"[filter \"r\"]\n\tclean = lint --rules=scripts/r.py\n[alias]\n\tz = !$PWD/scripts/a.sh\n"
 	var got []string
 	for _, n := range gitNamedPaths([]byte(cfg)) {
 		got = append(got, string(n.kind)+":"+n.value)
 	}
-	want := []string{"h:hooks", "i:x.inc", "w:tools/conv", "b:--x", "b:sc", "w:ri/fs.sh", "b:$", "b:git", "b:rev-parse", "w:scripts/x.sh", "b:sh", "b:lint.sh", "w:./up/pack"}
+	want := []string{"h:hooks", "i:x.inc", "w:tools/conv", "b:sc", "w:ri/fs.sh", "b:git", "b:rev-parse", "w:scripts/x.sh", "b:sh", "b:lint.sh", "w:./up/pack",
+		"b:lint", "w:scripts/r.py", "w:scripts/a.sh"}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}
@@ -617,5 +620,32 @@ func TestLinkTextControlCharactersHeld(t *testing.T) {
 	p.sync(t)
 	if exists(p.host, "l") {
 		t.Error("a link whose text has an escape sequence reached the host")
+	}
+}
+
+// A deletion first, the guest's file in its place on a later pass: the
+// deletions of a git config and of what it names are held too.
+func TestDeletingWhatGitNamesHeld(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
+	p := newPair(t, Options{})
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".git/config", "[core]\n\thooksPath = tools/hooks\n[alias]\n\tlint = !sh lint.sh\n")
+		write(t, d, "lint.sh", "echo lint\n")
+	}
+	p.sync(t)
+	os.Remove(filepath.Join(p.guest, ".git/config"))
+	os.Remove(filepath.Join(p.guest, "lint.sh"))
+	p.sync(t)
+	for _, f := range []string{".git/config", "lint.sh"} {
+		if !exists(p.host, f) {
+			t.Errorf("the guest's deletion of %s reached the host", f)
+		}
+	}
+	write(t, p.guest, "tools/hooks/pre-commit", "evil")
+	p.sync(t)
+	if exists(p.host, "tools/hooks/pre-commit") {
+		t.Error("a hook landed after the guest deleted the config naming its folder")
 	}
 }

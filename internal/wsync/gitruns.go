@@ -129,9 +129,26 @@ type gitNamed struct {
 	value string
 }
 
+// commandKey tells whether git runs a config key's value as a command
+// (or a program): only their words may name scripts of the folder.
+func commandKey(key string) bool {
+	top, _, _ := strings.Cut(key, ".")
+	last := key[strings.LastIndexByte(key, '.')+1:]
+	switch top {
+	case "alias", "pager":
+		return true
+	}
+	switch last {
+	case "fsmonitor", "editor", "pager", "sshcommand", "askpass", "program", "external", "textconv", "command", "cmd",
+		"driver", "clean", "smudge", "process", "helper", "difffilter", "uploadpack", "receivepack", "packobjectshook", "update", "exec":
+		return true
+	}
+	return false
+}
+
 // gitNamedPaths classifies a config's values: the whole value of
-// core.hooksPath and of include paths, and the words of every other value
-// but those that only name remotes, branches and URLs.
+// core.hooksPath and of include paths, and the words of the values git
+// runs as commands.
 func gitNamedPaths(b []byte) []gitNamed {
 	var out []gitNamed
 	for _, e := range gitConfigEntries(b) {
@@ -143,20 +160,20 @@ func gitNamedPaths(b []byte) []gitNamed {
 			out = append(out, gitNamed{'h', e.value})
 		case (top == "include" || top == "includeif") && last == "path":
 			out = append(out, gitNamed{'i', e.value})
-		case top == "url", top == "branch",
-			(top == "remote" || top == "submodule") && (last == "url" || last == "pushurl" || last == "fetch" || last == "push" || last == "path" || last == "branch" || last == "mirror"):
-			// Names of remotes, refs and URLs: nothing git runs.
-		default:
+		case commandKey(e.key):
 			for _, w := range strings.FieldsFunc(e.value, func(r rune) bool {
-				return strings.ContainsRune(" \t\n'\";&|<>`(", r)
+				return strings.ContainsRune(" \t\n'\";&|<>`(=", r)
 			}) {
 				w = strings.TrimLeft(w, "!")
 				if i := strings.LastIndexAny(w, ")}"); i >= 0 {
 					w = w[i+1:] // "$(git rev-parse --show-toplevel)/x.sh" names /x.sh of a work tree
 					w = strings.TrimPrefix(w, "/")
 				}
+				if strings.HasPrefix(w, "$") {
+					_, w, _ = strings.Cut(w, "/") // $PWD/x.sh, $GIT_WORK_TREE/x.sh
+				}
 				switch {
-				case w == "" || strings.Contains(w, "://"):
+				case w == "" || strings.Contains(w, "://") || strings.HasPrefix(w, "-"):
 				case strings.Contains(w, "/"):
 					out = append(out, gitNamed{'w', w})
 				default:
@@ -237,11 +254,11 @@ func abs(name, base string) string {
 // root (never following a link out), elsewhere as the user's own file.
 func (f *gitRunsFinder) read(file string) []byte {
 	if rel := f.rel(file); rel != "" {
-		b, err := readAllMax(f.ctx, f.e.host.Read, rel, maxHostGitConfig)
-		if err != nil {
-			return nil
+		if b, err := readAllMax(f.ctx, f.e.host.Read, rel, maxHostGitConfig); err == nil {
+			return b
 		}
-		return b
+		// A link (the root refuses to follow one): git follows it. The
+		// guest cannot plant it, include paths being held.
 	}
 	b, err := readFileMax(file, maxHostGitConfig)
 	if err != nil {
@@ -286,13 +303,10 @@ func (f *gitRunsFinder) config(file string, bases []string, depth int) {
 				}
 			}
 		case 'b':
-			// A bare word is a file of the folder only where one exists.
-			for _, base := range bases {
-				if rel := f.rel(filepath.Join(base, n.value)); rel != "" && rel != "." {
-					if ent := f.e.hostStat(f.ctx, rel); ent != nil && ent.Type == 'f' {
-						f.add(rel, from)
-					}
-				}
+			// A bare word of a command: a script in the work tree it runs
+			// in, whether or not it is there yet.
+			for _, base := range f.worktrees {
+				f.add(f.rel(filepath.Join(base, n.value)), from)
 			}
 		}
 	}
@@ -450,6 +464,9 @@ func (f *gitRunsFinder) linkTargets(p string) {
 // Regular files only, opened without blocking: a FIFO or a device named
 // by a config must not stall the sync.
 func readFileMax(name string, max int64) ([]byte, error) {
+	if fi, err := os.Stat(name); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", name)
+	}
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
@@ -465,13 +482,14 @@ func readFileMax(name string, max int64) ([]byte, error) {
 // host git config names it: p is a named path or below one, or a link or
 // file in place of a folder above one (it would redirect git there).
 func gitRunWhy(p string, typ byte, runs map[string]string) string {
-	if typ == 0 {
-		return "" // removing a file runs nothing
-	}
 	fp := foldName(p)
 	for r, from := range runs {
 		fr := foldName(r)
 		switch {
+		case typ == 0 && (fp == fr || strings.HasPrefix(fp, fr+"/") || strings.HasPrefix(fr, fp+"/")):
+			// A deletion first, the guest's own file in its place on a
+			// later pass: the deletion waits too.
+			return "deletes what the host's git runs or reads (named in " + from + ")"
 		case fp == fr || strings.HasPrefix(fp, fr+"/"):
 			return "the host's git runs or reads this (named in " + from + ")"
 		case typ != 'd' && strings.HasPrefix(fr, fp+"/"):
