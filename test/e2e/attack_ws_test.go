@@ -194,7 +194,7 @@ func TestAttackWorkspace(t *testing.T) {
 			"huge config": `{ cat .git/config; yes '# padding padding padding' | head -n 42000;
 				printf '[core]\n\tfsmonitor = touch M-huge\n'; } > /tmp/c && cat /tmp/c > .git/config && test $(stat -c %s .git/config) -gt 1048576`,
 		} {
-			root(t, "cp .git/config /tmp/orig-config; " + strings.ReplaceAll(script, "M-", marker+"-"))
+			root(t, "cp .git/config /tmp/orig-config; "+strings.ReplaceAll(script, "M-", marker+"-"))
 			st := syncNow(t, name)
 			if b, _ := os.ReadFile(filepath.Join(ws, ".git", "config")); string(b) != string(origConfig) {
 				t.Errorf("%s: the config reached the host:\n%.300s", what, b)
