@@ -26,6 +26,11 @@ func newPair(t *testing.T, opts Options) *pair {
 }
 
 func (p *pair) engine(t *testing.T, manifest map[string]*Entry, opts Options) *Engine {
+	return p.engineWith(t, manifest, opts, func(s Side) Side { return s })
+}
+
+// engineWith is engine with the guest side wrapped (a guest that lies).
+func (p *pair) engineWith(t *testing.T, manifest map[string]*Entry, opts Options, wrap func(Side) Side) *Engine {
 	hr, err := OpenRoot(p.host)
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +41,7 @@ func (p *pair) engine(t *testing.T, manifest map[string]*Entry, opts Options) *E
 	}
 	t.Cleanup(func() { hr.Close(); gr.Close() })
 	opts.Now = func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }
-	e := NewEngine(&HostSide{Root: hr}, &HostSide{Root: gr}, manifest, opts, func(m map[string]*Entry) { p.saved = m })
+	e := NewEngine(&HostSide{Root: hr}, wrap(&HostSide{Root: gr}), manifest, opts, func(m map[string]*Entry) { p.saved = m })
 	p.e = e
 	return e
 }

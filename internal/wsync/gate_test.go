@@ -516,10 +516,7 @@ func TestGrowingFileKeepsQuota(t *testing.T) {
 	p := newPair(t, Options{QuotaBytes: 8 << 20})
 	p.sync(t)
 	write(t, p.guest, "grows", "small\n")
-	hr, _ := OpenRoot(p.host)
-	gr, _ := OpenRoot(p.guest)
-	t.Cleanup(func() { hr.Close(); gr.Close() })
-	p.e = NewEngine(&HostSide{Root: hr}, growing{&HostSide{Root: gr}, 64 << 20}, p.e.Manifest(), Options{QuotaBytes: 8 << 20}, nil)
+	p.engineWith(t, p.e.Manifest(), Options{QuotaBytes: 8 << 20}, func(s Side) Side { return growing{s, 64 << 20} })
 	p.e.Sync(context.Background(), nil)
 	if fi, err := os.Stat(filepath.Join(p.host, "grows")); err == nil {
 		t.Fatalf("a file that grew during the copy landed: %d bytes", fi.Size())
@@ -596,10 +593,7 @@ func TestGuestSizesNotTrusted(t *testing.T) {
 	for _, size := range []int64{-1 << 40, 1<<63 - 1, 1<<63 - 4, 0} {
 		p := newPair(t, Options{QuotaBytes: 1 << 20})
 		write(t, p.guest, "f", strings.Repeat("x", 4096))
-		hr, _ := OpenRoot(p.host)
-		gr, _ := OpenRoot(p.guest)
-		t.Cleanup(func() { hr.Close(); gr.Close() })
-		p.e = NewEngine(&HostSide{Root: hr}, lying{&HostSide{Root: gr}, size}, nil, Options{QuotaBytes: 1 << 20}, nil)
+		p.engineWith(t, nil, Options{QuotaBytes: 1 << 20}, func(s Side) Side { return lying{s, size} })
 		p.e.Sync(context.Background(), nil) // must not panic
 		if st := p.e.Status(); st.Quota.Bytes < 0 || st.Quota.Bytes > 1<<20 {
 			t.Errorf("size %d: quota bytes %d", size, st.Quota.Bytes)
