@@ -18,6 +18,7 @@ import (
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/netpolicy"
 )
 
 // Route is one route of the supervisor's API, served on the sandbox's
@@ -43,7 +44,7 @@ var Routes = []Route{
 	{"GET /v1/net", "NetResponse: the allow-list in force"},
 	{"POST /v1/net/allow", "NetRequest{rules, allow_broad} → NetResponse"},
 	{"POST /v1/net/deny", "NetRequest{rules} → NetResponse"},
-	{"POST /v1/net/rm", "NetRequest{rules} → NetResponse with how many rules changed; host:port removes that port"},
+	{"POST /v1/net/rm", "NetRequest{rules} → NetResponse; host:port removes that port"},
 	{"GET /v1/net/refused", "a stream of the hosts the network refuses, one JSON object a line, as it happens"},
 	{"GET /v1/ports", "[]PortForward: the ports forwarded from the host"},
 	{"POST /v1/ports", "PortForward → PortForward; 409 when the host port is taken"},
@@ -176,30 +177,8 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 	mux.HandleFunc("GET /v1/net", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(s.net.gw.Policy())})
 	})
-	mux.HandleFunc("POST /v1/net/allow", func(w http.ResponseWriter, r *http.Request) {
-		var req NetRequest
-		if !decodeBody(w, r, &req) {
-			return
-		}
-		p, err := s.net.allow(req.Rules, req.AllowBroad)
-		if err != nil {
-			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
-			return
-		}
-		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p)})
-	})
-	mux.HandleFunc("POST /v1/net/deny", func(w http.ResponseWriter, r *http.Request) {
-		var req NetRequest
-		if !decodeBody(w, r, &req) {
-			return
-		}
-		p, err := s.net.deny(req.Rules)
-		if err != nil {
-			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
-			return
-		}
-		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p)})
-	})
+	mux.HandleFunc("POST /v1/net/allow", netChange(func(req NetRequest) (*netpolicy.Policy, error) { return s.net.allow(req.Rules, req.AllowBroad) }))
+	mux.HandleFunc("POST /v1/net/deny", netChange(func(req NetRequest) (*netpolicy.Policy, error) { return s.net.deny(req.Rules) }))
 	mux.HandleFunc("GET /v1/net/refused", func(w http.ResponseWriter, r *http.Request) {
 		// A stream for 'kosa8 net approve': one JSON object a line per
 		// refused host, as it happens.
@@ -207,18 +186,7 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 		rc := http.NewResponseController(w)
 		_ = s.net.streamRefused(r.Context(), w, func() { _ = rc.Flush() })
 	})
-	mux.HandleFunc("POST /v1/net/rm", func(w http.ResponseWriter, r *http.Request) {
-		var req NetRequest
-		if !decodeBody(w, r, &req) {
-			return
-		}
-		p, err := s.net.remove(req.Rules)
-		if err != nil {
-			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
-			return
-		}
-		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p)})
-	})
+	mux.HandleFunc("POST /v1/net/rm", netChange(func(req NetRequest) (*netpolicy.Policy, error) { return s.net.remove(req.Rules) }))
 	mux.HandleFunc("GET /v1/debug/memory", s.handleMemory)
 	mux.HandleFunc("POST /v1/debug/plain-migrate", s.handlePlainMigrate)
 	mux.HandleFunc("GET /v1/sync", func(w http.ResponseWriter, r *http.Request) {
@@ -269,6 +237,23 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 		writeJSON(w, http.StatusOK, s.net.ports())
 	})
 	return mux.ServeMux, mux.registered
+}
+
+// netChange is a route that changes the allow-list: a NetRequest in, the
+// rules in force out.
+func netChange(change func(NetRequest) (*netpolicy.Policy, error)) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req NetRequest
+		if !decodeBody(w, r, &req) {
+			return
+		}
+		p, err := change(req)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, NetResponse{Rules: ruleTexts(p)})
+	}
 }
 
 // documentedMux registers a handler only for a route Routes documents.
