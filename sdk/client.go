@@ -2,15 +2,11 @@ package sdk
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -235,35 +231,6 @@ type CreateOptions struct {
 	MaxCheckpoints  int
 }
 
-var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
-
-// guestUser mirrors the host user, as the kosa8 command does: same name
-// and ids, but never root (root on the host is kosa8, 1000:1000 inside).
-func guestUser() (name string, uid, gid int) {
-	uid, gid = os.Getuid(), os.Getgid()
-	name = "kosa8"
-	if u, err := user.Current(); err == nil && userNameRE.MatchString(u.Username) && u.Username != "root" {
-		name = u.Username
-	}
-	if uid == 0 {
-		return "kosa8", 1000, 1000
-	}
-	return name, uid, gid
-}
-
-func defaultName(folder string) string {
-	base := "sandbox"
-	if folder != "" {
-		base = strings.Trim(regexp.MustCompile(`[^a-zA-Z0-9_.-]+`).ReplaceAllString(filepath.Base(folder), "-"), "-.")
-	}
-	if base == "" || len(base) > 40 {
-		base = "sandbox"
-	}
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return base + "-" + hex.EncodeToString(b)
-}
-
 // config turns o, over a trusted kosa8.toml in the workspace, into a
 // sandbox's settings.
 func (c *Client) config(o CreateOptions) (sandbox.Config, error) {
@@ -275,7 +242,7 @@ func (c *Client) config(o CreateOptions) (sandbox.Config, error) {
 	if cfg.Accel == "" {
 		cfg.Accel = os.Getenv("KOSA8_ACCEL")
 	}
-	cfg.User, cfg.UID, cfg.GID = guestUser()
+	cfg.User, cfg.UID, cfg.GID = sandbox.GuestUser()
 	preset, allow, ports, secretNames, exclude, env := o.Preset, o.Allow, o.Ports, o.Secrets, o.Exclude, []string(nil)
 	review := o.Review
 	var hold []string
@@ -383,7 +350,7 @@ func (c *Client) config(o CreateOptions) (sandbox.Config, error) {
 		if cfg.Workspace != nil {
 			folder = cfg.Workspace.Path
 		}
-		cfg.Name = defaultName(folder)
+		cfg.Name = sandbox.DefaultName(folder)
 	}
 	return cfg, cfg.Validate()
 }

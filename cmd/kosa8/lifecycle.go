@@ -2,16 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"os/user"
-	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -120,22 +115,6 @@ func (f *createFlags) check(fs *pflag.FlagSet) error {
 	return nil
 }
 
-var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
-
-// guestUser mirrors the host user: same name and ids, unless the host user
-// is root (the guest's default user must not be), then kosa8 with 1000:1000.
-func guestUser() (name string, uid, gid int) {
-	uid, gid = os.Getuid(), os.Getgid()
-	name = "kosa8"
-	if u, err := user.Current(); err == nil && userNameRE.MatchString(u.Username) && u.Username != "root" {
-		name = u.Username
-	}
-	if uid == 0 {
-		return "kosa8", 1000, 1000
-	}
-	return name, uid, gid
-}
-
 // resolveEnv turns --env entries into KEY=VALUE, taking bare KEYs from the
 // host's environment.
 func resolveEnv(entries []string) ([]string, error) {
@@ -175,19 +154,6 @@ func projectConfig(m *sandbox.Manager) (*config.Project, error) {
 	return l.Project, nil
 }
 
-func defaultName() string {
-	base := "sandbox"
-	if wd, err := os.Getwd(); err == nil {
-		base = strings.Trim(regexp.MustCompile(`[^a-zA-Z0-9_.-]+`).ReplaceAllString(filepath.Base(wd), "-"), "-.")
-	}
-	if base == "" || len(base) > 40 {
-		base = "sandbox"
-	}
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return base + "-" + hex.EncodeToString(b)
-}
-
 // sandboxConfig combines flags, kosa8.toml and defaults, in that order.
 func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) {
 	c := sandbox.Config{
@@ -195,7 +161,7 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 		CPUs: sandbox.DefaultCPUs, MemoryMiB: sandbox.DefaultMemoryMiB, DiskGiB: sandbox.DefaultDiskGiB,
 		Ephemeral: f.rm, Accel: f.accel,
 	}
-	c.User, c.UID, c.GID = guestUser()
+	c.User, c.UID, c.GID = sandbox.GuestUser()
 	proj, err := projectConfig(m)
 	if err != nil {
 		return c, err
@@ -317,7 +283,8 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 	}
 	c.Env = append(env, flagEnv...)
 	if c.Name == "" {
-		c.Name = defaultName()
+		wd, _ := os.Getwd()
+		c.Name = sandbox.DefaultName(wd)
 	}
 	return c, c.Validate()
 }
