@@ -261,7 +261,13 @@ func refusedHosts(sb *sandbox.Sandbox) []string {
 // execCapture runs argv in a running sandbox with its output to stdout
 // and stderr.
 func execCapture(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, stdout, stderr io.Writer) (int, error) {
-	conn, err := sandbox.NewClient(sb).Exec(ctx, &guest.ExecRequest{Argv: argv, User: user, Dir: "/root"})
+	// Root's build steps start in /root; any other user where the guest
+	// starts it (it cannot enter /root: the agent-home save failed so).
+	dir := ""
+	if user == "root" {
+		dir = "/root"
+	}
+	conn, err := sandbox.NewClient(sb).Exec(ctx, &guest.ExecRequest{Argv: argv, User: user, Dir: dir})
 	if err != nil {
 		return exitKosa8, err
 	}
