@@ -49,6 +49,7 @@ bench: build
 	$(GO) run ./bench -bin $(abspath $(BIN)) net
 	$(GO) run ./bench -bin $(abspath $(BIN)) ws
 	$(GO) run ./bench -bin $(abspath $(BIN)) cp
+	$(GO) run ./bench -bin $(abspath $(BIN)) agents
 
 # Not in CI: many sandboxes writing, deleting and fetching at once for
 # 10 minutes, then files lost or corrupted and sandboxes stuck (both must

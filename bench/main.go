@@ -58,8 +58,10 @@ func main() {
 		benchCP()
 	case "soak":
 		benchSoak()
+	case "agents":
+		benchAgents()
 	default:
-		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp or soak", flag.Arg(0)))
+		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp, soak or agents", flag.Arg(0)))
 	}
 }
 

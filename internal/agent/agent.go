@@ -255,22 +255,32 @@ func (p *Preset) SecretNames() []string {
 	return out
 }
 
+// AddArgs are the arguments of 'kosa8 secret add' that store s the way
+// the preset uses it.
+func (s Secret) AddArgs() []string {
+	args := []string{"secret", "add", s.Name}
+	for _, h := range s.Hosts {
+		args = append(args, "--host", h)
+	}
+	if s.Format != "" && s.Header == "Authorization" {
+		return append(args, "--format", s.Format)
+	}
+	args = append(args, "--header", s.Header)
+	if s.Format != "" {
+		args = append(args, "--format", s.Format)
+	}
+	return args
+}
+
 // AddCommand is the line that stores s the way the preset uses it.
 func (s Secret) AddCommand() string {
-	var b strings.Builder
-	b.WriteString("kosa8 secret add " + s.Name)
-	for _, h := range s.Hosts {
-		b.WriteString(" --host " + h)
-	}
-	if s.Format != "" {
-		if s.Header != "Authorization" {
-			b.WriteString(" --header " + s.Header)
+	args := s.AddArgs()
+	for i, a := range args {
+		if strings.ContainsAny(a, " {}'") {
+			args[i] = "'" + a + "'"
 		}
-		b.WriteString(" --format '" + s.Format + "'")
-	} else {
-		b.WriteString(" --header " + s.Header)
 	}
-	return b.String()
+	return "kosa8 " + strings.Join(args, " ")
 }
 
 // InstallLine is the shell line that installs the agent, run as root in

@@ -11,10 +11,8 @@ import (
 )
 
 // The image tests build derived images from a project's [image] table in
-// a sandbox of the base image. (The runs of the real agents against local
-// fakes of their APIs are in this file's history, commit f647ddc: the npm
-// packages of Claude Code carry ~190 MB native binaries, which took longer
-// than a test run to unpack under TCG on the loaded machine here.)
+// a sandbox of the base image. The real agents run against local fakes of
+// their APIs in agents_real_test.go.
 
 // agentsCmdWait bounds one kosa8 command of these tests.
 const agentsCmdWait = 30 * time.Minute
