@@ -67,6 +67,12 @@ func LinkStaysInside(rel, target string) bool {
 // maxLinkHops bounds a chain of links followed, as the kernel's 40.
 const maxLinkHops = 40
 
+// maxLinkComps bounds the components of a link text the rule resolves: a
+// longer one is held. Resolving a link costs work in its components at
+// every hop, and the folders its way runs through are indexed for the
+// rest of the pass; real link texts have a handful.
+const maxLinkComps = 64
+
 // linkWalk resolves a link at rel with target lexically, from rel's folder:
 // through are the paths the resolution passes through as folders (each
 // component of target that another follows), final where it ends ("." the
@@ -117,6 +123,14 @@ type LinkView interface {
 	Links() map[string]string
 }
 
+// throughView is a LinkView that knows, without listing every link, a
+// link whose way runs through a path (the engine's, see linkIndex).
+type throughView interface {
+	// ThroughLink returns a link other than p whose text, resolved from
+	// its folder, passes through p as a folder; or "".
+	ThroughLink(p string) string
+}
+
 // LinkWhy is the link rule: a link at p with target is created on the
 // host only if it stays inside when resolved through every link the
 // folder holds, and cannot be made to leave later. It returns why not, or
@@ -134,12 +148,20 @@ type LinkView interface {
 //     through a link, a folder appearing on the way only makes the path
 //     real as it was read.
 func LinkWhy(v LinkView, p, target string) string {
+	if linkComps(target) > maxLinkComps {
+		return fmt.Sprintf("symlink text of more than %d components", maxLinkComps)
+	}
 	through, final, ok := linkWalk(p, target)
 	if !ok || final == "." {
 		return "symlink leaves the folder (" + target + ")"
 	}
+	checked := map[string]bool{} // a folder on the way of several hops is asked once
 	check := func(through []string) string {
 		for _, t := range through {
+			if checked[t] {
+				continue
+			}
+			checked[t] = true
 			if typ, _ := v.Lstat(t); typ == 'l' {
 				return "symlink's target runs through the link " + t
 			}
@@ -168,6 +190,12 @@ func LinkWhy(v LinkView, p, target string) string {
 		if why := check(through); why != "" {
 			return why
 		}
+	}
+	if tv, ok := v.(throughView); ok {
+		if k := tv.ThroughLink(p); k != "" {
+			return "a link here would redirect the link " + k
+		}
+		return ""
 	}
 	for k, t := range v.Links() {
 		if k == p {
