@@ -269,18 +269,27 @@ func (e *Engine) order(h, g map[string]*Entry, known []string) []string {
 	for _, p := range known {
 		all[p] = true
 	}
-	var order []string
+	// Ranked once per path, not at every comparison.
+	type ranked struct {
+		rank int
+		p    string
+	}
+	var rs []ranked
 	for p := range all {
 		if !e.Excluded(p) {
-			order = append(order, p)
+			rs = append(rs, ranked{gitRank(p), p})
 		}
 	}
-	slices.SortFunc(order, func(a, b string) int {
-		if ra, rb := gitRank(a), gitRank(b); ra != rb {
-			return ra - rb
+	slices.SortFunc(rs, func(a, b ranked) int {
+		if a.rank != b.rank {
+			return a.rank - b.rank
 		}
-		return strings.Compare(a, b)
+		return strings.Compare(a.p, b.p)
 	})
+	order := make([]string, len(rs))
+	for i, r := range rs {
+		order[i] = r.p
+	}
 	return order
 }
 
