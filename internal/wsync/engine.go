@@ -240,7 +240,7 @@ func (e *Engine) startPass(ctx context.Context, h map[string]*Entry) {
 		e.linkIdx.set(p, text, true)
 	}
 	e.gitDirs = e.findGitDirs(ctx)
-	e.gitRuns = newGitRunSet(e.findGitRuns(ctx, e.gitDirs))
+	e.gitRuns = e.findGitRuns(ctx, e.gitDirs)
 }
 
 // finishPass ends a pass: the gathered guest writes go out, then the

@@ -38,6 +38,14 @@ const (
 	maxIncludeDepth = 10
 )
 
+// maxGitConfigReads bounds the git configs a pass reads (includes count
+// each time they are reached): a folder of thousands of repositories, or
+// includes that fan out, would otherwise make every pass read without
+// end. Past it the pass cannot tell what git would run, so it holds every
+// guest change (gitRunSet.all) until the user trims the configs. A
+// variable for a test's sake.
+var maxGitConfigReads = 20000
+
 // gitHookNames are the hooks git runs: held by name where hooksPath is a
 // work tree's root (the folder itself cannot be held whole).
 var gitHookNames = []string{"applypatch-msg", "pre-applypatch", "post-applypatch", "pre-commit", "pre-merge-commit",
@@ -194,6 +202,7 @@ type gitRunsFinder struct {
 	runs      map[string]string
 	walkFrom  map[string]string // more paths to follow links from (to the reason), not named themselves
 	work      int               // named paths and links visited: for a test's bound
+	reads     int               // git configs read (or tried) this pass
 }
 
 // rel turns an absolute host path into a path of the folder, or "".
@@ -255,6 +264,9 @@ func abs(name, base string) string {
 // read reads a config by its absolute path: inside the folder through the
 // root (never following a link out), elsewhere as the user's own file.
 func (f *gitRunsFinder) read(file string) []byte {
+	if f.reads++; f.reads > maxGitConfigReads {
+		return nil // findGitRuns reports it: every change is held
+	}
 	if rel := f.rel(file); rel != "" {
 		if b, err := readAllMax(f.ctx, f.e.host.Read, rel, maxHostGitConfig); err == nil {
 			return b
@@ -314,13 +326,24 @@ func (f *gitRunsFinder) config(file string, bases []string, depth int) {
 	}
 }
 
-// findGitRuns lists the folder's paths (to the config naming each) that
+// findGitRuns finds the folder's paths (to the config naming each) that
 // host git configs name, and the in-folder targets of host links on the
 // way to them.
-func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[string]string {
+func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) gitRunSet {
+	runs, f := e.gitRunsFound(ctx, gitDirs)
+	s := newGitRunSet(runs)
+	if f != nil && f.reads > maxGitConfigReads {
+		s.all = fmt.Sprintf("the host's git configs here are too many to read at every pass (more than %d, includes counted); until fewer, the sync cannot tell what git would run", maxGitConfigReads)
+	}
+	return s
+}
+
+// gitRunsFound is findGitRuns' list of named paths, and its finder (nil
+// for a host without a folder).
+func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map[string]string, *gitRunsFinder) {
 	d, ok := e.host.(interface{ Dir() string })
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	root := filepath.Clean(d.Dir())
 	f := &gitRunsFinder{ctx: ctx, e: e, roots: []string{root}, runs: map[string]string{}, walkFrom: map[string]string{}}
@@ -376,14 +399,23 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		}
 	}
 	if len(f.worktrees) == 0 {
-		return f.runs // no repository: no config of git's applies here
+		return f.runs, f // no repository: no config of git's applies here
 	}
 	for g := range dirs {
 		gabs := filepath.Join(root, g)
 		bases := append([]string{gabs}, f.worktrees...)
 		f.config(filepath.Join(gabs, "config"), bases, 0)
 		f.config(filepath.Join(gabs, "config.worktree"), bases, 0)
-		if wt, err := e.host.Scan(ctx, []string{path.Join(g, "worktrees")}); err == nil {
+		// Linked worktrees' own configs: worktrees/<id>/config.worktree,
+		// listed, not scanned (a scan hashes every index file there).
+		if l, ok := e.host.(interface {
+			List(context.Context, string) ([]string, error)
+		}); ok {
+			ids, _ := l.List(ctx, path.Join(g, "worktrees"))
+			for _, id := range ids {
+				f.config(filepath.Join(gabs, "worktrees", id, "config.worktree"), bases, 0)
+			}
+		} else if wt, err := e.host.Scan(ctx, []string{path.Join(g, "worktrees")}); err == nil {
 			for p, ent := range wt {
 				if ent.Type == 'f' && path.Base(p) == "config.worktree" {
 					f.config(filepath.Join(root, p), bases, 0)
@@ -418,7 +450,7 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		f.config(c, f.worktrees, 0)
 	}
 	f.linkTargets()
-	return f.runs
+	return f.runs, f
 }
 
 // linkTargets adds, for every named path, where host links lead git from

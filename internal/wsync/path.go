@@ -18,6 +18,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync/atomic"
 )
 
 // Limits on names from the guest.
@@ -67,6 +68,10 @@ func LinkStaysInside(rel, target string) bool {
 // maxLinkHops bounds a chain of links followed, as the kernel's 40.
 const maxLinkHops = 40
 
+// linkWalks counts linkWalk's calls, for a test's bound on the work of
+// landing many links.
+var linkWalks atomic.Int64
+
 // maxLinkComps bounds the components of a link text the rule resolves: a
 // longer one is held. Resolving a link costs work in its components at
 // every hop, and the folders its way runs through are indexed for the
@@ -79,6 +84,7 @@ const maxLinkComps = 64
 // root); ok false when the target is empty, absolute, holds a NUL or
 // climbs above the root.
 func linkWalk(rel, target string) (through []string, final string, ok bool) {
+	linkWalks.Add(1)
 	if target == "" || strings.HasPrefix(target, "/") || strings.ContainsRune(target, 0) || len(target) > MaxPathLen {
 		return nil, "", false
 	}

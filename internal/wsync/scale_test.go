@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -99,7 +100,7 @@ func BenchmarkScaleGitRuns(b *testing.B) {
 			for b.Loop() {
 				p.e.mu.Lock()
 				gd := p.e.findGitDirs(ctx)
-				runs = len(p.e.findGitRuns(ctx, gd))
+				runs = len(p.e.findGitRuns(ctx, gd).named)
 				p.e.mu.Unlock()
 			}
 			b.ReportMetric(float64(runs), "named")
@@ -128,5 +129,63 @@ func BenchmarkScaleLandLinks(b *testing.B) {
 				b.StartTimer()
 			}
 		})
+	}
+}
+
+// The work of a pass grows with what the folder holds, not with named
+// paths × links (issue 9, containment): counted, not timed.
+func TestPassWorkLinear(t *testing.T) {
+	gitEnv(t)
+	p := newPair(t, Options{QuotaFiles: 1 << 20})
+	submodules(t, p, 20, 1500)
+	p.sync(t)
+	runs, f := p.e.gitRunsFound(context.Background(), p.e.findGitDirs(context.Background()))
+	links := len(p.e.links)
+	if links != 1500 || len(runs) < 100 {
+		t.Fatalf("shape: %d links, %d named paths", links, len(runs))
+	}
+	// Before: every named path walked every link (here 1500 × hundreds).
+	if bound := 20 * (len(runs) + links); f.work > bound {
+		t.Errorf("finding what git runs took %d steps for %d named paths and %d links (bound %d)", f.work, len(runs), links, bound)
+	}
+
+	// Landing n guest links in chains of 10: a few walks a link, not one
+	// per link already there.
+	const n = 1000
+	guestLinks(t, p, n)
+	before := linkWalks.Load()
+	p.sync(t)
+	walks := linkWalks.Load() - before
+	if got := len(p.e.links); got != links+n {
+		t.Fatalf("%d links landed, want %d", got-links, n)
+	}
+	t.Logf("%d named paths, %d links: %d steps; landing %d links: %d walks", len(runs), links, f.work, n, walks)
+	if bound := int64(40 * (links + n)); walks > bound {
+		t.Errorf("landing %d links by %d resolved %d link texts (bound %d)", n, links, walks, bound)
+	}
+}
+
+// Past maxGitConfigReads the pass cannot tell what git runs: it holds
+// every guest change rather than let one through.
+func TestGitConfigReadsCapHolds(t *testing.T) {
+	gitEnv(t)
+	p := newPair(t, Options{})
+	submodules(t, p, 5, 0)
+	p.sync(t)
+	defer func(n int) { maxGitConfigReads = n }(maxGitConfigReads)
+	maxGitConfigReads = 4
+	write(t, p.guest, "notes.txt", "plain\n")
+	p.sync(t)
+	if exists(p.host, "notes.txt") {
+		t.Fatal("a guest file crossed although the git configs were not all read")
+	}
+	held := p.e.Status().Held
+	if len(held) != 1 || !strings.Contains(held[0].Why, "too many to read") {
+		t.Fatalf("held: %+v", held)
+	}
+	maxGitConfigReads = 20000
+	p.sync(t)
+	if !exists(p.host, "notes.txt") {
+		t.Fatalf("under the cap the file did not cross: %+v", p.e.Status().Held)
 	}
 }
