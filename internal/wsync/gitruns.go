@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path"
 	"path/filepath"
 	"slices"
@@ -243,17 +244,28 @@ func (f *gitRunsFinder) addHooks(rel, from string, isWorktree bool) {
 	f.runs[rel] = from
 }
 
-// abs resolves a configured name from base (absolute), "~/" from home.
+// abs resolves a configured name from base (absolute): "~/" and "~" from
+// the home folder, "~user/" from that user's, as git does. A name that
+// cannot be resolved ("" back) names nothing of the folder's: a user
+// unknown here has no home inside it.
 func abs(name, base string) string {
-	if strings.HasPrefix(name, "~/") {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return ""
+	if rest, ok := strings.CutPrefix(name, "~"); ok {
+		who, rest, _ := strings.Cut(rest, "/")
+		var home string
+		if who == "" {
+			h, err := os.UserHomeDir()
+			if err != nil {
+				return ""
+			}
+			home = h
+		} else {
+			u, err := user.Lookup(who)
+			if err != nil || u.HomeDir == "" {
+				return ""
+			}
+			home = u.HomeDir
 		}
-		return filepath.Join(home, name[2:])
-	}
-	if strings.HasPrefix(name, "~") {
-		return "" // ~user: another user's home, never the folder's
+		return filepath.Join(home, rest)
 	}
 	if filepath.IsAbs(name) {
 		return filepath.Clean(name)
@@ -380,7 +392,8 @@ func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map
 	// A repository above the folder: its config may name paths inside.
 	var above []string
 	for dir := filepath.Dir(root); ; dir = filepath.Dir(dir) {
-		if fi, err := os.Lstat(filepath.Join(dir, ".git")); err == nil {
+		// Stat, not Lstat: git follows a .git that is a link to a folder.
+		if fi, err := os.Stat(filepath.Join(dir, ".git")); err == nil {
 			gd := filepath.Join(dir, ".git")
 			if !fi.IsDir() {
 				b, _ := readFileMax(gd, 4096)
