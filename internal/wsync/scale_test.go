@@ -189,3 +189,28 @@ func TestGitConfigReadsCapHolds(t *testing.T) {
 		t.Fatalf("under the cap the file did not cross: %+v", p.e.Status().Held)
 	}
 }
+
+// A link text of more than maxLinkComps components is held: the cap
+// bounds the work of the rule and of its index, and holds, never passes.
+func TestLinkTextComponentsCapped(t *testing.T) {
+	p := newPair(t, Options{})
+	p.sync(t)
+	os.MkdirAll(filepath.Join(p.guest, "d"), 0o755)
+	long := strings.Repeat("./", maxLinkComps) + "d"
+	if err := os.Symlink(long, filepath.Join(p.guest, "l")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("./d", filepath.Join(p.guest, "short")); err != nil {
+		t.Fatal(err)
+	}
+	p.sync(t)
+	if exists(p.host, "l") {
+		t.Fatal("a link text over the components cap landed")
+	}
+	if held := p.e.Status().Held; len(held) != 1 || !strings.Contains(held[0].Why, "components") {
+		t.Fatalf("held: %+v", held)
+	}
+	if !exists(p.host, "short") {
+		t.Fatal("a short link was held")
+	}
+}
