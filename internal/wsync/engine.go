@@ -126,9 +126,10 @@ type Engine struct {
 	tombs     map[string]string // paths the user deleted (see setManifest)
 	links     map[string]string // the manifest's links: path → text
 	passLinks map[string]string // links the host scan of this pass saw
+	linkIdx   *linkIndex        // links and passLinks (links' text winning), for the link rule
 	gitMarks  map[string]bool   // .git files, HEADs and commondirs known
 	gitDirs   map[string]bool   // folders git uses as git directories, besides .git ones
-	gitRuns   map[string]string // paths a host git config names (hooksPath, includes, commands), to the config
+	gitRuns   gitRunSet         // paths a host git config names (hooksPath, includes, commands), to the config
 	used      Quota
 	errs      []string
 	passErrs  []string // this pass's failures (the first few)
@@ -154,7 +155,7 @@ func NewEngine(host, guest Side, manifest map[string]*Entry, opts Options, save 
 	}
 	e := &Engine{host: host, guest: guest, opts: opts, manifest: map[string]*Entry{}, held: map[string]Change{},
 		pending: map[string]Change{}, skipped: map[string]string{}, tombs: map[string]string{},
-		links: map[string]string{}, gitMarks: map[string]bool{}, onChange: save}
+		links: map[string]string{}, linkIdx: newLinkIndex(), gitMarks: map[string]bool{}, onChange: save}
 	for p, ent := range manifest {
 		if ent.Type == 'x' {
 			e.setManifest(p, nil, ent.Origin)
@@ -223,13 +224,20 @@ func (e *Engine) startPass(ctx context.Context, h map[string]*Entry) {
 	e.passErrs, e.passFails = nil, 0
 	e.gitFailed = map[string]int{}
 	e.passLinks = map[string]string{}
+	e.linkIdx = newLinkIndex()
 	for p, ent := range h {
 		if ent.Type == 'l' {
 			e.passLinks[p] = ent.Link
+			if _, known := e.links[p]; !known {
+				e.linkIdx.set(p, ent.Link, true)
+			}
 		}
 		if isGitMark(p) {
 			e.gitMarks[p] = true
 		}
+	}
+	for p, text := range e.links {
+		e.linkIdx.set(p, text, true)
 	}
 	e.gitDirs = e.findGitDirs(ctx)
 	e.gitRuns = e.findGitRuns(ctx, e.gitDirs)
@@ -261,18 +269,27 @@ func (e *Engine) order(h, g map[string]*Entry, known []string) []string {
 	for _, p := range known {
 		all[p] = true
 	}
-	var order []string
+	// Ranked once per path, not at every comparison.
+	type ranked struct {
+		rank int
+		p    string
+	}
+	var rs []ranked
 	for p := range all {
 		if !e.Excluded(p) {
-			order = append(order, p)
+			rs = append(rs, ranked{gitRank(p), p})
 		}
 	}
-	slices.SortFunc(order, func(a, b string) int {
-		if ra, rb := gitRank(a), gitRank(b); ra != rb {
-			return ra - rb
+	slices.SortFunc(rs, func(a, b ranked) int {
+		if a.rank != b.rank {
+			return a.rank - b.rank
 		}
-		return strings.Compare(a, b)
+		return strings.Compare(a.p, b.p)
 	})
+	order := make([]string, len(rs))
+	for i, r := range rs {
+		order[i] = r.p
+	}
 	return order
 }
 
@@ -297,6 +314,7 @@ func (e *Engine) manifestCopy() map[string]*Entry {
 // capped at maxTombs; one dropped costs at most a file the user deleted
 // coming back from a checkpoint, through the gate like any other.
 func (e *Engine) setManifest(p string, ent *Entry, origin string) {
+	defer e.relink(p)
 	if old := e.manifest[p]; old != nil {
 		e.account(old, -1)
 		if old.Type == 'l' {
@@ -337,6 +355,17 @@ func (e *Engine) setManifest(p string, ent *Entry, origin string) {
 		e.gitMarks[p] = true
 	}
 	delete(e.tombs, p)
+}
+
+// relink brings the link index up to date at p: the manifest's link
+// there, else the one the pass's scan saw, else none.
+func (e *Engine) relink(p string) {
+	if text, ok := e.links[p]; ok {
+		e.linkIdx.set(p, text, true)
+		return
+	}
+	text, ok := e.passLinks[p]
+	e.linkIdx.set(p, text, ok)
 }
 
 // account adds (sign 1) or takes away (-1) an entry of the guest's making
@@ -486,7 +515,7 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 	if w.via != viaApprove {
 		why, cfg := e.opts.Hold.holdWhy(p, typ, e.gitDirs, e.hostDir(ctx))
 		if why == "" {
-			why = gitRunWhy(p, typ, e.gitRuns)
+			why = e.gitRuns.why(p, typ)
 		}
 		if why == "" && cfg && g == nil {
 			// Its names (hooksPath, includes) would be gone on the next
@@ -735,6 +764,9 @@ func (l engineLinks) Lstat(p string) (byte, string) {
 	}
 	return ent.Type, ent.Link
 }
+
+// ThroughLink implements throughView: the index, not a walk of every link.
+func (l engineLinks) ThroughLink(p string) string { return l.e.linkIdx.throughLink(p) }
 
 func (l engineLinks) Links() map[string]string {
 	m := make(map[string]string, len(l.e.links)+len(l.e.passLinks))

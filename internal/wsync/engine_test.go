@@ -15,7 +15,7 @@ type pair struct {
 	saved       map[string]*Entry
 }
 
-func newPair(t *testing.T, opts Options) *pair {
+func newPair(t testing.TB, opts Options) *pair {
 	t.Helper()
 	base := t.TempDir()
 	p := &pair{host: filepath.Join(base, "host"), guest: filepath.Join(base, "guest")}
@@ -25,12 +25,12 @@ func newPair(t *testing.T, opts Options) *pair {
 	return p
 }
 
-func (p *pair) engine(t *testing.T, manifest map[string]*Entry, opts Options) *Engine {
+func (p *pair) engine(t testing.TB, manifest map[string]*Entry, opts Options) *Engine {
 	return p.engineWith(t, manifest, opts, func(s Side) Side { return s })
 }
 
 // engineWith is engine with the guest side wrapped (a guest that lies).
-func (p *pair) engineWith(t *testing.T, manifest map[string]*Entry, opts Options, wrap func(Side) Side) *Engine {
+func (p *pair) engineWith(t testing.TB, manifest map[string]*Entry, opts Options, wrap func(Side) Side) *Engine {
 	hr, err := OpenRoot(p.host)
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +46,7 @@ func (p *pair) engineWith(t *testing.T, manifest map[string]*Entry, opts Options
 	return e
 }
 
-func (p *pair) sync(t *testing.T) {
+func (p *pair) sync(t testing.TB) {
 	t.Helper()
 	if err := p.e.Sync(context.Background(), nil); err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func (p *pair) sync(t *testing.T) {
 	}
 }
 
-func write(t *testing.T, dir, rel, content string) {
+func write(t testing.TB, dir, rel, content string) {
 	t.Helper()
 	p := filepath.Join(dir, rel)
 	os.MkdirAll(filepath.Dir(p), 0o755)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -642,4 +643,63 @@ func TestDeletingWhatGitNamesHeld(t *testing.T) {
 	if exists(p.host, "tools/hooks/pre-commit") {
 		t.Error("a hook landed after the guest deleted the config naming its folder")
 	}
+}
+
+// Review fixes of issue 9's containment pass: what the host's git reaches
+// through a link text that leaves the folder and comes back by its name,
+// through a repository above the folder whose .git is a link, and names
+// of the ~user/ form.
+func TestHostGitConfigReachesBack(t *testing.T) {
+	t.Run("link text out and back in", func(t *testing.T) {
+		gitEnv(t)
+		p := newPair(t, Options{})
+		for _, d := range []string{p.host, p.guest} {
+			write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+			write(t, d, ".git/config", "[core]\n\tbare = false\n")
+			write(t, d, "tools/pc.sh", "echo ok\n")
+		}
+		os.MkdirAll(filepath.Join(p.host, ".git/hooks"), 0o755)
+		back := "../../../" + filepath.Base(p.host) + "/tools/pc.sh"
+		if err := os.Symlink(back, filepath.Join(p.host, ".git/hooks/pre-commit")); err != nil {
+			t.Fatal(err)
+		}
+		p.e.Sync(context.Background(), nil) // the test's guest refuses the link out
+		write(t, p.guest, "tools/pc.sh", "touch /tmp/pwned\n")
+		p.e.Sync(context.Background(), nil)
+		if strings.Contains(read(p.host, "tools/pc.sh"), "pwned") {
+			t.Fatal("a hook reached through a link out and back in was overwritten")
+		}
+	})
+	t.Run("repository above through a .git link", func(t *testing.T) {
+		gitEnv(t)
+		p := newPair(t, Options{})
+		above := filepath.Dir(p.host)
+		write(t, above, "real-git/HEAD", "ref: refs/heads/main\n")
+		write(t, above, "real-git/config", "[core]\n\thooksPath = host/hooks2\n")
+		if err := os.Symlink("real-git", filepath.Join(above, ".git")); err != nil {
+			t.Fatal(err)
+		}
+		p.sync(t)
+		write(t, p.guest, "hooks2/pre-commit", "touch /tmp/pwned\n")
+		p.sync(t)
+		if exists(p.host, "hooks2/pre-commit") {
+			t.Fatal("a hook named by the config of a repository above (its .git a link) reached the host")
+		}
+	})
+	t.Run("~user/", func(t *testing.T) {
+		u, err := user.Current()
+		if err != nil || u.HomeDir == "" {
+			t.Skip("no current user:", err)
+		}
+		if got, want := abs("~"+u.Username+"/hooks", "/base"), filepath.Join(u.HomeDir, "hooks"); got != want {
+			t.Errorf("~%s/hooks: %q, want %q", u.Username, got, want)
+		}
+		if got := abs("~no-such-user-kosa8/hooks", "/base"); got != "" {
+			t.Errorf("an unknown user's home resolved to %q", got)
+		}
+		home, _ := os.UserHomeDir()
+		if got := abs("~", "/base"); got != filepath.Clean(home) {
+			t.Errorf("~: %q, want %q", got, home)
+		}
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path"
 	"path/filepath"
 	"slices"
@@ -37,6 +38,14 @@ const (
 	// maxIncludeDepth is git's own limit on nested includes.
 	maxIncludeDepth = 10
 )
+
+// maxGitConfigReads bounds the git configs a pass reads (includes count
+// each time they are reached): a folder of thousands of repositories, or
+// includes that fan out, would otherwise make every pass read without
+// end. Past it the pass cannot tell what git would run, so it holds every
+// guest change (gitRunSet.all) until the user trims the configs. A
+// variable for a test's sake.
+var maxGitConfigReads = 20000
 
 // gitHookNames are the hooks git runs: held by name where hooksPath is a
 // work tree's root (the folder itself cannot be held whole).
@@ -192,6 +201,9 @@ type gitRunsFinder struct {
 	roots     []string // the folder's absolute path, and its path with links resolved
 	worktrees []string // absolute: every work tree git may run in
 	runs      map[string]string
+	walkFrom  map[string]string // more paths to follow links from (to the reason), not named themselves
+	work      int               // named paths and links visited: for a test's bound
+	reads     int               // git configs read (or tried) this pass
 }
 
 // rel turns an absolute host path into a path of the folder, or "".
@@ -232,17 +244,28 @@ func (f *gitRunsFinder) addHooks(rel, from string, isWorktree bool) {
 	f.runs[rel] = from
 }
 
-// abs resolves a configured name from base (absolute), "~/" from home.
+// abs resolves a configured name from base (absolute): "~/" and "~" from
+// the home folder, "~user/" from that user's, as git does. A name that
+// cannot be resolved ("" back) names nothing of the folder's: a user
+// unknown here has no home inside it.
 func abs(name, base string) string {
-	if strings.HasPrefix(name, "~/") {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return ""
+	if rest, ok := strings.CutPrefix(name, "~"); ok {
+		who, rest, _ := strings.Cut(rest, "/")
+		var home string
+		if who == "" {
+			h, err := os.UserHomeDir()
+			if err != nil {
+				return ""
+			}
+			home = h
+		} else {
+			u, err := user.Lookup(who)
+			if err != nil || u.HomeDir == "" {
+				return ""
+			}
+			home = u.HomeDir
 		}
-		return filepath.Join(home, name[2:])
-	}
-	if strings.HasPrefix(name, "~") {
-		return "" // ~user: another user's home, never the folder's
+		return filepath.Join(home, rest)
 	}
 	if filepath.IsAbs(name) {
 		return filepath.Clean(name)
@@ -253,6 +276,9 @@ func abs(name, base string) string {
 // read reads a config by its absolute path: inside the folder through the
 // root (never following a link out), elsewhere as the user's own file.
 func (f *gitRunsFinder) read(file string) []byte {
+	if f.reads++; f.reads > maxGitConfigReads {
+		return nil // findGitRuns reports it: every change is held
+	}
 	if rel := f.rel(file); rel != "" {
 		if b, err := readAllMax(f.ctx, f.e.host.Read, rel, maxHostGitConfig); err == nil {
 			return b
@@ -312,16 +338,27 @@ func (f *gitRunsFinder) config(file string, bases []string, depth int) {
 	}
 }
 
-// findGitRuns lists the folder's paths (to the config naming each) that
+// findGitRuns finds the folder's paths (to the config naming each) that
 // host git configs name, and the in-folder targets of host links on the
 // way to them.
-func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[string]string {
+func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) gitRunSet {
+	runs, f := e.gitRunsFound(ctx, gitDirs)
+	s := newGitRunSet(runs)
+	if f != nil && f.reads > maxGitConfigReads {
+		s.all = fmt.Sprintf("the host's git configs here are too many to read at every pass (more than %d, includes counted); until fewer, the sync cannot tell what git would run", maxGitConfigReads)
+	}
+	return s
+}
+
+// gitRunsFound is findGitRuns' list of named paths, and its finder (nil
+// for a host without a folder).
+func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map[string]string, *gitRunsFinder) {
 	d, ok := e.host.(interface{ Dir() string })
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	root := filepath.Clean(d.Dir())
-	f := &gitRunsFinder{ctx: ctx, e: e, roots: []string{root}, runs: map[string]string{}}
+	f := &gitRunsFinder{ctx: ctx, e: e, roots: []string{root}, runs: map[string]string{}, walkFrom: map[string]string{}}
 	if real, err := filepath.EvalSymlinks(root); err == nil && real != root {
 		f.roots = append(f.roots, real)
 	}
@@ -355,7 +392,8 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 	// A repository above the folder: its config may name paths inside.
 	var above []string
 	for dir := filepath.Dir(root); ; dir = filepath.Dir(dir) {
-		if fi, err := os.Lstat(filepath.Join(dir, ".git")); err == nil {
+		// Stat, not Lstat: git follows a .git that is a link to a folder.
+		if fi, err := os.Stat(filepath.Join(dir, ".git")); err == nil {
 			gd := filepath.Join(dir, ".git")
 			if !fi.IsDir() {
 				b, _ := readFileMax(gd, 4096)
@@ -374,14 +412,23 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		}
 	}
 	if len(f.worktrees) == 0 {
-		return f.runs // no repository: no config of git's applies here
+		return f.runs, f // no repository: no config of git's applies here
 	}
 	for g := range dirs {
 		gabs := filepath.Join(root, g)
 		bases := append([]string{gabs}, f.worktrees...)
 		f.config(filepath.Join(gabs, "config"), bases, 0)
 		f.config(filepath.Join(gabs, "config.worktree"), bases, 0)
-		if wt, err := e.host.Scan(ctx, []string{path.Join(g, "worktrees")}); err == nil {
+		// Linked worktrees' own configs: worktrees/<id>/config.worktree,
+		// listed, not scanned (a scan hashes every index file there).
+		if l, ok := e.host.(interface {
+			List(context.Context, string) ([]string, error)
+		}); ok {
+			ids, _ := l.List(ctx, path.Join(g, "worktrees"))
+			for _, id := range ids {
+				f.config(filepath.Join(gabs, "worktrees", id, "config.worktree"), bases, 0)
+			}
+		} else if wt, err := e.host.Scan(ctx, []string{path.Join(g, "worktrees")}); err == nil {
 			for p, ent := range wt {
 				if ent.Type == 'f' && path.Base(p) == "config.worktree" {
 					f.config(filepath.Join(root, p), bases, 0)
@@ -390,7 +437,8 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		}
 		// Hooks in the default place are held already (gitAllowed); links
 		// there lead git to files elsewhere in the folder.
-		f.linkTargets(path.Join(g, "hooks"))
+		h := path.Join(g, "hooks")
+		f.walkFrom[h] = "a link in " + h
 	}
 	for _, c := range above {
 		f.config(c, f.worktrees, 0)
@@ -414,50 +462,111 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 	for _, c := range system {
 		f.config(c, f.worktrees, 0)
 	}
-	for p := range f.runs {
-		f.linkTargets(p)
-	}
-	return f.runs
+	f.linkTargets()
+	return f.runs, f
 }
 
-// linkTargets adds, for a named path p, where host links lead git from it:
-// the targets of links at or below p, and p's rest below a link on its way.
-func (f *gitRunsFinder) linkTargets(p string) {
-	seen := map[string]bool{}
-	var walk func(p, from string, depth int)
-	walk = func(p, from string, depth int) {
-		if depth > 8 || seen[p] {
+// linkTargets adds, for every named path, where host links lead git from
+// it: the targets of links at or below it, and its rest below a link on
+// its way; and so on from each of those, for as many links as the kernel
+// follows (past maxLinkHops it refuses: git runs nothing there). Each
+// path is walked once per pass, whatever number of named paths lead to it
+// (walking every link for every named path was named × links).
+func (f *gitRunsFinder) linkTargets() {
+	// The links known, sorted: those at or below p are a range. The
+	// scan's and the manifest's may differ: both are followed.
+	sorted := make([]string, 0, len(f.e.passLinks)+len(f.e.links))
+	for l := range f.e.passLinks {
+		sorted = append(sorted, l)
+	}
+	for l := range f.e.links {
+		if _, ok := f.e.passLinks[l]; !ok {
+			sorted = append(sorted, l)
+		}
+	}
+	slices.Sort(sorted)
+	texts := func(l string) []string {
+		var out []string
+		for _, links := range []map[string]string{f.e.passLinks, f.e.links} {
+			if t, ok := links[l]; ok && !slices.Contains(out, t) {
+				out = append(out, t)
+			}
+		}
+		return out
+	}
+	target := func(l, t string) string {
+		if strings.HasPrefix(t, "/") {
+			return f.rel(t)
+		}
+		if j := path.Join(path.Dir(l), t); j != ".." && !strings.HasPrefix(j, "../") {
+			return j
+		}
+		// Out of the folder and, maybe, back in through its own name.
+		return f.rel(filepath.Join(f.roots[0], filepath.FromSlash(path.Dir(l)), t))
+	}
+	type step struct {
+		p, from string
+		hops    int
+	}
+	var todo []step
+	for p, from := range f.runs {
+		todo = append(todo, step{p, from, 0})
+	}
+	for p, from := range f.walkFrom {
+		todo = append(todo, step{p, from, 0})
+	}
+	done := map[string]int{} // path → fewest hops it was walked at
+	reach := func(t, from string, hops int) {
+		if t == "" || t == "." {
 			return
 		}
-		seen[p] = true
-		for _, links := range []map[string]string{f.e.passLinks, f.e.links} {
-			for l, text := range links {
-				var target string
-				if strings.HasPrefix(text, "/") {
-					target = f.rel(text)
-				} else if j := path.Join(path.Dir(l), text); j != ".." && !strings.HasPrefix(j, "../") {
-					target = j
-				}
-				if target == "" {
-					continue
-				}
-				switch {
-				case l == p || strings.HasPrefix(l, p+"/"):
-					f.add(target, from)
-					walk(target, from, depth+1)
-				case strings.HasPrefix(p, l+"/"):
-					t := path.Join(target, strings.TrimPrefix(p, l+"/"))
-					f.add(t, from)
-					walk(t, from, depth+1)
+		if _, named := f.runs[t]; !named {
+			f.add(t, from)
+		}
+		todo = append(todo, step{t, from, hops})
+	}
+	for len(todo) > 0 {
+		s := todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+		if s.hops >= maxLinkHops {
+			continue
+		}
+		if h, ok := done[s.p]; ok && h <= s.hops {
+			continue
+		}
+		done[s.p] = s.hops
+		f.work++
+		// The link at p, and those below it (a range: "p/" sorts after
+		// "p-x", so it is searched for itself).
+		for _, t := range texts(s.p) {
+			f.work++
+			reach(target(s.p, t), s.from, s.hops+1)
+		}
+		for i, _ := slices.BinarySearch(sorted, s.p+"/"); i < len(sorted) && strings.HasPrefix(sorted[i], s.p+"/"); i++ {
+			for _, t := range texts(sorted[i]) {
+				f.work++
+				reach(target(sorted[i], t), s.from, s.hops+1)
+			}
+		}
+		// A link on p's way: p's rest goes on from its target.
+		for i := strings.IndexByte(s.p, '/'); i >= 0; i = nextSlash(s.p, i) {
+			l := s.p[:i]
+			for _, t := range texts(l) {
+				f.work++
+				if t := target(l, t); t != "" {
+					reach(path.Join(t, s.p[i+1:]), s.from, s.hops+1)
 				}
 			}
 		}
 	}
-	from := f.runs[p]
-	if from == "" {
-		from = "a link in " + p
+}
+
+// nextSlash is the index of the next slash of p after i, or -1.
+func nextSlash(p string, i int) int {
+	if j := strings.IndexByte(p[i+1:], '/'); j >= 0 {
+		return i + 1 + j
 	}
-	walk(p, from, 0)
+	return -1
 }
 
 // readFileMax reads at most max bytes of a file of the host user's.
@@ -478,23 +587,62 @@ func readFileMax(name string, max int64) ([]byte, error) {
 	return io.ReadAll(io.LimitReader(f, max))
 }
 
+// gitRunSet is what the host's git configs name, folded once (see
+// foldName) so that a decision looks up p's own folders, not every named
+// path: named paths to the config naming each, and every folder above
+// one to such a config.
+type gitRunSet struct {
+	named, above map[string]string
+	// all, when set, holds every guest change: the finder could not read
+	// everything git would (a cap was hit), so it cannot tell what is safe.
+	all string
+}
+
+func newGitRunSet(runs map[string]string) gitRunSet {
+	s := gitRunSet{named: make(map[string]string, len(runs)), above: map[string]string{}}
+	for r, from := range runs {
+		fr := foldName(r)
+		s.named[fr] = from
+		for i := strings.LastIndexByte(fr, '/'); i > 0; i = strings.LastIndexByte(fr[:i], '/') {
+			if _, ok := s.above[fr[:i]]; ok {
+				break // and the folders above it, by an earlier path
+			}
+			s.above[fr[:i]] = from
+		}
+	}
+	return s
+}
+
 // gitRunWhy says why a guest change to p (of type typ) is held because a
 // host git config names it: p is a named path or below one, or a link or
 // file in place of a folder above one (it would redirect git there).
 func gitRunWhy(p string, typ byte, runs map[string]string) string {
+	return newGitRunSet(runs).why(p, typ)
+}
+
+func (s gitRunSet) why(p string, typ byte) string {
+	if s.all != "" {
+		return s.all
+	}
 	fp := foldName(p)
-	for r, from := range runs {
-		fr := foldName(r)
-		switch {
-		case typ == 0 && (fp == fr || strings.HasPrefix(fp, fr+"/") || strings.HasPrefix(fr, fp+"/")):
-			// A deletion first, the guest's own file in its place on a
-			// later pass: the deletion waits too.
-			return "deletes what the host's git runs or reads (named in " + from + ")"
-		case fp == fr || strings.HasPrefix(fp, fr+"/"):
-			return "the host's git runs or reads this (named in " + from + ")"
-		case typ != 'd' && strings.HasPrefix(fr, fp+"/"):
-			return "in place of a folder the host's git runs or reads from (named in " + from + ")"
-		}
+	from, ok := s.named[fp]
+	for i := strings.IndexByte(fp, '/'); !ok && i >= 0; i = nextSlash(fp, i) {
+		from, ok = s.named[fp[:i]]
+	}
+	switch {
+	case ok && typ == 0:
+		// A deletion first, the guest's own file in its place on a
+		// later pass: the deletion waits too.
+		return "deletes what the host's git runs or reads (named in " + from + ")"
+	case ok:
+		return "the host's git runs or reads this (named in " + from + ")"
+	}
+	from, ok = s.above[fp]
+	switch {
+	case ok && typ == 0:
+		return "deletes what the host's git runs or reads (named in " + from + ")"
+	case ok && typ != 'd':
+		return "in place of a folder the host's git runs or reads from (named in " + from + ")"
 	}
 	return ""
 }

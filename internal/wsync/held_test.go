@@ -119,6 +119,8 @@ func TestLinkInGitDirHeld(t *testing.T) {
 func FuzzGitNamedPaths(f *testing.F) {
 	f.Add([]byte("[core]\n\thooksPath = tools/hooks\n[alias]\n\tx = !sh a/b.sh\n"), "tools/hooks/pre-commit")
 	f.Add([]byte("[include]path=\"../x\"\n[remote \"o\"]\nurl=https://h/r\n"), "x")
+	f.Add([]byte("[core]\nhooksPath=T\u200c/Hooks/x\n"), "t/hooks")
+	f.Add([]byte("[core]\nhooksPath=a/b\n[alias]\nx=!sh a/bc.sh\n"), "a/b/c")
 	f.Fuzz(func(t *testing.T, cfg []byte, p string) {
 		runs := map[string]string{}
 		for _, n := range gitNamedPaths(cfg) {
@@ -134,9 +136,30 @@ func FuzzGitNamedPaths(f *testing.F) {
 		}
 		for _, typ := range []byte{0, 'f', 'd', 'l'} {
 			why := gitRunWhy(p, typ, runs)
+			if want := gitRunWhyWalk(p, typ, runs); (why == "") != (want == "") {
+				t.Fatalf("%q (%q): the index says %q, comparing every named path %q", p, typ, why, want)
+			}
 			if _, named := runs[p]; named && typ != 0 && why == "" {
 				t.Fatalf("%q is named by the config but not held", p)
 			}
 		}
 	})
+}
+
+// gitRunWhyWalk is gitRunWhy as it was, comparing p with every named
+// path: the reference for the folded index.
+func gitRunWhyWalk(p string, typ byte, runs map[string]string) string {
+	fp := foldName(p)
+	for r, from := range runs {
+		fr := foldName(r)
+		switch {
+		case typ == 0 && (fp == fr || strings.HasPrefix(fp, fr+"/") || strings.HasPrefix(fr, fp+"/")):
+			return "deletes (named in " + from + ")"
+		case fp == fr || strings.HasPrefix(fp, fr+"/"):
+			return "runs (named in " + from + ")"
+		case typ != 'd' && strings.HasPrefix(fr, fp+"/"):
+			return "in place of a folder (named in " + from + ")"
+		}
+	}
+	return ""
 }

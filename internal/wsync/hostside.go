@@ -84,6 +84,9 @@ func (h *HostSide) walk(ctx context.Context, dir string, out map[string]*Entry) 
 // needs what is there).
 func (h *HostSide) Stat(_ context.Context, p string) (*Entry, error) { return h.Root.Lstat(p) }
 
+// List returns the names in directory p, nothing described or hashed.
+func (h *HostSide) List(_ context.Context, p string) ([]string, error) { return h.Root.List(p) }
+
 // Dir is the host folder's path.
 func (h *HostSide) Dir() string { return h.Root.Dir() }
 

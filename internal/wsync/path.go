@@ -18,6 +18,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync/atomic"
 )
 
 // Limits on names from the guest.
@@ -67,12 +68,23 @@ func LinkStaysInside(rel, target string) bool {
 // maxLinkHops bounds a chain of links followed, as the kernel's 40.
 const maxLinkHops = 40
 
+// linkWalks counts linkWalk's calls, for a test's bound on the work of
+// landing many links.
+var linkWalks atomic.Int64
+
+// maxLinkComps bounds the components of a link text the rule resolves: a
+// longer one is held. Resolving a link costs work in its components at
+// every hop, and the folders its way runs through are indexed for the
+// rest of the pass; real link texts have a handful.
+const maxLinkComps = 64
+
 // linkWalk resolves a link at rel with target lexically, from rel's folder:
 // through are the paths the resolution passes through as folders (each
 // component of target that another follows), final where it ends ("." the
 // root); ok false when the target is empty, absolute, holds a NUL or
 // climbs above the root.
 func linkWalk(rel, target string) (through []string, final string, ok bool) {
+	linkWalks.Add(1)
 	if target == "" || strings.HasPrefix(target, "/") || strings.ContainsRune(target, 0) || len(target) > MaxPathLen {
 		return nil, "", false
 	}
@@ -117,6 +129,14 @@ type LinkView interface {
 	Links() map[string]string
 }
 
+// throughView is a LinkView that knows, without listing every link, a
+// link whose way runs through a path (the engine's, see linkIndex).
+type throughView interface {
+	// ThroughLink returns a link other than p whose text, resolved from
+	// its folder, passes through p as a folder; or "".
+	ThroughLink(p string) string
+}
+
 // LinkWhy is the link rule: a link at p with target is created on the
 // host only if it stays inside when resolved through every link the
 // folder holds, and cannot be made to leave later. It returns why not, or
@@ -134,12 +154,20 @@ type LinkView interface {
 //     through a link, a folder appearing on the way only makes the path
 //     real as it was read.
 func LinkWhy(v LinkView, p, target string) string {
+	if linkComps(target) > maxLinkComps {
+		return fmt.Sprintf("symlink text of more than %d components", maxLinkComps)
+	}
 	through, final, ok := linkWalk(p, target)
 	if !ok || final == "." {
 		return "symlink leaves the folder (" + target + ")"
 	}
+	checked := map[string]bool{} // a folder on the way of several hops is asked once
 	check := func(through []string) string {
 		for _, t := range through {
+			if checked[t] {
+				continue
+			}
+			checked[t] = true
 			if typ, _ := v.Lstat(t); typ == 'l' {
 				return "symlink's target runs through the link " + t
 			}
@@ -168,6 +196,12 @@ func LinkWhy(v LinkView, p, target string) string {
 		if why := check(through); why != "" {
 			return why
 		}
+	}
+	if tv, ok := v.(throughView); ok {
+		if k := tv.ThroughLink(p); k != "" {
+			return "a link here would redirect the link " + k
+		}
+		return ""
 	}
 	for k, t := range v.Links() {
 		if k == p {

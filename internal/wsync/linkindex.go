@@ -1,0 +1,104 @@
+package wsync
+
+import (
+	"hash/maphash"
+	"slices"
+	"strings"
+)
+
+// linkIndex holds the folder's links for the link rule, kept up to date
+// as a pass makes and removes links, so that LinkWhy asks it which link
+// runs through a path instead of walking every link at every call
+// (landing N links was N × links; issue 9, containment).
+//
+// A link's way (linkWalk's through) is kept as hashes of its folders, not
+// as strings: a link text of k components at a path of n bytes has up to
+// k folders of up to n+k bytes each. A hash only points at candidates;
+// each is checked by walking its text again, so a collision costs a
+// walk, never a wrong answer. Texts of more than maxLinkComps components
+// (only the user's: LinkWhy holds the guest's) are kept aside and walked
+// at every question, as before.
+type linkIndex struct {
+	seed    maphash.Seed
+	text    map[string]string              // path → text of every link known
+	through map[uint64]map[string]struct{} // hash of a folder → links whose way runs through it
+	long    map[string]struct{}            // links whose text is too long to index
+}
+
+func newLinkIndex() *linkIndex {
+	return &linkIndex{seed: maphash.MakeSeed(), text: map[string]string{},
+		through: map[uint64]map[string]struct{}{}, long: map[string]struct{}{}}
+}
+
+// set records the link at p with its text, or none there (ok false).
+func (x *linkIndex) set(p, text string, ok bool) {
+	if old, had := x.text[p]; had {
+		if ok && old == text {
+			return
+		}
+		x.index(p, old, false)
+		delete(x.text, p)
+	}
+	if ok {
+		x.text[p] = text
+		x.index(p, text, true)
+	}
+}
+
+// index adds (or removes) p's way through the folder.
+func (x *linkIndex) index(p, text string, add bool) {
+	if linkComps(text) > maxLinkComps {
+		if add {
+			x.long[p] = struct{}{}
+		} else {
+			delete(x.long, p)
+		}
+		return
+	}
+	through, _, ok := linkWalk(p, text)
+	if !ok {
+		return // a user's link out; nothing of ours runs through it
+	}
+	for _, t := range through {
+		h := maphash.String(x.seed, t)
+		m := x.through[h]
+		switch {
+		case add && m == nil:
+			x.through[h] = map[string]struct{}{p: {}}
+		case add:
+			m[p] = struct{}{}
+		case m != nil:
+			delete(m, p)
+			if len(m) == 0 {
+				delete(x.through, h)
+			}
+		}
+	}
+}
+
+// throughLink returns a link, other than p, whose way runs through p as
+// a folder, or "".
+func (x *linkIndex) throughLink(p string) string {
+	runs := func(k string) bool {
+		if k == p {
+			return false
+		}
+		th, _, ok := linkWalk(k, x.text[k])
+		return ok && slices.Contains(th, p)
+	}
+	for k := range x.through[maphash.String(x.seed, p)] {
+		if runs(k) {
+			return k
+		}
+	}
+	for k := range x.long {
+		if runs(k) {
+			return k
+		}
+	}
+	return ""
+}
+
+// linkComps is about how many components a link text has (its slashes
+// and one): what bounds the work of resolving it.
+func linkComps(text string) int { return strings.Count(text, "/") + 1 }
