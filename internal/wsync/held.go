@@ -341,7 +341,10 @@ func hasRemote(cfg map[string][]string, name string) bool {
 }
 
 var (
-	sectionRE = regexp.MustCompile(`^\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\]|\\.)*)")?\s*\]\s*(?:[#;].*)?$`)
+	// As git reads a section line: no blank inside the brackets but the
+	// one before a subsection ("[ core]" and "[core ]" are errors to git,
+	// so a file with them runs nothing and may not be called harmless).
+	sectionRE = regexp.MustCompile(`^\[([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\]|\\.)*)")?\]\s*(?:[#;].*)?$`)
 	keyRE     = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9-]*)\s*(?:(=)\s*(.*))?$`)
 )
 
@@ -380,13 +383,15 @@ func parseGitConfig(b []byte) (map[string][]string, bool) {
 			return nil, false
 		}
 		if line[0] == '[' {
-			m := sectionRE.FindStringSubmatch(line)
+			m := sectionRE.FindStringSubmatchIndex(line)
 			if m == nil {
 				return nil, false
 			}
-			section = strings.ToLower(m[1])
-			if m[2] != "" {
-				section += "." + m[2]
+			section = strings.ToLower(line[m[2]:m[3]])
+			if m[4] >= 0 {
+				// A subsection, named as git names it: unescaped, and
+				// kept when empty ("[x \"\"]" is "x..key", not "x.key").
+				section += "." + unescapeSubsection(line[m[4]:m[5]])
 			}
 			if strings.HasPrefix(section, "include") {
 				return nil, false
@@ -411,6 +416,19 @@ func parseGitConfig(b []byte) (map[string][]string, bool) {
 		out[k] = append(out[k], v)
 	}
 	return out, sc.Err() == nil
+}
+
+// unescapeSubsection reads a subsection's quoted text as git does: a
+// backslash keeps the character after it.
+func unescapeSubsection(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+1 < len(s) {
+			i++
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // gitDirRest returns p's path inside its git directory ("refs/heads/main"
