@@ -26,10 +26,14 @@ import (
 //
 // Read: every git directory's config and config.worktree (and those of
 // its linked worktrees), what they include (recursively, as deep as git
-// goes), the system and global configs, and the config of a repository
-// above the folder. Relative names are taken from every work tree in the
-// folder and from each git directory, as git resolves hooksPath from the
-// work tree a command runs in and includes from the including file.
+// goes), the system and global configs, the config of a repository
+// above the folder, and those of a git directory outside the folder that
+// a .git file in it points to (the folder is a linked worktree, a
+// submodule, a --separate-git-dir checkout), with its common directory's
+// and the links of its hooks folder. Relative names are taken from every
+// work tree in the folder and from each git directory, as git resolves
+// hooksPath from the work tree a command runs in and includes from the
+// including file.
 
 const (
 	// maxHostGitConfig bounds what is read of one host git config.
@@ -332,6 +336,7 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		dirs[g] = true
 	}
 	wts := map[string]bool{}
+	var outside []string // git directories outside the folder that .git files of it point to
 	for p := range e.gitMarks {
 		if foldName(path.Base(p)) != ".git" {
 			continue
@@ -344,6 +349,14 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		if ent.Type == 'd' {
 			dirs[p] = true
 		}
+		if ent.Type == 'f' {
+			// The folder is (or holds) a linked worktree, a submodule or
+			// a --separate-git-dir checkout of a repository elsewhere:
+			// git reads that repository's configs for this work tree.
+			if gd := f.gitFileDir(filepath.Join(root, p)); gd != "" && f.rel(gd) == "" {
+				outside = append(outside, gd)
+			}
+		}
 	}
 	for g := range dirs {
 		wts[path.Dir(g)] = true
@@ -353,7 +366,6 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		f.worktrees = append(f.worktrees, filepath.Join(root, w))
 	}
 	// A repository above the folder: its config may name paths inside.
-	var above []string
 	for dir := filepath.Dir(root); ; dir = filepath.Dir(dir) {
 		if fi, err := os.Lstat(filepath.Join(dir, ".git")); err == nil {
 			gd := filepath.Join(dir, ".git")
@@ -366,7 +378,7 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 				gd = abs(strings.TrimSpace(t), dir)
 			}
 			f.worktrees = append(f.worktrees, dir)
-			above = append(above, filepath.Join(gd, "config"), filepath.Join(gd, "config.worktree"))
+			outside = append(outside, gd)
 			break
 		}
 		if dir == "/" || dir == "." {
@@ -392,8 +404,10 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		// there lead git to files elsewhere in the folder.
 		f.linkTargets(path.Join(g, "hooks"))
 	}
-	for _, c := range above {
-		f.config(c, f.worktrees, 0)
+	for _, gd := range outside {
+		for _, c := range f.gitDirConfigs(gd) {
+			f.config(c, f.worktrees, 0)
+		}
 	}
 	home, _ := os.UserHomeDir()
 	var system []string
@@ -418,6 +432,50 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		f.linkTargets(p)
 	}
 	return f.runs
+}
+
+// gitFileDir returns the git directory (absolute) a .git file at file
+// points to, or "".
+func (f *gitRunsFinder) gitFileDir(file string) string {
+	t, ok := strings.CutPrefix(strings.TrimSpace(string(f.read(file))), "gitdir:")
+	if !ok {
+		return ""
+	}
+	t = strings.TrimSpace(strings.SplitN(t, "\n", 2)[0])
+	if t == "" || strings.HasPrefix(t, "~") {
+		return ""
+	}
+	return abs(t, filepath.Dir(file))
+}
+
+// gitDirConfigs lists the configs git reads for the git directory gd
+// (absolute): its own config and config.worktree and, for a linked
+// worktree's, those of the repository's common directory; and, from
+// hooks folders outside the folder, what their links lead to inside it.
+func (f *gitRunsFinder) gitDirConfigs(gd string) []string {
+	dirs := []string{gd}
+	if b := f.read(filepath.Join(gd, "commondir")); b != nil {
+		if c := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]); c != "" && !strings.HasPrefix(c, "~") {
+			dirs = append(dirs, abs(c, gd))
+		}
+	}
+	var out []string
+	for _, d := range dirs {
+		out = append(out, filepath.Join(d, "config"), filepath.Join(d, "config.worktree"))
+		if f.rel(d) != "" {
+			continue // inside: its hooks are held (gitAllowed), its links followed by linkTargets
+		}
+		ents, _ := os.ReadDir(filepath.Join(d, "hooks"))
+		for _, ent := range ents {
+			if ent.Type()&os.ModeSymlink == 0 {
+				continue
+			}
+			if real, err := filepath.EvalSymlinks(filepath.Join(d, "hooks", ent.Name())); err == nil {
+				f.add(f.rel(real), filepath.Join(d, "hooks", ent.Name()))
+			}
+		}
+	}
+	return out
 }
 
 // linkTargets adds, for a named path p, where host links lead git from it:
