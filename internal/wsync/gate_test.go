@@ -731,3 +731,22 @@ func TestGitDirOutsideFolderConfigsRead(t *testing.T) {
 		})
 	}
 }
+
+// core.worktree moves a repository's work tree elsewhere in the folder:
+// git runs hooks there, and takes a relative hooksPath from there.
+func TestCoreWorktreeHooksPathHeld(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
+	p := newPair(t, Options{})
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".git/config", "[core]\n\tworktree = ../app\n\thooksPath = tools/hooks\n")
+		write(t, d, "app/README", "hi\n")
+	}
+	p.sync(t)
+	write(t, p.guest, "app/tools/hooks/pre-commit", "#!/bin/sh\ntouch /tmp/pwned\n")
+	p.sync(t)
+	if exists(p.host, "app/tools/hooks/pre-commit") {
+		t.Error("a hook in the hooksPath of core.worktree's work tree reached the host")
+	}
+}

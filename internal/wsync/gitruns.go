@@ -389,6 +389,12 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		return f.runs // no repository: no config of git's applies here
 	}
 	for g := range dirs {
+		f.coreWorktree(filepath.Join(root, g))
+	}
+	for _, gd := range outside {
+		f.coreWorktree(gd)
+	}
+	for g := range dirs {
 		gabs := filepath.Join(root, g)
 		bases := append([]string{gabs}, f.worktrees...)
 		f.config(filepath.Join(gabs, "config"), bases, 0)
@@ -432,6 +438,22 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		f.linkTargets(p)
 	}
 	return f.runs
+}
+
+// coreWorktree adds the work tree a git directory's core.worktree names
+// (relative to the git directory): git runs hooks there and takes a
+// relative hooksPath from there.
+func (f *gitRunsFinder) coreWorktree(gd string) {
+	for _, c := range []string{"config", "config.worktree"} {
+		for _, e := range gitConfigEntries(f.read(filepath.Join(gd, c))) {
+			if e.key != "core.worktree" || e.value == "" {
+				continue
+			}
+			if p := abs(e.value, gd); p != "" && !slices.Contains(f.worktrees, p) {
+				f.worktrees = append(f.worktrees, p)
+			}
+		}
+	}
 }
 
 // gitFileDir returns the git directory (absolute) a .git file at file
