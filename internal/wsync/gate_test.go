@@ -485,6 +485,18 @@ func TestGitNamedPaths(t *testing.T) {
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}
+	// Keys whose value git runs as a program, beyond the usual ones.
+	more := "[core]\n\tgitProxy = tools/proxy.sh\n\talternateRefsCommand = tools/refs.sh\n[mergetool \"m\"]\n\tpath = tools/merge.sh\n" +
+		"[difftool \"d\"]\n\tpath = tools/diff.sh\n[sendemail]\n\ttoCmd = tools/to.sh\n\tccCmd = tools/cc.sh\n" +
+		"[gpg \"ssh\"]\n\tdefaultKeyCommand = tools/key.sh\n[submodule \"s\"]\n\tpath = libs/s\n"
+	got = nil
+	for _, n := range gitNamedPaths([]byte(more)) {
+		got = append(got, string(n.kind)+":"+n.value)
+	}
+	want = []string{"w:tools/proxy.sh", "w:tools/refs.sh", "w:tools/merge.sh", "w:tools/diff.sh", "w:tools/to.sh", "w:tools/cc.sh", "w:tools/key.sh"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
 	if v := gitValue(` "tools/hooks" # team hooks`); v != "tools/hooks" {
 		t.Errorf("quoted value with a comment: %q", v)
 	}

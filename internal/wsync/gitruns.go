@@ -141,10 +141,15 @@ func commandKey(key string) bool {
 	switch top {
 	case "alias", "pager":
 		return true
+	case "difftool", "mergetool", "man", "browser":
+		if last == "path" {
+			return true // the tool's program (difftool.<tool>.path)
+		}
 	}
 	switch last {
 	case "fsmonitor", "editor", "pager", "sshcommand", "askpass", "program", "external", "textconv", "command", "cmd",
-		"driver", "clean", "smudge", "process", "helper", "difffilter", "uploadpack", "receivepack", "packobjectshook", "update", "exec":
+		"driver", "clean", "smudge", "process", "helper", "difffilter", "uploadpack", "receivepack", "packobjectshook", "update", "exec",
+		"gitproxy", "tocmd", "cccmd", "defaultkeycommand", "alternaterefscommand":
 		return true
 	}
 	return false
