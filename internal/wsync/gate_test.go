@@ -762,3 +762,26 @@ func TestCoreWorktreeHooksPathHeld(t *testing.T) {
 		t.Error("a hook in the hooksPath of core.worktree's work tree reached the host")
 	}
 }
+
+// The user's global git config may itself be a file of the folder: a
+// guest change to it would reach every git command on the host.
+func TestGlobalGitConfigInFolderHeld(t *testing.T) {
+	p := newPair(t, Options{})
+	t.Setenv("HOME", p.host)
+	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".gitconfig", "[user]\n\tname = u\n")
+		write(t, d, ".config/git/config", "[user]\n\tname = u\n")
+	}
+	p.sync(t)
+	for _, f := range []string{".gitconfig", ".config/git/config"} {
+		write(t, p.guest, f, "[core]\n\tfsmonitor = touch /tmp/pwned\n")
+	}
+	p.sync(t)
+	for _, f := range []string{".gitconfig", ".config/git/config"} {
+		if strings.Contains(read(p.host, f), "pwned") {
+			t.Errorf("%s reached the host", f)
+		}
+	}
+}

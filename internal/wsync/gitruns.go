@@ -437,6 +437,9 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) map[s
 		system = append(system, filepath.Join(home, ".gitconfig"), filepath.Join(xdg, "git", "config"))
 	}
 	for _, c := range system {
+		// Itself in the folder (GIT_CONFIG_GLOBAL=./team.gitconfig, a
+		// workspace holding the home folder): git obeys it everywhere.
+		f.add(f.rel(c), "git's system or global config")
 		f.config(c, f.worktrees, 0)
 	}
 	for p := range f.runs {
