@@ -486,6 +486,18 @@ func TestGitNamedPaths(t *testing.T) {
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}
+	// Keys whose value git runs as a program, beyond the usual ones.
+	more := "[core]\n\tgitProxy = tools/proxy.sh\n\talternateRefsCommand = tools/refs.sh\n[mergetool \"m\"]\n\tpath = tools/merge.sh\n" +
+		"[difftool \"d\"]\n\tpath = tools/diff.sh\n[sendemail]\n\ttoCmd = tools/to.sh\n\tccCmd = tools/cc.sh\n" +
+		"[gpg \"ssh\"]\n\tdefaultKeyCommand = tools/key.sh\n[submodule \"s\"]\n\tpath = libs/s\n"
+	got = nil
+	for _, n := range gitNamedPaths([]byte(more)) {
+		got = append(got, string(n.kind)+":"+n.value)
+	}
+	want = []string{"w:tools/proxy.sh", "w:tools/refs.sh", "w:tools/merge.sh", "w:tools/diff.sh", "w:tools/to.sh", "w:tools/cc.sh", "w:tools/key.sh"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
 	if v := gitValue(` "tools/hooks" # team hooks`); v != "tools/hooks" {
 		t.Errorf("quoted value with a comment: %q", v)
 	}
@@ -702,4 +714,134 @@ func TestHostGitConfigReachesBack(t *testing.T) {
 			t.Errorf("~: %q, want %q", got, home)
 		}
 	})
+}
+
+// The folder's git directory may lie outside it: the folder is a linked
+// worktree, a --separate-git-dir checkout or a submodule, or is below one.
+// git reads that repository's configs (the common directory's too) for
+// the folder's work tree: what they name is held as if they were inside.
+func TestGitDirOutsideFolderConfigsRead(t *testing.T) {
+	cfg := "[core]\n\thooksPath = tools/hooks\n\tfsmonitor = scripts/fsmon.sh\n"
+	for name, c := range map[string]struct {
+		dotGit   string            // what the folder's .git file says ("" for none); BASE: the folder's parent
+		aboveGit string            // the .git file of the folder's parent, if any
+		files    map[string]string // outside the folder, below the base
+	}{
+		"linked worktree": {
+			dotGit: "gitdir: BASE/main/.git/worktrees/ws",
+			files: map[string]string{"main/.git/HEAD": "ref: refs/heads/main\n", "main/.git/config": cfg,
+				"main/.git/worktrees/ws/HEAD": "ref: refs/heads/ws\n", "main/.git/worktrees/ws/commondir": "../..\n"},
+		},
+		"separate git dir, relative": {
+			dotGit: "gitdir: ../sep.git",
+			files:  map[string]string{"sep.git/HEAD": "ref: refs/heads/main\n", "sep.git/config": cfg},
+		},
+		"submodule": {
+			dotGit: "gitdir: ../.git/modules/host",
+			files: map[string]string{".git/HEAD": "ref: refs/heads/main\n", ".git/config": "[core]\n\tbare = false\n",
+				".git/modules/host/HEAD": "ref: refs/heads/main\n", ".git/modules/host/config": cfg + "\tworktree = ../../../host\n"},
+		},
+		"below a linked worktree": {
+			aboveGit: "gitdir: BASE/main/.git/worktrees/wt",
+			files: map[string]string{"main/.git/HEAD": "ref: refs/heads/main\n",
+				"main/.git/config":            "[core]\n\thooksPath = host/tools/hooks\n\tfsmonitor = host/scripts/fsmon.sh\n",
+				"main/.git/worktrees/wt/HEAD": "ref: refs/heads/wt\n", "main/.git/worktrees/wt/commondir": "../..\n"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("HOME", t.TempDir())
+			t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
+			p := newPair(t, Options{})
+			base := filepath.Dir(p.host)
+			for f, content := range c.files {
+				write(t, base, f, content)
+			}
+			if c.aboveGit != "" {
+				write(t, base, ".git", strings.ReplaceAll(c.aboveGit, "BASE", base)+"\n")
+			}
+			// A hook of the repository's is the user's link to a script of
+			// the folder.
+			gd := filepath.Join(base, "main/.git")
+			if _, err := os.Stat(gd); err == nil {
+				if err := os.Symlink(filepath.Join(p.host, "lint/pre-push.sh"), filepath.Join(gd, "hooks-link")); err != nil {
+					t.Fatal(err)
+				}
+				os.MkdirAll(filepath.Join(gd, "hooks"), 0o755)
+				os.Rename(filepath.Join(gd, "hooks-link"), filepath.Join(gd, "hooks", "pre-push"))
+			}
+			for _, d := range []string{p.host, p.guest} {
+				if c.dotGit != "" {
+					write(t, d, ".git", strings.ReplaceAll(c.dotGit, "BASE", base)+"\n")
+				}
+				write(t, d, "lint/pre-push.sh", "echo lint\n")
+			}
+			p.sync(t)
+			evil := []string{"tools/hooks/pre-commit", "scripts/fsmon.sh"}
+			if _, err := os.Stat(gd); err == nil {
+				evil = append(evil, "lint/pre-push.sh")
+			}
+			for _, f := range evil {
+				write(t, p.guest, f, "#!/bin/sh\ntouch /tmp/pwned\n")
+			}
+			write(t, p.guest, "ok.txt", "fine\n")
+			p.sync(t)
+			held := map[string]string{}
+			for _, h := range p.e.Status().Held {
+				held[h.Path] = h.Why
+			}
+			for _, f := range evil {
+				if strings.Contains(read(p.host, f), "pwned") {
+					t.Errorf("%s reached the host", f)
+				}
+				if held[f] == "" {
+					t.Errorf("%s not reported held", f)
+				}
+			}
+			if !exists(p.host, "ok.txt") {
+				t.Errorf("an ordinary file did not cross (held: %v)", held)
+			}
+		})
+	}
+}
+
+// core.worktree moves a repository's work tree elsewhere in the folder:
+// git runs hooks there, and takes a relative hooksPath from there.
+func TestCoreWorktreeHooksPathHeld(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
+	p := newPair(t, Options{})
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".git/config", "[core]\n\tworktree = ../app\n\thooksPath = tools/hooks\n")
+		write(t, d, "app/README", "hi\n")
+	}
+	p.sync(t)
+	write(t, p.guest, "app/tools/hooks/pre-commit", "#!/bin/sh\ntouch /tmp/pwned\n")
+	p.sync(t)
+	if exists(p.host, "app/tools/hooks/pre-commit") {
+		t.Error("a hook in the hooksPath of core.worktree's work tree reached the host")
+	}
+}
+
+// The user's global git config may itself be a file of the folder: a
+// guest change to it would reach every git command on the host.
+func TestGlobalGitConfigInFolderHeld(t *testing.T) {
+	p := newPair(t, Options{})
+	t.Setenv("HOME", p.host)
+	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".gitconfig", "[user]\n\tname = u\n")
+		write(t, d, ".config/git/config", "[user]\n\tname = u\n")
+	}
+	p.sync(t)
+	for _, f := range []string{".gitconfig", ".config/git/config"} {
+		write(t, p.guest, f, "[core]\n\tfsmonitor = touch /tmp/pwned\n")
+	}
+	p.sync(t)
+	for _, f := range []string{".gitconfig", ".config/git/config"} {
+		if strings.Contains(read(p.host, f), "pwned") {
+			t.Errorf("%s reached the host", f)
+		}
+	}
 }

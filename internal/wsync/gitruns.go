@@ -27,10 +27,14 @@ import (
 //
 // Read: every git directory's config and config.worktree (and those of
 // its linked worktrees), what they include (recursively, as deep as git
-// goes), the system and global configs, and the config of a repository
-// above the folder. Relative names are taken from every work tree in the
-// folder and from each git directory, as git resolves hooksPath from the
-// work tree a command runs in and includes from the including file.
+// goes), the system and global configs, the config of a repository
+// above the folder, and those of a git directory outside the folder that
+// a .git file in it points to (the folder is a linked worktree, a
+// submodule, a --separate-git-dir checkout), with its common directory's
+// and the links of its hooks folder. Relative names are taken from every
+// work tree in the folder and from each git directory, as git resolves
+// hooksPath from the work tree a command runs in and includes from the
+// including file.
 
 const (
 	// maxHostGitConfig bounds what is read of one host git config.
@@ -146,10 +150,15 @@ func commandKey(key string) bool {
 	switch top {
 	case "alias", "pager":
 		return true
+	case "difftool", "mergetool", "man", "browser":
+		if last == "path" {
+			return true // the tool's program (difftool.<tool>.path)
+		}
 	}
 	switch last {
 	case "fsmonitor", "editor", "pager", "sshcommand", "askpass", "program", "external", "textconv", "command", "cmd",
-		"driver", "clean", "smudge", "process", "helper", "difffilter", "uploadpack", "receivepack", "packobjectshook", "update", "exec":
+		"driver", "clean", "smudge", "process", "helper", "difffilter", "uploadpack", "receivepack", "packobjectshook", "update", "exec",
+		"gitproxy", "tocmd", "cccmd", "defaultkeycommand", "alternaterefscommand":
 		return true
 	}
 	return false
@@ -369,6 +378,7 @@ func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map
 		dirs[g] = true
 	}
 	wts := map[string]bool{}
+	var outside []string // git directories outside the folder that .git files of it point to
 	for p := range e.gitMarks {
 		if foldName(path.Base(p)) != ".git" {
 			continue
@@ -381,6 +391,14 @@ func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map
 		if ent.Type == 'd' {
 			dirs[p] = true
 		}
+		if ent.Type == 'f' {
+			// The folder is (or holds) a linked worktree, a submodule or
+			// a --separate-git-dir checkout of a repository elsewhere:
+			// git reads that repository's configs for this work tree.
+			if gd := f.gitFileDir(filepath.Join(root, p)); gd != "" && f.rel(gd) == "" {
+				outside = append(outside, gd)
+			}
+		}
 	}
 	for g := range dirs {
 		wts[path.Dir(g)] = true
@@ -390,7 +408,6 @@ func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map
 		f.worktrees = append(f.worktrees, filepath.Join(root, w))
 	}
 	// A repository above the folder: its config may name paths inside.
-	var above []string
 	for dir := filepath.Dir(root); ; dir = filepath.Dir(dir) {
 		// Stat, not Lstat: git follows a .git that is a link to a folder.
 		if fi, err := os.Stat(filepath.Join(dir, ".git")); err == nil {
@@ -404,7 +421,7 @@ func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map
 				gd = abs(strings.TrimSpace(t), dir)
 			}
 			f.worktrees = append(f.worktrees, dir)
-			above = append(above, filepath.Join(gd, "config"), filepath.Join(gd, "config.worktree"))
+			outside = append(outside, gd)
 			break
 		}
 		if dir == "/" || dir == "." {
@@ -413,6 +430,12 @@ func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map
 	}
 	if len(f.worktrees) == 0 {
 		return f.runs, f // no repository: no config of git's applies here
+	}
+	for g := range dirs {
+		f.coreWorktree(filepath.Join(root, g))
+	}
+	for _, gd := range outside {
+		f.coreWorktree(gd)
 	}
 	for g := range dirs {
 		gabs := filepath.Join(root, g)
@@ -440,8 +463,10 @@ func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map
 		h := path.Join(g, "hooks")
 		f.walkFrom[h] = "a link in " + h
 	}
-	for _, c := range above {
-		f.config(c, f.worktrees, 0)
+	for _, gd := range outside {
+		for _, c := range f.gitDirConfigs(gd) {
+			f.config(c, f.worktrees, 0)
+		}
 	}
 	home, _ := os.UserHomeDir()
 	var system []string
@@ -460,10 +485,73 @@ func (e *Engine) gitRunsFound(ctx context.Context, gitDirs map[string]bool) (map
 		system = append(system, filepath.Join(home, ".gitconfig"), filepath.Join(xdg, "git", "config"))
 	}
 	for _, c := range system {
+		// Itself in the folder (GIT_CONFIG_GLOBAL=./team.gitconfig, a
+		// workspace holding the home folder): git obeys it everywhere.
+		f.add(f.rel(c), "git's system or global config")
 		f.config(c, f.worktrees, 0)
 	}
 	f.linkTargets()
 	return f.runs, f
+}
+
+// coreWorktree adds the work tree a git directory's core.worktree names
+// (relative to the git directory): git runs hooks there and takes a
+// relative hooksPath from there.
+func (f *gitRunsFinder) coreWorktree(gd string) {
+	for _, c := range []string{"config", "config.worktree"} {
+		for _, e := range gitConfigEntries(f.read(filepath.Join(gd, c))) {
+			if e.key != "core.worktree" || e.value == "" {
+				continue
+			}
+			if p := abs(e.value, gd); p != "" && !slices.Contains(f.worktrees, p) {
+				f.worktrees = append(f.worktrees, p)
+			}
+		}
+	}
+}
+
+// gitFileDir returns the git directory (absolute) a .git file at file
+// points to, or "".
+func (f *gitRunsFinder) gitFileDir(file string) string {
+	t, ok := strings.CutPrefix(strings.TrimSpace(string(f.read(file))), "gitdir:")
+	if !ok {
+		return ""
+	}
+	t = strings.TrimSpace(strings.SplitN(t, "\n", 2)[0])
+	if t == "" || strings.HasPrefix(t, "~") {
+		return ""
+	}
+	return abs(t, filepath.Dir(file))
+}
+
+// gitDirConfigs lists the configs git reads for the git directory gd
+// (absolute): its own config and config.worktree and, for a linked
+// worktree's, those of the repository's common directory; and, from
+// hooks folders outside the folder, what their links lead to inside it.
+func (f *gitRunsFinder) gitDirConfigs(gd string) []string {
+	dirs := []string{gd}
+	if b := f.read(filepath.Join(gd, "commondir")); b != nil {
+		if c := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]); c != "" && !strings.HasPrefix(c, "~") {
+			dirs = append(dirs, abs(c, gd))
+		}
+	}
+	var out []string
+	for _, d := range dirs {
+		out = append(out, filepath.Join(d, "config"), filepath.Join(d, "config.worktree"))
+		if f.rel(d) != "" {
+			continue // inside: its hooks are held (gitAllowed), its links followed by linkTargets
+		}
+		ents, _ := os.ReadDir(filepath.Join(d, "hooks"))
+		for _, ent := range ents {
+			if ent.Type()&os.ModeSymlink == 0 {
+				continue
+			}
+			if real, err := filepath.EvalSymlinks(filepath.Join(d, "hooks", ent.Name())); err == nil {
+				f.add(f.rel(real), filepath.Join(d, "hooks", ent.Name()))
+			}
+		}
+	}
+	return out
 }
 
 // linkTargets adds, for every named path, where host links lead git from

@@ -152,7 +152,7 @@ func TestNetwork(t *testing.T) {
 	srv := startServers(t)
 	upstream := startCountingDNS(t)
 	env := []string{
-		"KOSA8_NET_OVERRIDES=allowed.test=127.0.0.1,late.test=127.0.0.1,a.wild.test=127.0.0.1,other.wild.test=127.0.0.1",
+		"KOSA8_NET_OVERRIDES=allowed.test=127.0.0.1,late.test=127.0.0.1,ports.test=127.0.0.1,a.wild.test=127.0.0.1,other.wild.test=127.0.0.1",
 		"KOSA8_NET_RESOLVER=" + upstream.addr,
 	}
 	name := "net"
@@ -284,6 +284,33 @@ s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(5);s.sendto(q,("1
 		}
 		if r := run(t, "", "net", "rm", name, "never-allowed.test"); r.code == 0 || !strings.Contains(r.stderr, "no rule matches") {
 			t.Fatalf("net rm of a rule that matches nothing: %s", r)
+		}
+	})
+	t.Run("net rm host:port removes that port only", func(t *testing.T) {
+		must(t, "net", "allow", name, fmt.Sprintf("ports.test:%d", srv.httpPort))
+		must(t, "net", "allow", name, fmt.Sprintf("ports.test:%d", srv.httpsPort))
+		if r := sh(fmt.Sprintf("curl -sS -k -m 20 https://ports.test:%d/", srv.httpsPort)); r.code != 0 || !strings.Contains(r.stdout, "hello ports.test") {
+			t.Fatalf("the second port is refused while allowed:\n%s", r)
+		}
+		must(t, "net", "rm", name, fmt.Sprintf("ports.test:%d", srv.httpsPort))
+		var ls struct{ Rules []string }
+		if err := json.Unmarshal([]byte(must(t, "net", "ls", name, "--json").stdout), &ls); err != nil {
+			t.Fatal(err)
+		}
+		var ports []string
+		for _, r := range ls.Rules {
+			if strings.HasPrefix(r, "ports.test") {
+				ports = append(ports, r)
+			}
+		}
+		if want := fmt.Sprintf("ports.test:%d", srv.httpPort); len(ports) != 1 || ports[0] != want {
+			t.Fatalf("net ls after net rm of one port: %q, want [%s]", ports, want)
+		}
+		if r := sh(fmt.Sprintf("curl -sS -m 20 http://ports.test:%d/", srv.httpPort)); r.code != 0 || !strings.Contains(r.stdout, "hello ports.test") {
+			t.Fatalf("the port left allowed is refused:\n%s", r)
+		}
+		if r := sh(fmt.Sprintf("curl -sS -k -m 10 https://ports.test:%d/", srv.httpsPort)); r.code == 0 {
+			t.Fatalf("the removed port is still reachable:\n%s", r)
 		}
 	})
 	t.Run("net deny wins over a wildcard", func(t *testing.T) {
