@@ -281,7 +281,9 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 	if err != nil {
 		return c, err
 	}
-	c.Env = append(env, flagEnv...)
+	// The preset's environment (already in c.Env), then the project's,
+	// then -e: later entries win.
+	c.Env = append(append(c.Env, env...), flagEnv...)
 	if c.Name == "" {
 		wd, _ := os.Getwd()
 		c.Name = sandbox.DefaultName(wd)

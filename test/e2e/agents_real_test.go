@@ -151,6 +151,7 @@ func TestAgentClaude(t *testing.T) {
 	script := `set -e
 claude -p "Say the magic words." --output-format text
 echo "KEY=$ANTHROPIC_API_KEY"
+echo "PRESET-ENV=$DISABLE_TELEMETRY"
 # The agent's own conversation carries the placeholder back to its API
 # (as when it ran 'env'): that request must pass too.
 claude -p "My environment says ANTHROPIC_API_KEY=$ANTHROPIC_API_KEY. Say the magic words." --output-format text
@@ -174,6 +175,9 @@ echo '{"claudeAiOauth":{"accessToken":"sk-ant-oat-e2e"}}' > ~/.claude/.credentia
 	}
 	if !strings.Contains(r.stdout, "KEY=kosa8-ph-") || strings.Contains(r.stdout, anthropicKey) {
 		t.Fatalf("the guest should hold only the placeholder:\n%s", r.stdout)
+	}
+	if !strings.Contains(r.stdout, "PRESET-ENV=1") {
+		t.Fatalf("the preset's environment (DISABLE_TELEMETRY=1) did not reach the agent:\n%s", r.stdout)
 	}
 	if !strings.Contains(r.stderr, ".claude/.credentials.json; they are not kept") {
 		t.Fatalf("the credential file should be held back with a message:\n%s", r.stderr)
@@ -294,7 +298,10 @@ func TestAgentCodex(t *testing.T) {
 func TestAgentGemini(t *testing.T) {
 	runAgentAgainstFake(t, "gemini", "GEMINI_API_KEY", geminiKey, "generativelanguage.googleapis.com", "x-goog-api-key", "GOOGLE_GEMINI_BASE_URL", "",
 		geminiHandler, []string{"--host", "generativelanguage.googleapis.com", "--header", "x-goog-api-key"},
-		`gemini -p "Say the magic words." </dev/null`)
+		// A base URL in the environment makes Gemini CLI pick its
+		// "gateway" sign-in, which -p refuses: the API key's, in its settings.
+		`mkdir -p ~/.gemini && echo '{"security":{"auth":{"selectedType":"gemini-api-key"}}}' > ~/.gemini/settings.json
+gemini -p "Say the magic words." </dev/null`)
 }
 
 // registryReachable says why url cannot be fetched from here, or "".
