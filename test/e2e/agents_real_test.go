@@ -28,6 +28,12 @@ const (
 	anthropicKey = "sk-ant-e2e-REAL-key-0b1c2d3e4f"
 	openaiKey    = "sk-proj-e2e-REAL-key-5a6b7c8d"
 	geminiKey    = "AIzaSy-e2e-REAL-key-9e8f7a6b"
+
+	// toolPrompt makes the Anthropic fake ask for a tool call;
+	// toolSawPlaceholder is its answer when the tool's output, sent back in
+	// the next request, held the key's placeholder.
+	toolPrompt         = "KOSA8-RUN-THE-KEY-TOOL"
+	toolSawPlaceholder = "TOOL-RESULT-HAD-PLACEHOLDER"
 )
 
 // fakeAPI is a local HTTPS stand-in for an agent's API.
@@ -95,29 +101,67 @@ func anthropicHandler(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req struct {
-		Model  string `json:"model"`
-		Stream bool   `json:"stream"`
+		Model    string            `json:"model"`
+		Stream   bool              `json:"stream"`
+		Messages []json.RawMessage `json:"messages"`
+		Tools    []struct {
+			Name string `json:"name"`
+		} `json:"tools"`
 	}
 	_ = json.NewDecoder(r.Body).Decode(&req)
+	offersBash := false
+	for _, t := range req.Tools {
+		offersBash = offersBash || t.Name == "Bash"
+	}
+	var last []byte
+	if len(req.Messages) > 0 {
+		last = req.Messages[len(req.Messages)-1]
+	}
+	// A prompt naming toolPrompt gets a Bash tool call that prints the key
+	// (the placeholder, inside); the tool's result comes back in the next
+	// request's body, and the answer says whether it carried the placeholder.
+	text, stop := agentAnswer, "end_turn"
+	var tool string
+	switch {
+	case bytes.Contains(last, []byte(`"tool_result"`)) && bytes.Contains(last, []byte("kosa8-ph-")):
+		text = toolSawPlaceholder
+	case bytes.Contains(last, []byte(`"tool_result"`)):
+		text = "TOOL-RESULT-WITHOUT-PLACEHOLDER"
+	case bytes.Contains(last, []byte(toolPrompt)) && offersBash:
+		tool, stop = `{"command":"echo key=$ANTHROPIC_API_KEY","description":"print the key"}`, "tool_use"
+	}
 	usage := `{"input_tokens":12,"output_tokens":6,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}`
-	msg := fmt.Sprintf(`{"id":"msg_e2e","type":"message","role":"assistant","model":%q,"content":[],"stop_reason":null,"stop_sequence":null,"usage":%s}`, req.Model, usage)
 	if !req.Stream {
+		block := fmt.Sprintf(`{"type":"text","text":%q}`, text)
+		if tool != "" {
+			block = `{"type":"tool_use","id":"toolu_e2e","name":"Bash","input":` + tool + `}`
+		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"id":"msg_e2e","type":"message","role":"assistant","model":%q,"content":[{"type":"text","text":%q}],"stop_reason":"end_turn","stop_sequence":null,"usage":%s}`, req.Model, agentAnswer, usage)
+		fmt.Fprintf(w, `{"id":"msg_e2e","type":"message","role":"assistant","model":%q,"content":[%s],"stop_reason":%q,"stop_sequence":null,"usage":%s}`, req.Model, block, stop, usage)
 		return
 	}
+	msg := fmt.Sprintf(`{"id":"msg_e2e","type":"message","role":"assistant","model":%q,"content":[],"stop_reason":null,"stop_sequence":null,"usage":%s}`, req.Model, usage)
+	type event struct{ name, data string }
+	events := []event{
+		{"message_start", `{"type":"message_start","message":` + msg + `}`},
+	}
+	if tool != "" {
+		events = append(events,
+			event{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_e2e","name":"Bash","input":{}}}`},
+			event{"content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":%q}}`, tool)})
+	} else {
+		events = append(events,
+			event{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`},
+			event{"ping", `{"type":"ping"}`},
+			event{"content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, text[:10])},
+			event{"content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, text[10:])})
+	}
+	events = append(events,
+		event{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+		event{"message_delta", fmt.Sprintf(`{"type":"message_delta","delta":{"stop_reason":%q,"stop_sequence":null},"usage":{"output_tokens":6}}`, stop)},
+		event{"message_stop", `{"type":"message_stop"}`})
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
-	events := []struct{ name, data string }{
-		{"message_start", `{"type":"message_start","message":` + msg + `}`},
-		{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`},
-		{"ping", `{"type":"ping"}`},
-		{"content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, agentAnswer[:10])},
-		{"content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, agentAnswer[10:])},
-		{"content_block_stop", `{"type":"content_block_stop","index":0}`},
-		{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":6}}`},
-		{"message_stop", `{"type":"message_stop"}`},
-	}
 	for _, e := range events {
 		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", e.name, e.data)
 		w.(http.Flusher).Flush()
@@ -152,9 +196,9 @@ func TestAgentClaude(t *testing.T) {
 claude -p "Say the magic words." --output-format text
 echo "KEY=$ANTHROPIC_API_KEY"
 echo "PRESET-ENV=$DISABLE_TELEMETRY"
-# The agent's own conversation carries the placeholder back to its API
-# (as when it ran 'env'): that request must pass too.
-claude -p "My environment says ANTHROPIC_API_KEY=$ANTHROPIC_API_KEY. Say the magic words." --output-format text
+# The agent's own conversation carries the placeholder back to its API:
+# a tool it runs prints the key, and the session goes on.
+claude -p "` + toolPrompt + `" --allowedTools Bash --output-format text
 grep -c 'kosa8 net blocked' ~/.claude/CLAUDE.md
 grep -c 'allow-listed' /etc/motd
 mkdir -p ~/.claude && echo kept > ~/.claude/e2e-marker
@@ -167,8 +211,8 @@ echo '{"claudeAiOauth":{"accessToken":"sk-ant-oat-e2e"}}' > ~/.claude/.credentia
 	if r.code != 0 || !strings.Contains(r.stdout, agentAnswer) {
 		t.Fatalf("claude did not print the fake's completion:\n%s\nAPI saw:\n%s", r, api.log())
 	}
-	if n := strings.Count(r.stdout, agentAnswer); n != 2 {
-		t.Fatalf("want the completion twice (the second prompt carries the placeholder), got %d:\n%s", n, r)
+	if !strings.Contains(r.stdout, toolSawPlaceholder) {
+		t.Fatalf("the session should go on after a tool printed the placeholder (want %s):\n%s\nAPI saw:\n%s", toolSawPlaceholder, r, api.log())
 	}
 	if !strings.Contains(api.log(), "/v1/messages "+anthropicKey) {
 		t.Fatalf("the API never got the real key in x-api-key:\n%s", api.log())
