@@ -22,7 +22,9 @@ type Side interface {
 	Scan(ctx context.Context, paths []string) (map[string]*Entry, error)
 	Read(ctx context.Context, p string) (io.ReadCloser, error)
 	// Write replaces p with r's content, expected to hash to hash; it
-	// returns the hash of what it wrote.
+	// returns the hash of what it wrote. Content that does not hash to
+	// hash is not written: p stays as it was (the engine's manifest still
+	// describes it) and the error is errChanged or says so.
 	Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string) (string, error)
 	Mkdir(ctx context.Context, p string, mode fs.FileMode) error
 	Symlink(ctx context.Context, p, target string) error
