@@ -191,6 +191,15 @@ func TestOneSidedWritesDuringCopyMakeNoConflict(t *testing.T) {
 				if cc := conflictCopies(t, p.host); len(cc) > 0 {
 					t.Fatalf("pass %d: conflict copies on the host: %v", i, cc)
 				}
+				// A host log arrives as scanned, appended to or not.
+				if c.writer == "host" && c.change == "append" {
+					if errs := e.Status().Errors; len(errs) > 0 {
+						t.Fatalf("pass %d: %v", i, errs)
+					}
+					if h, g := read(p.host, f), read(p.guest, f); !strings.HasPrefix(h, g) || len(g) == 0 {
+						t.Fatalf("pass %d: the guest's %q is no prefix of the host's %q", i, g, h)
+					}
+				}
 			}
 			// Quiet now: the writer's last version reaches the other side.
 			busy.reads = 0

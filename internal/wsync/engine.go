@@ -876,7 +876,7 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 	}
 	if _, ok := e.guest.(BatchSide); ok && (cur == nil || cur.Type == h.Type && h.Type != 'd') {
 		want := h
-		e.batch = append(e.batch, PutItem{Entry: want, Open: func() (io.ReadCloser, error) { return e.host.Read(ctx, p) }})
+		e.batch = append(e.batch, PutItem{Entry: want, Open: func() (io.ReadCloser, error) { return e.readScanned(ctx, p, want) }})
 		return nil
 	}
 	if err := e.putGuest(ctx, p, cur, h); err != nil {
@@ -935,12 +935,51 @@ func (e *Engine) putGuest(ctx context.Context, p string, cur, want *Entry) error
 	case 'l':
 		return e.guest.Symlink(ctx, p, want.Link)
 	}
-	r, err := e.host.Read(ctx, p)
+	r, err := e.readScanned(ctx, p, want)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	return e.guestWrite(ctx, p, want, r)
+}
+
+// readScanned opens the host's p for a copy of the version ent describes:
+// its first ent.Size bytes. A file its writer appends to meanwhile (a
+// log) arrives as scanned rather than failing its hash; the rest follows
+// on the next pass. Any other change fails the guest's hash check.
+func (e *Engine) readScanned(ctx context.Context, p string, ent *Entry) (io.ReadCloser, error) {
+	r, err := e.host.Read(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{&prefix{r: r, left: ent.Size}, r}, nil
+}
+
+// prefix reads the first left bytes of r; fewer is errChanged.
+type prefix struct {
+	r    io.Reader
+	left int64
+}
+
+func (a *prefix) Read(p []byte) (int, error) {
+	if a.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > a.left {
+		p = p[:a.left]
+	}
+	n, err := a.r.Read(p)
+	a.left -= int64(n)
+	if err == io.EOF && a.left > 0 {
+		return n, errChanged
+	}
+	if a.left == 0 && err == nil {
+		err = io.EOF
+	}
+	return n, err
 }
 
 // guestCopy copies the guest's own p (entry g) to cp, in the guest.
