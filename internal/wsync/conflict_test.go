@@ -246,3 +246,48 @@ func TestOneSidedWritesDuringCopyMakeNoConflict(t *testing.T) {
 		})
 	}
 }
+
+// Conflict copies never replace anything, and a conflict on a copy is
+// named after the file: two conflicts in one second (the clock is fixed
+// here) keep both of the agent's versions, and no name grows a second
+// suffix.
+func TestConflictCopyNames(t *testing.T) {
+	p := newPair(t, Options{})
+	write(t, p.host, "f.txt", "base")
+	p.sync(t)
+	stamp := ".sandbox-conflict-20260102-030405"
+	for i, want := range []string{"f.txt" + stamp, "f.txt" + stamp + "-2"} {
+		write(t, p.host, "f.txt", "user "+string(rune('1'+i)))
+		write(t, p.guest, "f.txt", "agent "+string(rune('1'+i)))
+		p.sync(t)
+		if got := read(p.host, want); got != "agent "+string(rune('1'+i)) {
+			t.Fatalf("conflict %d: host %s = %q", i+1, want, got)
+		}
+	}
+	if read(p.host, "f.txt"+stamp) != "agent 1" || read(p.guest, "f.txt"+stamp) != "agent 1" {
+		t.Fatal("the first conflict copy was replaced")
+	}
+	// Both sides edit a copy: its copy is named after f.txt.
+	write(t, p.host, "f.txt"+stamp, "user edits the copy")
+	write(t, p.guest, "f.txt"+stamp, "agent edits the copy")
+	p.sync(t)
+	if got := read(p.host, "f.txt"+stamp+"-3"); got != "agent edits the copy" {
+		t.Fatalf("the copy's copy: %q (copies: %v)", got, conflictCopies(t, p.host))
+	}
+	if read(p.host, "f.txt"+stamp) != "user edits the copy" {
+		t.Fatal("the user's edit of a conflict copy was overwritten")
+	}
+	if cc := conflictCopies(t, p.host); len(cc) != 3 {
+		t.Fatalf("host copies: %v", cc)
+	}
+	// A name taken on the guest alone is not reused either.
+	write(t, p.guest, "g.txt"+stamp, "the agent's own file")
+	write(t, p.host, "g.txt", "base")
+	p.sync(t)
+	write(t, p.host, "g.txt", "user")
+	write(t, p.guest, "g.txt", "agent")
+	p.sync(t)
+	if read(p.host, "g.txt"+stamp) != "the agent's own file" || read(p.host, "g.txt"+stamp+"-2") != "agent" {
+		t.Fatalf("g.txt copies: %v", conflictCopies(t, p.host))
+	}
+}

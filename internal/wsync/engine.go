@@ -402,8 +402,11 @@ func (e *Engine) decide(ctx context.Context, p string, b, h, g *Entry) func() {
 // version next to it: in the guest at once, on the host through the gate
 // like any other guest change.
 func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
-	stamp := e.opts.Now().UTC().Format("20060102-150405")
-	cp := p + ".sandbox-conflict-" + stamp
+	cp, err := e.conflictName(ctx, p)
+	if err != nil {
+		e.fail(p, err)
+		return nil
+	}
 	if g.Type != 'd' {
 		if err := e.guestCopy(ctx, p, cp, g); err != nil {
 			e.fail(p, err)
@@ -420,6 +423,43 @@ func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
 	e.setManifest(p, h, "host")
 	e.conflicts = append(e.conflicts, Conflict{Path: p, Copy: cp, Time: e.opts.Now().UTC()})
 	return nil
+}
+
+// conflictMark starts the suffix of a conflict copy's name.
+const conflictMark = ".sandbox-conflict-"
+
+// conflictName names the copy of the guest's version of p: p, less any
+// conflict suffixes (a copy of a copy is named after the file, so names
+// never grow), plus one with the time; and, should that name be taken on
+// either side or in the manifest (two conflicts in a second), a counter:
+// a conflict copy never replaces anything.
+func (e *Engine) conflictName(ctx context.Context, p string) (string, error) {
+	base := p
+	for {
+		i := strings.LastIndex(base, conflictMark)
+		if i <= strings.LastIndex(base, "/")+1 {
+			break
+		}
+		base = base[:i]
+	}
+	name := base + conflictMark + e.opts.Now().UTC().Format("20060102-150405")
+	for n := 1; n <= 20; n++ {
+		cp := name
+		if n > 1 {
+			cp = fmt.Sprintf("%s-%d", name, n)
+		}
+		if e.manifest[cp] != nil || e.hostStat(ctx, cp) != nil {
+			continue
+		}
+		g, err := e.guest.Scan(ctx, []string{cp})
+		if err != nil {
+			return "", fmt.Errorf("name a conflict copy: %w", err)
+		}
+		if len(g) == 0 {
+			return cp, nil
+		}
+	}
+	return "", fmt.Errorf("no free name for a conflict copy beside %s: move some %s files away", p, conflictMark+"*")
 }
 
 // toHost offers the guest's state of p to the host (which holds h).
