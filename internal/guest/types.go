@@ -42,7 +42,7 @@ type WSPutItem struct {
 	Type byte        `json:"type,omitempty"` // f, d, l
 	Mode fs.FileMode `json:"mode,omitempty"`
 	Link string      `json:"link,omitempty"`
-	Hash string      `json:"hash,omitempty"`
+	Hash string      `json:"hash,omitempty"` // a file's content must hash to it, or the old file stays
 	End  bool        `json:"end,omitempty"`
 }
 
@@ -88,7 +88,8 @@ type Request struct {
 	// Time is the host's wall clock for OpSetTime.
 	Time time.Time `json:"time,omitzero"`
 
-	// Hash and Root let a workspace write record the content's hash.
+	// Hash and Root let a workspace write record the content's hash;
+	// content that does not hash to Hash is refused, the file left as it was.
 	Hash string `json:"hash,omitempty"`
 	Root string `json:"root,omitempty"`
 

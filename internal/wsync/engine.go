@@ -22,7 +22,9 @@ type Side interface {
 	Scan(ctx context.Context, paths []string) (map[string]*Entry, error)
 	Read(ctx context.Context, p string) (io.ReadCloser, error)
 	// Write replaces p with r's content, expected to hash to hash; it
-	// returns the hash of what it wrote.
+	// returns the hash of what it wrote. Content that does not hash to
+	// hash is not written: p stays as it was (the engine's manifest still
+	// describes it) and the error is errChanged or says so.
 	Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string) (string, error)
 	Mkdir(ctx context.Context, p string, mode fs.FileMode) error
 	Symlink(ctx context.Context, p, target string) error
@@ -429,8 +431,11 @@ func (e *Engine) decide(ctx context.Context, p string, b, h, g *Entry) func() {
 // version next to it: in the guest at once, on the host through the gate
 // like any other guest change.
 func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
-	stamp := e.opts.Now().UTC().Format("20060102-150405")
-	cp := p + ".sandbox-conflict-" + stamp
+	cp, err := e.conflictName(ctx, p)
+	if err != nil {
+		e.fail(p, err)
+		return nil
+	}
 	if g.Type != 'd' {
 		if err := e.guestCopy(ctx, p, cp, g); err != nil {
 			e.fail(p, err)
@@ -447,6 +452,43 @@ func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
 	e.setManifest(p, h, "host")
 	e.conflicts = append(e.conflicts, Conflict{Path: p, Copy: cp, Time: e.opts.Now().UTC()})
 	return nil
+}
+
+// conflictMark starts the suffix of a conflict copy's name.
+const conflictMark = ".sandbox-conflict-"
+
+// conflictName names the copy of the guest's version of p: p, less any
+// conflict suffixes (a copy of a copy is named after the file, so names
+// never grow), plus one with the time; and, should that name be taken on
+// either side or in the manifest (two conflicts in a second), a counter:
+// a conflict copy never replaces anything.
+func (e *Engine) conflictName(ctx context.Context, p string) (string, error) {
+	base := p
+	for {
+		i := strings.LastIndex(base, conflictMark)
+		if i <= strings.LastIndex(base, "/")+1 {
+			break
+		}
+		base = base[:i]
+	}
+	name := base + conflictMark + e.opts.Now().UTC().Format("20060102-150405")
+	for n := 1; n <= 20; n++ {
+		cp := name
+		if n > 1 {
+			cp = fmt.Sprintf("%s-%d", name, n)
+		}
+		if e.manifest[cp] != nil || e.hostStat(ctx, cp) != nil {
+			continue
+		}
+		g, err := e.guest.Scan(ctx, []string{cp})
+		if err != nil {
+			return "", fmt.Errorf("name a conflict copy: %w", err)
+		}
+		if len(g) == 0 {
+			return cp, nil
+		}
+	}
+	return "", fmt.Errorf("no free name for a conflict copy beside %s: move some %s files away", p, conflictMark+"*")
 }
 
 // toHost offers the guest's state of p to the host (which holds h).
@@ -906,7 +948,7 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 	}
 	if _, ok := e.guest.(BatchSide); ok && (cur == nil || cur.Type == h.Type && h.Type != 'd') {
 		want := h
-		e.batch = append(e.batch, PutItem{Entry: want, Open: func() (io.ReadCloser, error) { return e.host.Read(ctx, p) }})
+		e.batch = append(e.batch, PutItem{Entry: want, Open: func() (io.ReadCloser, error) { return e.readScanned(ctx, p, want) }})
 		return nil
 	}
 	if err := e.putGuest(ctx, p, cur, h); err != nil {
@@ -965,12 +1007,51 @@ func (e *Engine) putGuest(ctx context.Context, p string, cur, want *Entry) error
 	case 'l':
 		return e.guest.Symlink(ctx, p, want.Link)
 	}
-	r, err := e.host.Read(ctx, p)
+	r, err := e.readScanned(ctx, p, want)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	return e.guestWrite(ctx, p, want, r)
+}
+
+// readScanned opens the host's p for a copy of the version ent describes:
+// its first ent.Size bytes. A file its writer appends to meanwhile (a
+// log) arrives as scanned rather than failing its hash; the rest follows
+// on the next pass. Any other change fails the guest's hash check.
+func (e *Engine) readScanned(ctx context.Context, p string, ent *Entry) (io.ReadCloser, error) {
+	r, err := e.host.Read(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{&prefix{r: r, left: ent.Size}, r}, nil
+}
+
+// prefix reads the first left bytes of r; fewer is errChanged.
+type prefix struct {
+	r    io.Reader
+	left int64
+}
+
+func (a *prefix) Read(p []byte) (int, error) {
+	if a.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > a.left {
+		p = p[:a.left]
+	}
+	n, err := a.r.Read(p)
+	a.left -= int64(n)
+	if err == io.EOF && a.left > 0 {
+		return n, errChanged
+	}
+	if a.left == 0 && err == nil {
+		err = io.EOF
+	}
+	return n, err
 }
 
 // guestCopy copies the guest's own p (entry g) to cp, in the guest.

@@ -227,7 +227,9 @@ func (g *GuestSide) Put(ctx context.Context, items []PutItem) (map[string]error,
 		return nil, err
 	}
 	for p, msg := range resp.Failed {
-		failed[p] = fmt.Errorf("%s", msg)
+		if failed[p] == nil { // errChanged: the agent refused what it got, as it should
+			failed[p] = fmt.Errorf("%s", msg)
+		}
 	}
 	return failed, nil
 }

@@ -2,6 +2,9 @@ package wsync
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"hash"
 	"io"
 	"io/fs"
 	"path"
@@ -92,12 +95,15 @@ func (h *HostSide) Dir() string { return h.Root.Dir() }
 
 func (h *HostSide) Read(_ context.Context, p string) (io.ReadCloser, error) { return h.Root.Open(p) }
 
-func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Reader, _ string) (string, error) {
+func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Reader, hash string) (string, error) {
 	if dir := path.Dir(p); dir != "." {
 		if err := h.Root.MkdirAll(dir, 0o755); err != nil {
 			return "", err
 		}
 	}
+	// A read error leaves p as it was: content that is not what the
+	// engine decided on (its source changed during the copy) never lands.
+	r = &hashCheck{r: r, h: sha256.New(), want: hash}
 	if gitLocked(p) {
 		return h.Root.WriteFileLocked(p, mode, r, h.Root.MaxFile)
 	}
@@ -122,4 +128,21 @@ func (h *HostSide) Remove(_ context.Context, p string) error {
 		return h.Root.RemoveLocked(p)
 	}
 	return h.Root.Remove(p)
+}
+
+// hashCheck reads r, failing with errChanged at its end when what was read
+// does not hash to want.
+type hashCheck struct {
+	r    io.Reader
+	h    hash.Hash
+	want string
+}
+
+func (c *hashCheck) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.h.Write(p[:n])
+	if err == io.EOF && hex.EncodeToString(c.h.Sum(nil)) != c.want {
+		return n, errChanged
+	}
+	return n, err
 }

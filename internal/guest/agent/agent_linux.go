@@ -5,6 +5,8 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -296,6 +298,7 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 			os.Remove(tmp.Name())
 		}
 	}()
+	sum := sha256.New()
 	for {
 		f, err := guest.ReadFrame(s)
 		if err != nil {
@@ -308,10 +311,16 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 			a.respondError(s, fmt.Errorf("write: unexpected frame kind %d", f.Kind))
 			return
 		}
+		sum.Write(f.Payload)
 		if _, err := tmp.Write(f.Payload); err != nil {
 			a.respondError(s, err)
 			return
 		}
+	}
+	if req.Hash != "" && hex.EncodeToString(sum.Sum(nil)) != req.Hash {
+		// As in ws_put: content other than announced never replaces p.
+		a.respondError(s, errChangedInTransit)
+		return
 	}
 	if err := tmp.Chmod(mode); err != nil {
 		a.respondError(s, err)

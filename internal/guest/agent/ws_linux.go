@@ -395,6 +395,10 @@ func (a *Agent) handleWSWatch(ctx context.Context, s net.Conn, req *guest.Reques
 	}
 }
 
+// errChangedInTransit: a file's content did not hash to what the host
+// announced (it changed on the host while being sent); the old file stays.
+var errChangedInTransit = errors.New("changed while being copied")
+
 // handleWSPut writes many entries sent on one stream: the bulk path of the
 // first sync of a large folder, without a round trip per file.
 func (a *Agent) handleWSPut(s net.Conn, req *guest.Request) {
@@ -449,6 +453,7 @@ func (a *Agent) handleWSPut(s net.Conn, req *guest.Request) {
 			if perr == nil {
 				out, perr = os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, it.Mode.Perm())
 			}
+			sum := sha256.New()
 			for {
 				d, err := guest.ReadFrame(s)
 				if err != nil {
@@ -457,11 +462,18 @@ func (a *Agent) handleWSPut(s net.Conn, req *guest.Request) {
 				if d.Kind == guest.FrameEOF {
 					break
 				}
+				sum.Write(d.Payload)
 				if out != nil && perr == nil {
 					if _, err := out.Write(d.Payload); err != nil {
 						perr = err
 					}
 				}
+			}
+			if perr == nil && it.Hash != "" && hex.EncodeToString(sum.Sum(nil)) != it.Hash {
+				// The host file changed while it was sent: what came is
+				// neither the old version nor the one the host scanned.
+				// Kept, it would look like a change made in here.
+				perr = errChangedInTransit
 			}
 			if out != nil {
 				if perr == nil {
