@@ -45,6 +45,22 @@ type fakeAPI struct {
 	bodies []byte
 }
 
+// around shows where each of words first occurs in the request bodies.
+func (f *fakeAPI) around(words ...string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var b strings.Builder
+	for _, w := range words {
+		i := bytes.Index(f.bodies, []byte(w))
+		if i < 0 {
+			fmt.Fprintf(&b, "%s: not in any body\n", w)
+			continue
+		}
+		fmt.Fprintf(&b, "%s: %q\n", w, f.bodies[max(0, i-300):min(len(f.bodies), i+300)])
+	}
+	return b.String()
+}
+
 func (f *fakeAPI) log() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -113,9 +129,16 @@ func anthropicHandler(w http.ResponseWriter, r *http.Request) {
 	for _, t := range req.Tools {
 		offersBash = offersBash || t.Name == "Bash"
 	}
-	var last []byte
-	if len(req.Messages) > 0 {
-		last = req.Messages[len(req.Messages)-1]
+	// The conversation so far: the prompt, and the tool's result once the
+	// agent ran the tool (messages may end with a system message, so the
+	// whole list is searched).
+	var prompted, answered, carried bool
+	for _, m := range req.Messages {
+		prompted = prompted || bytes.Contains(m, []byte(toolPrompt))
+		if bytes.Contains(m, []byte(`"tool_result"`)) {
+			answered = true
+			carried = carried || bytes.Contains(m, []byte("kosa8-ph-"))
+		}
 	}
 	// A prompt naming toolPrompt gets a Bash tool call that prints the key
 	// (the placeholder, inside); the tool's result comes back in the next
@@ -123,11 +146,11 @@ func anthropicHandler(w http.ResponseWriter, r *http.Request) {
 	text, stop := agentAnswer, "end_turn"
 	var tool string
 	switch {
-	case bytes.Contains(last, []byte(`"tool_result"`)) && bytes.Contains(last, []byte("kosa8-ph-")):
+	case answered && carried:
 		text = toolSawPlaceholder
-	case bytes.Contains(last, []byte(`"tool_result"`)):
+	case answered:
 		text = "TOOL-RESULT-WITHOUT-PLACEHOLDER"
-	case bytes.Contains(last, []byte(toolPrompt)) && offersBash:
+	case prompted && offersBash:
 		tool, stop = `{"command":"echo key=$ANTHROPIC_API_KEY","description":"print the key"}`, "tool_use"
 	}
 	usage := `{"input_tokens":12,"output_tokens":6,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}`
@@ -212,7 +235,7 @@ echo '{"claudeAiOauth":{"accessToken":"sk-ant-oat-e2e"}}' > ~/.claude/.credentia
 		t.Fatalf("claude did not print the fake's completion:\n%s\nAPI saw:\n%s", r, api.log())
 	}
 	if !strings.Contains(r.stdout, toolSawPlaceholder) {
-		t.Fatalf("the session should go on after a tool printed the placeholder (want %s):\n%s\nAPI saw:\n%s", toolSawPlaceholder, r, api.log())
+		t.Fatalf("the session should go on after a tool printed the placeholder (want %s):\n%s\nAPI saw:\n%s\n%s", toolSawPlaceholder, r, api.log(), api.around(toolPrompt, `"tools"`, `"Bash"`))
 	}
 	if !strings.Contains(api.log(), "/v1/messages "+anthropicKey) {
 		t.Fatalf("the API never got the real key in x-api-key:\n%s", api.log())
