@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -215,5 +217,51 @@ func TestReviewMode(t *testing.T) {
 	must(t, "discard", name)
 	if r := run(t, "", "exec", name, "--", "test", "-e", "added.txt"); r.code == 0 {
 		t.Fatal("discard left the file inside")
+	}
+}
+
+// TestHostLogWhileRunning: a file the host appends to while a sandbox runs
+// in its folder (`kosa8 run claude | tee log.txt`) reaches the guest and
+// makes no conflict copies: only the host wrote it.
+func TestHostLogWhileRunning(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "log.txt")
+	stop := make(chan struct{})
+	wrote := make(chan int)
+	go func() {
+		n := 0
+		defer func() { wrote <- n }()
+		f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+				n++
+				fmt.Fprintf(f, "line %d\n", n)
+			}
+		}
+	}()
+	r := invocation{dir: dir}.run(t, "run", "--rm", "--", "sh", "-c", "sleep 8; test -s log.txt && echo guest-sees-log")
+	close(stop)
+	n := <-wrote
+	if r.code != 0 || !strings.Contains(r.stdout, "guest-sees-log") {
+		t.Fatalf("run: %s", r)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.Contains(e.Name(), "sandbox-conflict") {
+			t.Errorf("a conflict copy of a file only the host wrote: %s", e.Name())
+		}
+	}
+	if b, _ := os.ReadFile(log); bytes.Count(b, []byte("\n")) != n {
+		t.Errorf("the host's log has %d lines, the host wrote %d", bytes.Count(b, []byte("\n")), n)
 	}
 }
