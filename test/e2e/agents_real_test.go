@@ -191,6 +191,18 @@ func anthropicHandler(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// projectWithFake starts a fake of apiHost's API and returns it with a
+// project whose kosa8 runs send apiHost to it (and trust its CA), keeping
+// secrets in a file.
+func projectWithFake(t *testing.T, apiHost, header string, h http.HandlerFunc) (*fakeAPI, *agentProject) {
+	api := startFakeAPI(t, header, h)
+	return api, &agentProject{t: t, dir: t.TempDir(), env: []string{
+		"KOSA8_SECRET_BACKEND=file",
+		"KOSA8_UPSTREAM_CA=" + api.caFile,
+		"KOSA8_NET_OVERRIDES=" + apiHost + "=127.0.0.1",
+	}}
+}
+
 // npmReachable says why the npm registry cannot be reached from here, or "".
 func npmReachable() string {
 	return registryReachable("https://registry.npmjs.org/@anthropic-ai%2fclaude-code")
@@ -200,12 +212,7 @@ func TestAgentClaude(t *testing.T) {
 	if why := npmReachable(); why != "" {
 		t.Skipf("the npm registry is not reachable from this machine (%s): the agent cannot be installed", why)
 	}
-	api := startFakeAPI(t, "x-api-key", anthropicHandler)
-	p := &agentProject{t: t, dir: t.TempDir(), env: []string{
-		"KOSA8_SECRET_BACKEND=file",
-		"KOSA8_UPSTREAM_CA=" + api.caFile,
-		"KOSA8_NET_OVERRIDES=api.anthropic.com=127.0.0.1",
-	}}
+	api, p := projectWithFake(t, "api.anthropic.com", "x-api-key", anthropicHandler)
 	if r := p.run("", "run", "--rm", "claude"); r.code == 0 || !strings.Contains(r.stderr, "kosa8 secret add ANTHROPIC_API_KEY --host api.anthropic.com --header x-api-key") {
 		t.Fatalf("without a key, run claude should name the 'kosa8 secret add' line:\n%s", r)
 	}
@@ -328,12 +335,7 @@ func runAgentAgainstFake(t *testing.T, preset, secret, key, apiHost, header, bas
 	if why := npmReachable(); why != "" {
 		t.Skipf("the npm registry is not reachable from this machine (%s): the agent cannot be installed", why)
 	}
-	api := startFakeAPI(t, header, h)
-	p := &agentProject{t: t, dir: t.TempDir(), env: []string{
-		"KOSA8_SECRET_BACKEND=file",
-		"KOSA8_UPSTREAM_CA=" + api.caFile,
-		"KOSA8_NET_OVERRIDES=" + apiHost + "=127.0.0.1",
-	}}
+	api, p := projectWithFake(t, apiHost, header, h)
 	if r := p.run(key+"\n", append([]string{"secret", "add", secret}, add...)...); r.code != 0 {
 		t.Fatalf("secret add: %s", r)
 	}
@@ -393,12 +395,7 @@ func TestAgentAider(t *testing.T) {
 	if why := registryReachable("https://pypi.org/simple/aider-chat/"); why != "" {
 		t.Skipf("PyPI is not reachable from this machine (%s): aider cannot be installed", why)
 	}
-	api := startFakeAPI(t, "x-api-key", anthropicHandler)
-	p := &agentProject{t: t, dir: t.TempDir(), env: []string{
-		"KOSA8_SECRET_BACKEND=file",
-		"KOSA8_UPSTREAM_CA=" + api.caFile,
-		"KOSA8_NET_OVERRIDES=api.anthropic.com=127.0.0.1",
-	}}
+	api, p := projectWithFake(t, "api.anthropic.com", "x-api-key", anthropicHandler)
 	if r := p.run(anthropicKey+"\n", "secret", "add", "ANTHROPIC_API_KEY", "--host", "api.anthropic.com", "--header", "x-api-key"); r.code != 0 {
 		t.Fatalf("secret add: %s", r)
 	}
