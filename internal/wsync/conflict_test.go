@@ -7,25 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
-
-// engineSides is engine with both sides wrapped; the host keeps its Stat
-// and Dir (the engine asks for them).
-func (p *pair) engineSides(t *testing.T, manifest map[string]*Entry, opts Options, wrapHost, wrapGuest func(*HostSide) Side) *Engine {
-	hr, err := OpenRoot(p.host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gr, err := OpenRoot(p.guest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { hr.Close(); gr.Close() })
-	opts.Now = func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }
-	p.e = NewEngine(wrapHost(&HostSide{Root: hr}), wrapGuest(&HostSide{Root: gr}), manifest, opts, func(m map[string]*Entry) { p.saved = m })
-	return p.e
-}
 
 // busyFile is a side on which someone writes to one file while the engine
 // copies it: the hook runs on the copy's first read, after the scan.

@@ -29,8 +29,9 @@ func (p *pair) engine(t testing.TB, manifest map[string]*Entry, opts Options) *E
 	return p.engineWith(t, manifest, opts, func(s Side) Side { return s })
 }
 
-// engineWith is engine with the guest side wrapped (a guest that lies).
-func (p *pair) engineWith(t testing.TB, manifest map[string]*Entry, opts Options, wrap func(Side) Side) *Engine {
+// engineSides is engine with both sides wrapped; the host keeps its Stat
+// and Dir (the engine asks for them).
+func (p *pair) engineSides(t testing.TB, manifest map[string]*Entry, opts Options, wrapHost, wrapGuest func(*HostSide) Side) *Engine {
 	hr, err := OpenRoot(p.host)
 	if err != nil {
 		t.Fatal(err)
@@ -41,9 +42,15 @@ func (p *pair) engineWith(t testing.TB, manifest map[string]*Entry, opts Options
 	}
 	t.Cleanup(func() { hr.Close(); gr.Close() })
 	opts.Now = func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }
-	e := NewEngine(&HostSide{Root: hr}, wrap(&HostSide{Root: gr}), manifest, opts, func(m map[string]*Entry) { p.saved = m })
-	p.e = e
-	return e
+	p.e = NewEngine(wrapHost(&HostSide{Root: hr}), wrapGuest(&HostSide{Root: gr}), manifest, opts, func(m map[string]*Entry) { p.saved = m })
+	return p.e
+}
+
+// engineWith is engine with the guest side wrapped (a guest that lies).
+func (p *pair) engineWith(t testing.TB, manifest map[string]*Entry, opts Options, wrap func(Side) Side) *Engine {
+	return p.engineSides(t, manifest, opts,
+		func(h *HostSide) Side { return h },
+		func(g *HostSide) Side { return wrap(g) })
 }
 
 func (p *pair) sync(t testing.TB) {
