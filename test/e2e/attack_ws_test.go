@@ -99,17 +99,25 @@ func linksLeave(dir string) []string {
 	return out
 }
 
+// attackBase skips where the host has no git (the attacks target it) and
+// returns a fresh folder under the run's home for one attack's files.
+func attackBase(t *testing.T, prefix string) string {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed on this host: the attacks target host git")
+	}
+	base, err := os.MkdirTemp(home, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base
+}
+
 // gitAnyOwner lets root's git work in the guest user's repository.
 const gitAnyOwner = "export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0='*'; "
 
 func TestAttackWorkspace(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed on this host: the attacks target host git")
-	}
-	base, err := os.MkdirTemp(home, "atk-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	base := attackBase(t, "atk-")
 	ws := filepath.Join(base, "project")
 	os.MkdirAll(ws, 0o755)
 	os.WriteFile(filepath.Join(ws, "README.md"), []byte("hi\n"), 0o644)

@@ -44,13 +44,7 @@ func duKiB(t *testing.T, dir string) int64 {
 }
 
 func TestAttackWorkspaceVariants(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed on this host: the attacks target host git")
-	}
-	base, err := os.MkdirTemp(home, "atkv-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	base := attackBase(t, "atkv-")
 	ws := filepath.Join(base, "project")
 	marker := filepath.Join(base, "pwned")
 	global := filepath.Join(base, "global.gitconfig")
@@ -294,13 +288,7 @@ func TestAttackWorkspaceVariants(t *testing.T) {
 // config, which the guest cannot touch, but whose relative hooksPath and
 // fsmonitor name files of the folder.
 func TestAttackWorkspaceLinkedWorktree(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed on this host: the attacks target host git")
-	}
-	base, err := os.MkdirTemp(home, "atkwt-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	base := attackBase(t, "atkwt-")
 	repo, ws, marker := filepath.Join(base, "main"), filepath.Join(base, "agent"), filepath.Join(base, "pwned")
 	os.MkdirAll(repo, 0o755)
 	hostGit(t, repo, "init", "-q", "-b", "main")
