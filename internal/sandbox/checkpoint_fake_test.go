@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -64,43 +65,92 @@ func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
 	return g
 }
 
-// fakeSupervisor is a supervisor of a running fake machine: a sandbox
-// directory of its own, an audit log, an agent client on the fake guest;
-// no network, no workspace.
-func fakeSupervisor(t *testing.T) (*supervisor, *vmmtest.Machine, *fakeGuest) {
+// fakeRig is a supervisor of a running fake machine: a sandbox directory
+// of its own, an audit log, an agent client on a fake guest; no
+// workspace. Machines its driver starts later (a rewind's) get a fake
+// guest each too.
+type fakeRig struct {
+	s   *supervisor
+	drv *vmmtest.Driver
+
+	mu     sync.Mutex
+	guests map[*vmmtest.Machine]*fakeGuest
+}
+
+func (r *fakeRig) guest(m *vmmtest.Machine) *fakeGuest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.guests[m]
+}
+
+// newFakeRig starts the rig; with netstack set the supervisor's network
+// is the real one (in-process, reaching nothing), as a rewind needs to
+// attach a new NIC link, else only its audit log.
+func newFakeRig(t *testing.T, netstack bool) *fakeRig {
 	t.Helper()
 	ctx := context.Background()
 	sb := &Sandbox{Dir: t.TempDir(), Config: validConfig("fake")}
 	sb.Config.MemoryMiB = 2
 	log := slog.New(slog.DiscardHandler)
-	al, err := audit.Open(sb.Path("audit.log"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drv := &vmmtest.Driver{}
-	mach, err := drv.Start(ctx, &vmspec.Spec{MemoryMiB: sb.Config.MemoryMiB}, vmm.StartOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := mach.(*vmmtest.Machine)
-	g := serveFakeGuest(t, m)
-	client, err := guest.Connect(ctx, m.Agent())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &supervisor{sb: sb, log: log, net: &network{sb: sb, log: log, audit: al}, machine: m,
+	r := &fakeRig{guests: map[*vmmtest.Machine]*fakeGuest{}}
+	r.drv = &vmmtest.Driver{OnStart: func(m *vmmtest.Machine) {
+		g := serveFakeGuest(t, m)
+		r.mu.Lock()
+		r.guests[m] = g
+		r.mu.Unlock()
+	}}
+	s := &supervisor{sb: sb, log: log, drv: r.drv, spec: &vmspec.Spec{Name: "fake", MemoryMiB: sb.Config.MemoryMiB},
 		stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
+	if netstack {
+		n, err := startNetwork(sb, t.TempDir(), log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.net = n
+	} else {
+		al, err := audit.Open(sb.Path("audit.log"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.net = &network{sb: sb, log: log, audit: al}
+	}
+	mach, err := r.drv.Start(ctx, s.spec, vmm.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := guest.Connect(ctx, mach.Agent())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.machine = mach
 	s.setClient(client)
 	// No spare RAM files: their background worker would outlive the
 	// test's directory, and they are checkpoint.Spares' business (tested
 	// there). Every checkpoint here copies into a new file.
 	s.ramSaver().Spares.Close()
 	t.Cleanup(func() {
-		client.Close()
-		m.Kill()
-		al.Close()
+		if c := s.currentClient(); c != nil {
+			c.Close()
+		}
+		for _, m := range r.drv.Machines() {
+			m.Kill()
+		}
+		if netstack {
+			s.net.close()
+		} else {
+			s.net.audit.Close()
+		}
 	})
-	return s, m, g
+	r.s = s
+	return r
+}
+
+// fakeSupervisor is newFakeRig's supervisor, its machine and guest.
+func fakeSupervisor(t *testing.T) (*supervisor, *vmmtest.Machine, *fakeGuest) {
+	t.Helper()
+	r := newFakeRig(t, false)
+	m := r.drv.Machines()[0]
+	return r.s, m, r.guest(m)
 }
 
 // guestPattern is written into the fake guest's RAM: a checkpoint must
@@ -299,5 +349,105 @@ func TestMemoryWithoutSnapshotter(t *testing.T) {
 	}
 	if slices.Contains(m.CallNames(), "Pause") {
 		t.Error("a machine without snapshots was paused")
+	}
+}
+
+// readAt is n bytes of f at off.
+func readAt(t *testing.T, f *os.File, off int64, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatalf("read %s: %v", f.Name(), err)
+	}
+	return b
+}
+
+// A rewind saves the running machine as it is (final: paused, never
+// resumed), replaces it with a new one that loads the checkpoint's RAM and
+// device state, and runs that one on new disk layers over the
+// checkpoint's.
+func TestRewindReplacesTheMachine(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed (qemu-utils): a rewind's new disk layers need it")
+	}
+	r := newFakeRig(t, true)
+	s := r.s
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", s.sb.Path(RootDisk), "16M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v: %s", err, out)
+	}
+	ctx := context.Background()
+	old := r.drv.Machines()[0]
+	if _, err := old.RAM().WriteAt(guestPattern, guestPatternAt); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := s.checkpoint(ctx, "before", "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := bytes.ToUpper(guestPattern)
+	if _, err := old.RAM().WriteAt(later, guestPatternAt); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := s.rewind(ctx, cp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.To != cp.ID || res.Saved == nil || res.ColdBoot || res.Warning != "" {
+		t.Fatalf("rewind result %+v", res)
+	}
+
+	// The machine before: saved while paused and never resumed, then killed.
+	want := []string{"Start", "Pause", "SnapshotDisk(root)", "SaveDevices", "Resume", "Pause", "SnapshotDisk(root)", "SaveDevices", "Kill"}
+	if got := old.CallNames(); !slices.Equal(got, want) {
+		t.Errorf("the old machine's calls %v, want %v", got, want)
+	}
+	pausedBetween(t, old.Calls())
+	saved, err := os.Open(filepath.Join(s.sb.Checkpoints().Path(res.Saved.ID), checkpoint.RAMFile))
+	if err != nil {
+		t.Fatalf("the state before the rewind: %v", err)
+	}
+	defer saved.Close()
+	if got := readAt(t, saved, guestPatternAt, len(later)); !bytes.Equal(got, later) {
+		t.Errorf("the state before the rewind holds %q, want %q", got, later)
+	}
+
+	// The machine after: started incoming on the checkpoint's RAM, its
+	// devices loaded, then resumed; the guest reseeded.
+	ms := r.drv.Machines()
+	if len(ms) != 2 || s.currentMachine() != vmm.Machine(ms[1]) {
+		t.Fatalf("%d machines, the supervisor holds %v", len(ms), s.currentMachine())
+	}
+	next := ms[1]
+	if got := next.CallNames(); !slices.Equal(got, []string{"Start", "LoadDevices", "Resume"}) {
+		t.Errorf("the new machine's calls %v, want Start, LoadDevices, Resume", got)
+	}
+	if next.Paused() {
+		t.Error("the new machine is paused")
+	}
+	if got := readAt(t, next.RAM(), guestPatternAt, len(guestPattern)); !bytes.Equal(got, guestPattern) {
+		t.Errorf("the new machine's RAM holds %q, want the checkpoint's %q", got, guestPattern)
+	}
+	if ops := r.guest(next).Ops(); !slices.Contains(ops, guest.OpRestored) {
+		t.Errorf("the new guest was asked %v, never told it was restored", ops)
+	}
+
+	// New layers over the checkpoint's frozen ones.
+	spec := next.Spec()
+	if len(spec.Disks) != 1 || spec.Disks[0].ID != "root" {
+		t.Fatalf("the new machine's disks: %+v", spec.Disks)
+	}
+	out, err := exec.Command("qemu-img", "info", "-U", "--output=json", spec.Disks[0].Path).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Backing string `json:"full-backing-filename"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || info.Backing != s.sb.Path(cp.Disks["root"].Path) {
+		t.Errorf("the new root layer is backed by %q (%v), want the checkpoint's %q", info.Backing, err, s.sb.Path(cp.Disks["root"].Path))
+	}
+	if st := s.getStatus(); st.Checkpoint != cp.ID {
+		t.Errorf("status names checkpoint %q, want %q", st.Checkpoint, cp.ID)
 	}
 }
