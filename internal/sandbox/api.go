@@ -358,12 +358,13 @@ type PlainMigrate struct {
 func (s *supervisor) handlePlainMigrate(w http.ResponseWriter, r *http.Request) {
 	s.cpMu.Lock()
 	defer s.cpMu.Unlock()
-	m, err := snapshotter(s.currentMachine())
+	mach := s.currentMachine()
+	m, err := snapshotter(mach)
 	if err != nil {
 		writeJSON(w, http.StatusNotImplemented, apiError{err.Error()})
 		return
 	}
-	full, ok := s.currentMachine().(vmm.FullSaver)
+	full, ok := mach.(vmm.FullSaver)
 	if !ok {
 		writeJSON(w, http.StatusNotImplemented, apiError{"a whole-machine save: " + vmm.ErrNotSupported.Error()})
 		return

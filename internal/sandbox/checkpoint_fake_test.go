@@ -451,3 +451,58 @@ func TestRewindReplacesTheMachine(t *testing.T) {
 		t.Errorf("status names checkpoint %q, want %q", st.Checkpoint, cp.ID)
 	}
 }
+
+// A first boot that fails under hardware acceleration the user did not
+// force is tried again on a TCG driver made from the same options; the
+// failure is recorded by the driver that failed and shown in the status.
+// A forced accelerator is not replaced.
+func TestLaunchFallsBackToTCG(t *testing.T) {
+	for _, forced := range []vmm.Accel{"", vmm.KVM} {
+		t.Run("forced="+string(forced), func(t *testing.T) {
+			r := newFakeRig(t, true)
+			s := r.s
+			hw := &vmmtest.Driver{AccelAs: vmm.KVM, StartErr: errors.New("injected boot failure")}
+			var asked []vmm.DriverOptions
+			s.newDriver = func(o vmm.DriverOptions) (vmm.Driver, error) {
+				asked = append(asked, o)
+				if o.Accel == vmm.TCG {
+					return r.drv, nil
+				}
+				return hw, nil
+			}
+			s.driverOpts = vmm.DriverOptions{Arch: vmspec.AMD64, Accel: forced, ReadOnly: []string{"/image"}}
+			s.drv, s.accel = hw, vmm.KVM
+			before := len(r.drv.Machines())
+
+			err := s.launchFirst(context.Background(), nil, forced)
+			if forced != "" {
+				if err == nil || !strings.Contains(err.Error(), "KOSA8_ACCEL=tcg") {
+					t.Errorf("forced kvm: %v, want the failure and how to use tcg", err)
+				}
+				if len(asked) != 0 || len(hw.Failures()) != 0 {
+					t.Errorf("forced kvm: drivers made %v, failures recorded %v", asked, hw.Failures())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(asked) != 1 || asked[0].Accel != vmm.TCG || !slices.Equal(asked[0].ReadOnly, []string{"/image"}) {
+				t.Errorf("drivers made: %+v, want one for tcg with the same confinement", asked)
+			}
+			if s.accel != vmm.TCG || s.drv != vmm.Driver(r.drv) {
+				t.Errorf("running under %s on %v", s.accel, s.drv)
+			}
+			if f := hw.Failures(); len(f) != 1 || !strings.HasPrefix(f[0], "kvm: ") || !strings.Contains(f[0], "injected boot failure") {
+				t.Errorf("failures recorded by the kvm driver: %q", f)
+			}
+			if st := s.getStatus(); !strings.Contains(st.AccelFallback, "injected boot failure") {
+				t.Errorf("status says %q about the fallback", st.AccelFallback)
+			}
+			ms := r.drv.Machines()
+			if len(ms) != before+1 || s.currentMachine() != vmm.Machine(ms[len(ms)-1]) {
+				t.Errorf("the supervisor does not hold the tcg machine")
+			}
+		})
+	}
+}

@@ -41,15 +41,32 @@ type Driver struct {
 	mu       sync.Mutex
 	machines []*Machine
 	opts     []vmm.DriverOptions
+	failures []string
+}
+
+// RecordFailure notes "accel: reason" (vmm.FailureRecorder).
+func (d *Driver) RecordFailure(a vmm.Accel, reason string) error {
+	d.mu.Lock()
+	d.failures = append(d.failures, string(a)+": "+reason)
+	d.mu.Unlock()
+	return nil
+}
+
+// Failures are what RecordFailure was told, in order.
+func (d *Driver) Failures() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.failures...)
 }
 
 var (
-	_ vmm.Driver      = (*Driver)(nil)
-	_ vmm.Informer    = (*Driver)(nil)
-	_ vmm.Machine     = (*Machine)(nil)
-	_ vmm.Snapshotter = (*Machine)(nil)
-	_ vmm.RunStater   = (*Machine)(nil)
-	_ vmm.FullSaver   = (*Machine)(nil)
+	_ vmm.Driver          = (*Driver)(nil)
+	_ vmm.Informer        = (*Driver)(nil)
+	_ vmm.FailureRecorder = (*Driver)(nil)
+	_ vmm.Machine         = (*Machine)(nil)
+	_ vmm.Snapshotter     = (*Machine)(nil)
+	_ vmm.RunStater       = (*Machine)(nil)
+	_ vmm.FullSaver       = (*Machine)(nil)
 )
 
 // NewDriver is a vmm.NewDriver that hands out d and records the options
