@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
 )
 
 func superviseCmd() *cobra.Command {
@@ -37,7 +38,10 @@ func superviseCmd() *cobra.Command {
 			signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			err = m.Supervise(ctx, args[0], sandbox.SuperviseOptions{AgentPath: agent, Ready: ready, Log: log, BootTimeout: bootTimeout, Restore: restore, Rewind: rewind})
+			err = m.Supervise(ctx, args[0], sandbox.SuperviseOptions{
+				AgentPath: agent, Ready: ready, Log: log, BootTimeout: bootTimeout, Restore: restore, Rewind: rewind,
+				NewDriver: qemu.NewDriver, // the one VMM kosa8 runs today
+			})
 			if err != nil {
 				log.Error("supervisor", "err", err)
 				return fmt.Errorf("supervise %s: %w", args[0], err)

@@ -19,6 +19,7 @@ import (
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/vmm"
 )
 
 // Route is one route of the supervisor's API, served on the sandbox's
@@ -323,19 +324,22 @@ func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, wh
 // the proof that no secret is inside is a scan of it. The API socket is
 // the sandbox owner's alone.
 func (s *supervisor) handleMemory(w http.ResponseWriter, r *http.Request) {
-	m := s.currentMachine()
+	m, err := snapshotter(s.currentMachine())
+	if err != nil {
+		writeJSON(w, http.StatusNotImplemented, apiError{err.Error()})
+		return
+	}
 	ram := m.RAM()
 	st, err := ram.Stat()
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
 		return
 	}
-	q := m.QMP()
-	if err := q.Execute(r.Context(), "stop", nil, nil); err != nil {
+	if err := m.Pause(r.Context()); err != nil {
 		writeJSON(w, http.StatusBadGateway, apiError{err.Error()})
 		return
 	}
-	defer q.Execute(context.Background(), "cont", nil, nil)
+	defer m.Resume(context.Background())
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(st.Size(), 10))
 	_, _ = io.Copy(w, io.NewSectionReader(ram, 0, st.Size()))
@@ -354,7 +358,17 @@ type PlainMigrate struct {
 func (s *supervisor) handlePlainMigrate(w http.ResponseWriter, r *http.Request) {
 	s.cpMu.Lock()
 	defer s.cpMu.Unlock()
-	m := s.currentMachine()
+	mach := s.currentMachine()
+	m, err := snapshotter(mach)
+	if err != nil {
+		writeJSON(w, http.StatusNotImplemented, apiError{err.Error()})
+		return
+	}
+	full, ok := mach.(vmm.FullSaver)
+	if !ok {
+		writeJSON(w, http.StatusNotImplemented, apiError{"a whole-machine save: " + vmm.ErrNotSupported.Error()})
+		return
+	}
 	f, err := os.CreateTemp(s.sb.Dir, ".plain-migrate-*")
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})
@@ -365,7 +379,7 @@ func (s *supervisor) handlePlainMigrate(w http.ResponseWriter, r *http.Request) 
 	start := time.Now()
 	err = m.Pause(r.Context())
 	if err == nil {
-		err = m.SaveAll(r.Context(), f)
+		err = full.SaveAll(r.Context(), f)
 		if rerr := m.Resume(context.Background()); err == nil {
 			err = rerr
 		}

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
-	"github.com/kosa8/kosa8/internal/vmm/qemu"
+	"github.com/kosa8/kosa8/internal/vmm"
 )
 
 // EnvVerifyCheckpoints, set to 1, makes every checkpoint compare its RAM
@@ -40,14 +40,14 @@ func (s *supervisor) ramSaver() *checkpoint.RAMSaver {
 // saveRAM copies the paused machine's RAM into ram for checkpoint meta:
 // only what the guest wrote since the parent when that is known for
 // sure, else all of it. spare and base say what ram holds already.
-func (s *supervisor) saveRAM(ram *os.File, m *qemu.Machine, meta *checkpoint.Meta, spare bool, base string) (*checkpoint.SaveResult, error) {
+func (s *supervisor) saveRAM(ram *os.File, m vmm.Machine, snap vmm.Snapshotter, meta *checkpoint.Meta, spare bool, base string) (*checkpoint.SaveResult, error) {
 	r := s.ramSaver()
 	// A machine other than the last one (a start, a rewind) starts
 	// tracking afresh: its first checkpoint copies everything.
 	r.Track(m, func() (checkpoint.Tracker, error) {
-		return checkpoint.NewSoftDirty(m.Pid(), m.RAM(), r.Size)
+		return checkpoint.NewSoftDirty(m.Pid(), snap.RAM(), r.Size)
 	})
-	res, err := r.Save(ram, m.RAM(), meta.ID, meta.Parent, spare, base)
+	res, err := r.Save(ram, snap.RAM(), meta.ID, meta.Parent, spare, base)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/kosa8/kosa8/internal/egress"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/netstack"
-	"github.com/kosa8/kosa8/internal/vmm/qemu"
+	"github.com/kosa8/kosa8/internal/vmm"
 )
 
 // Files of the network, in the sandbox's directory.
@@ -239,7 +239,7 @@ func startNetwork(sb *Sandbox, configDir string, log *slog.Logger) (*network, er
 // restored guest's cached addresses still mean the same names.
 func (n *network) attachLink() (*os.File, error) {
 	n.detachLink()
-	hostEnd, qemuEnd, err := qemu.SocketPair("net")
+	hostEnd, qemuEnd, err := vmm.SocketPair("net")
 	if err != nil {
 		return nil, err
 	}

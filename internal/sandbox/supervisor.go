@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
@@ -22,7 +21,6 @@ import (
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netstack"
 	"github.com/kosa8/kosa8/internal/vmm"
-	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -37,6 +35,9 @@ type SuperviseOptions struct {
 	Ready       *os.File // told once: {"ok":true} or {"error":…}; may be nil
 	Log         *slog.Logger
 	BootTimeout time.Duration
+	// NewDriver makes the driver that runs the sandbox's machine (the
+	// caller picks the VMM: cmd/kosa8 passes qemu.NewDriver).
+	NewDriver vmm.NewDriver
 }
 
 // ReadyMessage is what the supervisor writes to its ready pipe.
@@ -53,18 +54,19 @@ type ReadyMessage struct {
 type supervisor struct {
 	sb      *Sandbox
 	log     *slog.Logger
-	machine *qemu.Machine
+	machine vmm.Machine
 	client  *guest.Client
 	accel   vmm.Accel
 	net     *network
 	ws      *workspace
 
-	drv         *qemu.Driver
-	qemuConfig  qemu.Config // how drv was made; the TCG fallback changes only the accelerator
+	drv         vmm.Driver
+	newDriver   vmm.NewDriver
+	driverOpts  vmm.DriverOptions // how drv was made; the TCG fallback changes only the accelerator
 	spec        *vmspec.Spec
 	qemuVersion string
 	cpMu        sync.Mutex // one checkpoint or rewind at a time
-	replacing   atomic.Pointer[qemu.Machine]
+	replacing   replacing
 	undoOnce    sync.Once // ramSaver (checkpoint_undo.go)
 	undo        *checkpoint.RAMSaver
 	clientMu    sync.Mutex
@@ -78,6 +80,36 @@ type supervisor struct {
 
 	stop     chan stopRequest
 	stopOnce sync.Once
+}
+
+// replacing holds the machine a rewind is replacing: its exit is not the
+// end of the sandbox.
+type replacing struct {
+	mu sync.Mutex
+	m  vmm.Machine
+}
+
+func (r *replacing) Store(m vmm.Machine) {
+	r.mu.Lock()
+	r.m = m
+	r.mu.Unlock()
+}
+
+func (r *replacing) Load() vmm.Machine {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m
+}
+
+// CompareAndSwap sets next if old is the machine held.
+func (r *replacing) CompareAndSwap(old, next vmm.Machine) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m != old {
+		return false
+	}
+	r.m = next
+	return true
 }
 
 type stopRequest struct {
@@ -352,22 +384,31 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if err != nil {
 		return err
 	}
-	// QEMU reaches its image and this sandbox's disk layers and nothing
-	// else of the host (it runs as a uid of its own under root).
-	confine := &qemu.Confinement{ReadWrite: []string{s.sb.Path(disksDir)}, ReadOnly: []string{img.Dir, s.sb.Path(RootDisk)}}
-	if cfg.Workspace != nil {
-		confine.ReadOnly = append(confine.ReadOnly, s.sb.Path(WorkspaceDisk))
+	if o.NewDriver == nil {
+		return errors.New("no VMM driver: the supervisor was started without one")
 	}
+	// The VMM reaches its image and this sandbox's disk layers and nothing
+	// else of the host (QEMU runs as a uid of its own under root).
 	forced := vmm.Accel(cfg.Accel)
-	s.qemuConfig = qemu.Config{Arch: vmspec.Arch(cfg.Arch), Accel: forced, RecordDir: m.Paths.Home, Confine: confine}
-	drv, err := qemu.New(s.qemuConfig)
+	s.newDriver = o.NewDriver
+	s.driverOpts = vmm.DriverOptions{
+		Arch: vmspec.Arch(cfg.Arch), Accel: forced, RecordDir: m.Paths.Home,
+		ReadWrite: []string{s.sb.Path(disksDir)}, ReadOnly: []string{img.Dir, s.sb.Path(RootDisk)},
+	}
+	if cfg.Workspace != nil {
+		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(WorkspaceDisk))
+	}
+	drv, err := s.newDriver(s.driverOpts)
 	if err != nil {
 		return err
 	}
+	var vinfo vmm.Info
+	if i, ok := drv.(vmm.Informer); ok {
+		vinfo = i.Info()
+	}
 	s.accel = drv.Accel()
 	if s.accel == vmm.TCG {
-		if h := drv.Host(); forced == "" && len(h.Failed) > 0 {
-			why := h.WhyNot(vmspec.Arch(cfg.Arch))
+		if why := vinfo.AccelFallback; why != "" {
 			s.log.Warn("not using hardware acceleration", "why", why)
 			s.setStatus(func(st *Status) { st.AccelFallback = why })
 		}
@@ -376,11 +417,10 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if s.net, err = startNetwork(s.sb, m.Paths.Config, s.log); err != nil {
 		return err
 	}
-	inst := drv.Install()
-	s.qemuVersion = inst.VersionLine
-	s.qemuFirmware = inst.FirmwareName()
-	if !inst.Version.Tested() {
-		s.log.Warn("QEMU outside the tested range", "qemu", inst.VersionLine, "supported", qemu.SupportedRange())
+	s.qemuVersion = vinfo.Version
+	s.qemuFirmware = vinfo.Firmware
+	if vinfo.Version != "" && !vinfo.Tested {
+		s.log.Warn("VMM outside the tested range", "vmm", drv.Name(), "version", vinfo.Version, "supported", vinfo.TestedRange)
 	}
 	s.drv = drv
 	s.spec = &vmspec.Spec{
@@ -404,7 +444,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 			return err
 		}
 	}
-	if err := s.launchFirst(bootCtx, restore, forced, m.Paths.Home); err != nil {
+	if err := s.launchFirst(bootCtx, restore, forced); err != nil {
 		return err
 	}
 	info, err := s.currentClient().Info(bootCtx)
@@ -456,7 +496,7 @@ const accelBootTimeout = 20 * time.Second
 // accelBootTimeout) is tried again under TCG; if that works, the failure is
 // recorded for this boot of the host (so later starts go straight to TCG),
 // and the sandbox's status says why it fell back.
-func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, forced vmm.Accel, recordDir string) error {
+func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, forced vmm.Accel) error {
 	if s.accel == vmm.TCG {
 		return s.launch(ctx, restore)
 	}
@@ -477,9 +517,10 @@ func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, 
 		return fmt.Errorf("booting under %s failed: %w\nkosa8 was asked for %s (KOSA8_ACCEL or --accel); to run under emulation instead, set KOSA8_ACCEL=tcg", tried, err, tried)
 	}
 	s.log.Warn("hardware acceleration failed to boot the sandbox: trying tcg", "accel", tried, "err", err)
-	tcg := s.qemuConfig
+	tcg := s.driverOpts
 	tcg.Accel = vmm.TCG
-	drv, derr := qemu.New(tcg)
+	failed := s.drv
+	drv, derr := s.newDriver(tcg)
 	if derr != nil {
 		return errors.Join(err, derr)
 	}
@@ -490,8 +531,10 @@ func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, 
 		return fmt.Errorf("booting under %s failed (%v), and under tcg too: %w", tried, err, terr)
 	}
 	reason := fmt.Sprintf("%s failed to boot a sandbox: %v", tried, err)
-	if rerr := qemu.RecordFailure(recordDir, tried, reason); rerr != nil {
-		s.log.Warn("record the accelerator's failure", "err", rerr)
+	if r, ok := failed.(vmm.FailureRecorder); ok {
+		if rerr := r.RecordFailure(tried, reason); rerr != nil {
+			s.log.Warn("record the accelerator's failure", "err", rerr)
+		}
 	}
 	s.setStatus(func(st *Status) { st.AccelFallback = reason })
 	return nil

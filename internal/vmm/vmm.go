@@ -39,6 +39,51 @@ type Driver interface {
 	Start(ctx context.Context, spec *vmspec.Spec, opts StartOptions) (Machine, error)
 }
 
+// DriverOptions say how a driver is made for one sandbox.
+type DriverOptions struct {
+	Arch vmspec.Arch
+	// Accel forces an acceleration; empty picks the best the host has.
+	Accel Accel
+	// RecordDir holds the accelerators that failed to boot a machine in
+	// this boot of the host (FailureRecorder); empty: none are remembered.
+	RecordDir string
+	// ReadWrite and ReadOnly are the host paths the VMM may reach, beyond
+	// its own files, where the driver confines it.
+	ReadWrite, ReadOnly []string
+}
+
+// NewDriver makes a driver. The supervisor is handed one by its caller,
+// so it never names a VMM itself; it calls it again with Accel TCG when a
+// boot under hardware acceleration fails.
+type NewDriver func(DriverOptions) (Driver, error)
+
+// Info describes the VMM a driver runs.
+type Info struct {
+	// Version is the VMM's own version line and Firmware its firmware's
+	// file name ("" for its default). A checkpoint records both: device
+	// state saved by another build may not load.
+	Version  string
+	Firmware string
+	// Tested is false for a version outside TestedRange.
+	Tested      bool
+	TestedRange string
+	// AccelFallback, when set, says why the driver chose TCG although
+	// no acceleration was forced and the host has hardware acceleration.
+	AccelFallback string
+}
+
+// Informer is a driver that describes its VMM.
+type Informer interface {
+	Info() Info
+}
+
+// FailureRecorder is a driver that remembers, for this boot of the host,
+// that an accelerator failed to boot a machine (DriverOptions.RecordDir):
+// drivers made later do not choose it unless it is forced.
+type FailureRecorder interface {
+	RecordFailure(a Accel, reason string) error
+}
+
 // StartOptions carry what the host side of a machine provides.
 type StartOptions struct {
 	// Net, when set, is the host end's peer for the NIC: a connected stream
@@ -67,6 +112,20 @@ type Snapshotter interface {
 	SaveDevices(ctx context.Context, w *os.File) error
 	LoadDevices(ctx context.Context, r *os.File) error
 	RAM() *os.File
+}
+
+// FullSaver is a machine that can save itself whole, RAM included, into
+// one stream (QEMU's plain migration): the baseline that checkpoints,
+// which leave RAM out, are measured against. The machine must be paused.
+type FullSaver interface {
+	SaveAll(ctx context.Context, w *os.File) error
+}
+
+// RunStater is a machine whose VMM says whether the guest runs. A VMM that
+// does not answer fails the call: a checkpoint asks first, rather than
+// wait on it.
+type RunStater interface {
+	RunState(ctx context.Context) (state string, running bool, err error)
 }
 
 // Machine is a running VM. Its lifetime is its own, not the start context's.

@@ -30,6 +30,7 @@ type Driver struct {
 	host    Host
 	inst    Install
 	confine *Confinement
+	cfg     Config // as New completed it: Info and RecordFailure read it
 }
 
 // Config selects how a Driver runs QEMU.
@@ -78,7 +79,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.RAMDir == "" {
 		cfg.RAMDir = defaultRAMDir()
 	}
-	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, host: host, inst: inst, confine: cfg.Confine}, nil
+	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, host: host, inst: inst, confine: cfg.Confine, cfg: cfg}, nil
 }
 
 // FindBinary locates the QEMU program for arch.

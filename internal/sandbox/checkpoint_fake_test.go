@@ -1,0 +1,508 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/guest/agent"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// fakeGuest is the least of an agent a checkpoint needs: it answers every
+// request with an empty response and records the operations asked for.
+type fakeGuest struct {
+	mu  sync.Mutex
+	ops []guest.Op
+}
+
+func (g *fakeGuest) Ops() []guest.Op {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.ops)
+}
+
+// serveFakeGuest runs a fakeGuest on m's guest end, through the agent's
+// own channel code (handshake, yamux).
+func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
+	g := &fakeGuest{}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	handle := func(ctx context.Context, s net.Conn) {
+		defer s.Close()
+		f, err := guest.ReadFrame(s)
+		if err != nil {
+			return
+		}
+		var req guest.Request
+		if err := json.Unmarshal(f.Payload, &req); err != nil {
+			return
+		}
+		g.mu.Lock()
+		g.ops = append(g.ops, req.Op)
+		g.mu.Unlock()
+		_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{})
+	}
+	go agent.ServeChannel(ctx, m.Guest(), handle, slog.New(slog.DiscardHandler))
+	return g
+}
+
+// fakeRig is a supervisor of a running fake machine: a sandbox directory
+// of its own, an audit log, an agent client on a fake guest; no
+// workspace. Machines its driver starts later (a rewind's) get a fake
+// guest each too.
+type fakeRig struct {
+	s   *supervisor
+	drv *vmmtest.Driver
+
+	mu     sync.Mutex
+	guests map[*vmmtest.Machine]*fakeGuest
+}
+
+func (r *fakeRig) guest(m *vmmtest.Machine) *fakeGuest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.guests[m]
+}
+
+// newFakeRig starts the rig; with netstack set the supervisor's network
+// is the real one (in-process, reaching nothing), as a rewind needs to
+// attach a new NIC link, else only its audit log.
+func newFakeRig(t *testing.T, netstack bool) *fakeRig {
+	t.Helper()
+	ctx := context.Background()
+	sb := &Sandbox{Dir: t.TempDir(), Config: validConfig("fake")}
+	sb.Config.MemoryMiB = 2
+	log := slog.New(slog.DiscardHandler)
+	r := &fakeRig{guests: map[*vmmtest.Machine]*fakeGuest{}}
+	r.drv = &vmmtest.Driver{OnStart: func(m *vmmtest.Machine) {
+		g := serveFakeGuest(t, m)
+		r.mu.Lock()
+		r.guests[m] = g
+		r.mu.Unlock()
+	}}
+	s := &supervisor{sb: sb, log: log, drv: r.drv, spec: &vmspec.Spec{Name: "fake", MemoryMiB: sb.Config.MemoryMiB},
+		stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
+	if netstack {
+		n, err := startNetwork(sb, t.TempDir(), log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.net = n
+	} else {
+		al, err := audit.Open(sb.Path("audit.log"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.net = &network{sb: sb, log: log, audit: al}
+	}
+	mach, err := r.drv.Start(ctx, s.spec, vmm.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := guest.Connect(ctx, mach.Agent())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.machine = mach
+	s.setClient(client)
+	// No spare RAM files: their background worker would outlive the
+	// test's directory, and they are checkpoint.Spares' business (tested
+	// there). Every checkpoint here copies into a new file.
+	s.ramSaver().Spares.Close()
+	t.Cleanup(func() {
+		if c := s.currentClient(); c != nil {
+			c.Close()
+		}
+		for _, m := range r.drv.Machines() {
+			m.Kill()
+		}
+		if netstack {
+			s.net.close()
+		} else {
+			s.net.audit.Close()
+		}
+	})
+	r.s = s
+	return r
+}
+
+// fakeSupervisor is newFakeRig's supervisor, its machine and guest.
+func fakeSupervisor(t *testing.T) (*supervisor, *vmmtest.Machine, *fakeGuest) {
+	t.Helper()
+	r := newFakeRig(t, false)
+	m := r.drv.Machines()[0]
+	return r.s, m, r.guest(m)
+}
+
+// guestPattern is written into the fake guest's RAM: a checkpoint must
+// carry it.
+var guestPattern = []byte("written by the guest before the checkpoint")
+
+const guestPatternAt = 3 * 4096
+
+// pausedBetween checks that every call after the first Pause and before
+// the last Resume found the machine paused.
+func pausedBetween(t *testing.T, calls []vmmtest.Call) {
+	t.Helper()
+	in := false
+	for _, c := range calls {
+		switch c.Name {
+		case "Pause":
+			in = true
+		case "Resume":
+			in = false
+		case "SnapshotDisk", "SaveDevices":
+			if !in || !c.Paused {
+				t.Errorf("%s ran on a machine that was not paused", c)
+			}
+		}
+	}
+}
+
+func TestCheckpointPausesSavesAndResumes(t *testing.T) {
+	s, m, g := fakeSupervisor(t)
+	if _, err := m.RAM().WriteAt(guestPattern, guestPatternAt); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := s.checkpoint(context.Background(), "first", "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	want := []string{"Start", "Pause", "SnapshotDisk(root)", "SaveDevices", "Resume"}
+	if got := m.CallNames(); !slices.Equal(got, want) {
+		t.Errorf("machine calls %v, want %v", got, want)
+	}
+	pausedBetween(t, m.Calls())
+	if m.Paused() {
+		t.Error("the machine stays paused after the checkpoint")
+	}
+	if ops := g.Ops(); !slices.Equal(ops, []guest.Op{guest.OpPing, guest.OpFreeze, guest.OpThaw}) {
+		t.Errorf("guest asked %v, want ping, freeze, thaw", ops)
+	}
+
+	// The checkpoint is committed, with the device state and the RAM.
+	list, err := s.sb.Checkpoints().List()
+	if err != nil || len(list) != 1 || list[0].ID != meta.ID {
+		t.Fatalf("checkpoints %v (%v), want just %s", list, err, meta.ID)
+	}
+	dir := s.sb.Checkpoints().Path(meta.ID)
+	dev, err := os.ReadFile(filepath.Join(dir, checkpoint.DevicesFile))
+	if err != nil || !strings.HasPrefix(string(dev), "vmmtest devices") {
+		t.Errorf("device state %q, %v", dev, err)
+	}
+	if meta.DeviceBytes != int64(len(dev)) {
+		t.Errorf("meta says %d device bytes, the file has %d", meta.DeviceBytes, len(dev))
+	}
+	ram, err := os.Open(filepath.Join(dir, checkpoint.RAMFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ram.Close()
+	got := make([]byte, len(guestPattern))
+	if _, err := ram.ReadAt(got, guestPatternAt); err != nil || !bytes.Equal(got, guestPattern) {
+		t.Errorf("checkpoint RAM at %d: %q, %v", guestPatternAt, got, err)
+	}
+
+	// The disk layer: the checkpoint keeps the frozen one, new writes go
+	// to the overlay the machine snapshotted to, and the sandbox says so.
+	if d := meta.Disks["root"]; d.Path != RootDisk {
+		t.Errorf("checkpoint's root layer %q, want %q", d.Path, RootDisk)
+	}
+	active := s.sb.activeDisks()["root"]
+	if !strings.Contains(active.Path, meta.ID) || m.Disk("root") != s.sb.Path(active.Path) {
+		t.Errorf("active root layer %q, the machine writes to %q", active.Path, m.Disk("root"))
+	}
+	if _, err := os.Stat(s.sb.Path(active.Path)); err != nil {
+		t.Errorf("the new layer: %v", err)
+	}
+	if st := s.getStatus(); st.Checkpoint != meta.ID {
+		t.Errorf("status names checkpoint %q, want %q", st.Checkpoint, meta.ID)
+	}
+}
+
+// A checkpoint that fails at any step leaves no checkpoint (nor a half
+// one) behind, thaws the guest and, once the machine was paused, resumes
+// it.
+func TestCheckpointFailureResumesAndLeavesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		fail       string
+		wantCalls  []string
+		wantPaused bool
+	}{
+		{fail: "Pause", wantCalls: []string{"Start", "Pause"}},
+		{fail: "SnapshotDisk", wantCalls: []string{"Start", "Pause", "SnapshotDisk(root)", "Resume"}},
+		{fail: "SaveDevices", wantCalls: []string{"Start", "Pause", "SnapshotDisk(root)", "SaveDevices", "Resume"}},
+		// A machine that does not resume stays paused, and the error says
+		// how to end it.
+		{fail: "Resume", wantCalls: []string{"Start", "Pause", "SnapshotDisk(root)", "SaveDevices", "Resume"}, wantPaused: true},
+	} {
+		t.Run(tc.fail, func(t *testing.T) {
+			s, m, g := fakeSupervisor(t)
+			injected := errors.New("injected " + tc.fail + " failure")
+			m.Fail(tc.fail, injected)
+			_, err := s.checkpoint(context.Background(), "doomed", "manual")
+			if !errors.Is(err, injected) {
+				t.Fatalf("checkpoint: %v, want the injected error", err)
+			}
+			if got := m.CallNames(); !slices.Equal(got, tc.wantCalls) {
+				t.Errorf("machine calls %v, want %v", got, tc.wantCalls)
+			}
+			pausedBetween(t, m.Calls())
+			if m.Paused() != tc.wantPaused {
+				t.Errorf("paused %v after the failed checkpoint, want %v", m.Paused(), tc.wantPaused)
+			}
+			if tc.wantPaused && !strings.Contains(err.Error(), "kosa8 stop --kill") {
+				t.Errorf("the error does not say how to end the machine: %v", err)
+			}
+			if ops := g.Ops(); len(ops) == 0 || ops[len(ops)-1] != guest.OpThaw {
+				t.Errorf("guest asked %v, want thaw last", ops)
+			}
+			list, err := s.sb.Checkpoints().List()
+			if err != nil || len(list) != 0 {
+				t.Errorf("checkpoints after a failed one: %v (%v)", list, err)
+			}
+			if half, _ := filepath.Glob(filepath.Join(s.sb.Path(checkpointsDir), ".tmp-*")); len(half) > 0 {
+				t.Errorf("half-written checkpoint left: %v", half)
+			}
+			if st := s.getStatus(); st.Checkpoint != "" {
+				t.Errorf("status names checkpoint %q after a failed one", st.Checkpoint)
+			}
+		})
+	}
+}
+
+// The API's checkpoint route takes one through the same steps; the memory
+// route streams the RAM of a paused machine and resumes it.
+func TestAPICheckpointAndMemory(t *testing.T) {
+	s, m, _ := fakeSupervisor(t)
+	if _, err := m.RAM().WriteAt(guestPattern, guestPatternAt); err != nil {
+		t.Fatal(err)
+	}
+	h := s.routes()
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/checkpoints", strings.NewReader(`{"message":"via the API"}`)))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("POST /v1/checkpoints: %d %s", rec.Code, rec.Body)
+	}
+	var meta checkpoint.Meta
+	if err := json.Unmarshal(rec.Body.Bytes(), &meta); err != nil || meta.Message != "via the API" {
+		t.Fatalf("answer %s (%v)", rec.Body, err)
+	}
+	if _, err := s.sb.Checkpoints().Load(meta.ID); err != nil {
+		t.Errorf("the checkpoint the API named: %v", err)
+	}
+
+	before := len(m.Calls())
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/v1/debug/memory", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET /v1/debug/memory: %d %s", rec.Code, rec.Body)
+	}
+	body, _ := io.ReadAll(rec.Body)
+	if len(body) != s.sb.Config.MemoryMiB<<20 || !bytes.Equal(body[guestPatternAt:guestPatternAt+len(guestPattern)], guestPattern) {
+		t.Errorf("memory: %d bytes, pattern missing", len(body))
+	}
+	var names []string
+	for _, c := range m.Calls()[before:] {
+		if c.Name != "RunState" {
+			names = append(names, c.Name)
+		}
+	}
+	if !slices.Equal(names, []string{"Pause", "Resume"}) || m.Paused() {
+		t.Errorf("memory route calls %v, paused %v; want Pause, Resume and a running machine", names, m.Paused())
+	}
+}
+
+// A machine without the checkpoint capability is told apart: the API
+// says not supported rather than failing half-way.
+func TestMemoryWithoutSnapshotter(t *testing.T) {
+	s, m, _ := fakeSupervisor(t)
+	s.machine = struct{ vmm.Machine }{m} // hides every optional capability
+	rec := httptest.NewRecorder()
+	s.routes().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/v1/debug/memory", nil))
+	if rec.Code != http.StatusNotImplemented || !strings.Contains(rec.Body.String(), vmm.ErrNotSupported.Error()) {
+		t.Errorf("GET /v1/debug/memory: %d %s, want 501 not supported", rec.Code, rec.Body)
+	}
+	if _, err := s.checkpoint(context.Background(), "", "manual"); !errors.Is(err, vmm.ErrNotSupported) {
+		t.Errorf("checkpoint: %v, want ErrNotSupported", err)
+	}
+	if slices.Contains(m.CallNames(), "Pause") {
+		t.Error("a machine without snapshots was paused")
+	}
+}
+
+// readAt is n bytes of f at off.
+func readAt(t *testing.T, f *os.File, off int64, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatalf("read %s: %v", f.Name(), err)
+	}
+	return b
+}
+
+// A rewind saves the running machine as it is (final: paused, never
+// resumed), replaces it with a new one that loads the checkpoint's RAM and
+// device state, and runs that one on new disk layers over the
+// checkpoint's.
+func TestRewindReplacesTheMachine(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed (qemu-utils): a rewind's new disk layers need it")
+	}
+	r := newFakeRig(t, true)
+	s := r.s
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", s.sb.Path(RootDisk), "16M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v: %s", err, out)
+	}
+	ctx := context.Background()
+	old := r.drv.Machines()[0]
+	if _, err := old.RAM().WriteAt(guestPattern, guestPatternAt); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := s.checkpoint(ctx, "before", "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := bytes.ToUpper(guestPattern)
+	if _, err := old.RAM().WriteAt(later, guestPatternAt); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := s.rewind(ctx, cp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.To != cp.ID || res.Saved == nil || res.ColdBoot || res.Warning != "" {
+		t.Fatalf("rewind result %+v", res)
+	}
+
+	// The machine before: saved while paused and never resumed, then killed.
+	want := []string{"Start", "Pause", "SnapshotDisk(root)", "SaveDevices", "Resume", "Pause", "SnapshotDisk(root)", "SaveDevices", "Kill"}
+	if got := old.CallNames(); !slices.Equal(got, want) {
+		t.Errorf("the old machine's calls %v, want %v", got, want)
+	}
+	pausedBetween(t, old.Calls())
+	saved, err := os.Open(filepath.Join(s.sb.Checkpoints().Path(res.Saved.ID), checkpoint.RAMFile))
+	if err != nil {
+		t.Fatalf("the state before the rewind: %v", err)
+	}
+	defer saved.Close()
+	if got := readAt(t, saved, guestPatternAt, len(later)); !bytes.Equal(got, later) {
+		t.Errorf("the state before the rewind holds %q, want %q", got, later)
+	}
+
+	// The machine after: started incoming on the checkpoint's RAM, its
+	// devices loaded, then resumed; the guest reseeded.
+	ms := r.drv.Machines()
+	if len(ms) != 2 || s.currentMachine() != vmm.Machine(ms[1]) {
+		t.Fatalf("%d machines, the supervisor holds %v", len(ms), s.currentMachine())
+	}
+	next := ms[1]
+	if got := next.CallNames(); !slices.Equal(got, []string{"Start", "LoadDevices", "Resume"}) {
+		t.Errorf("the new machine's calls %v, want Start, LoadDevices, Resume", got)
+	}
+	if next.Paused() {
+		t.Error("the new machine is paused")
+	}
+	if got := readAt(t, next.RAM(), guestPatternAt, len(guestPattern)); !bytes.Equal(got, guestPattern) {
+		t.Errorf("the new machine's RAM holds %q, want the checkpoint's %q", got, guestPattern)
+	}
+	if ops := r.guest(next).Ops(); !slices.Contains(ops, guest.OpRestored) {
+		t.Errorf("the new guest was asked %v, never told it was restored", ops)
+	}
+
+	// New layers over the checkpoint's frozen ones.
+	spec := next.Spec()
+	if len(spec.Disks) != 1 || spec.Disks[0].ID != "root" {
+		t.Fatalf("the new machine's disks: %+v", spec.Disks)
+	}
+	out, err := exec.Command("qemu-img", "info", "-U", "--output=json", spec.Disks[0].Path).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Backing string `json:"full-backing-filename"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || info.Backing != s.sb.Path(cp.Disks["root"].Path) {
+		t.Errorf("the new root layer is backed by %q (%v), want the checkpoint's %q", info.Backing, err, s.sb.Path(cp.Disks["root"].Path))
+	}
+	if st := s.getStatus(); st.Checkpoint != cp.ID {
+		t.Errorf("status names checkpoint %q, want %q", st.Checkpoint, cp.ID)
+	}
+}
+
+// A first boot that fails under hardware acceleration the user did not
+// force is tried again on a TCG driver made from the same options; the
+// failure is recorded by the driver that failed and shown in the status.
+// A forced accelerator is not replaced.
+func TestLaunchFallsBackToTCG(t *testing.T) {
+	for _, forced := range []vmm.Accel{"", vmm.KVM} {
+		t.Run("forced="+string(forced), func(t *testing.T) {
+			r := newFakeRig(t, true)
+			s := r.s
+			hw := &vmmtest.Driver{AccelAs: vmm.KVM, StartErr: errors.New("injected boot failure")}
+			var asked []vmm.DriverOptions
+			s.newDriver = func(o vmm.DriverOptions) (vmm.Driver, error) {
+				asked = append(asked, o)
+				if o.Accel == vmm.TCG {
+					return r.drv, nil
+				}
+				return hw, nil
+			}
+			s.driverOpts = vmm.DriverOptions{Arch: vmspec.AMD64, Accel: forced, ReadOnly: []string{"/image"}}
+			s.drv, s.accel = hw, vmm.KVM
+			before := len(r.drv.Machines())
+
+			err := s.launchFirst(context.Background(), nil, forced)
+			if forced != "" {
+				if err == nil || !strings.Contains(err.Error(), "KOSA8_ACCEL=tcg") {
+					t.Errorf("forced kvm: %v, want the failure and how to use tcg", err)
+				}
+				if len(asked) != 0 || len(hw.Failures()) != 0 {
+					t.Errorf("forced kvm: drivers made %v, failures recorded %v", asked, hw.Failures())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(asked) != 1 || asked[0].Accel != vmm.TCG || !slices.Equal(asked[0].ReadOnly, []string{"/image"}) {
+				t.Errorf("drivers made: %+v, want one for tcg with the same confinement", asked)
+			}
+			if s.accel != vmm.TCG || s.drv != vmm.Driver(r.drv) {
+				t.Errorf("running under %s on %v", s.accel, s.drv)
+			}
+			if f := hw.Failures(); len(f) != 1 || !strings.HasPrefix(f[0], "kvm: ") || !strings.Contains(f[0], "injected boot failure") {
+				t.Errorf("failures recorded by the kvm driver: %q", f)
+			}
+			if st := s.getStatus(); !strings.Contains(st.AccelFallback, "injected boot failure") {
+				t.Errorf("status says %q about the fallback", st.AccelFallback)
+			}
+			ms := r.drv.Machines()
+			if len(ms) != before+1 || s.currentMachine() != vmm.Machine(ms[len(ms)-1]) {
+				t.Errorf("the supervisor does not hold the tcg machine")
+			}
+		})
+	}
+}

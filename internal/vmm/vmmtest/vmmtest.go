@@ -1,0 +1,405 @@
+// Package vmmtest is a fake VMM driver for unit tests: checkpoint, rewind,
+// pause and the API run against it without QEMU. Its machines run no
+// guest. Guest RAM is an unlinked temporary file, as QEMU's is; the device
+// state is a small blob; a disk snapshot creates the overlay file; the
+// agent channel is one end of a net.Pipe whose other end (Guest) a test
+// serves a fake agent on. Every call is recorded with whether the machine
+// was paused at the time, so a test can assert the order of a
+// checkpoint's steps, and any call can be made to fail once (Fail).
+package vmmtest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// devicesMagic starts the fake device state.
+const devicesMagic = "vmmtest devices v1\n"
+
+// Driver starts fake machines. The zero value is ready: it runs under TCG.
+type Driver struct {
+	// AccelAs is what Accel reports (TCG when empty).
+	AccelAs vmm.Accel
+	// About is what Info reports.
+	About vmm.Info
+	// OnStart, when set, is called with each new machine before Start
+	// returns: a test serves its fake guest on m.Guest() there.
+	OnStart func(m *Machine)
+	// StartErr, when set, fails Start.
+	StartErr error
+
+	mu       sync.Mutex
+	machines []*Machine
+	opts     []vmm.DriverOptions
+	failures []string
+}
+
+// RecordFailure notes "accel: reason" (vmm.FailureRecorder).
+func (d *Driver) RecordFailure(a vmm.Accel, reason string) error {
+	d.mu.Lock()
+	d.failures = append(d.failures, string(a)+": "+reason)
+	d.mu.Unlock()
+	return nil
+}
+
+// Failures are what RecordFailure was told, in order.
+func (d *Driver) Failures() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.failures...)
+}
+
+var (
+	_ vmm.Driver          = (*Driver)(nil)
+	_ vmm.Informer        = (*Driver)(nil)
+	_ vmm.FailureRecorder = (*Driver)(nil)
+	_ vmm.Machine         = (*Machine)(nil)
+	_ vmm.Snapshotter     = (*Machine)(nil)
+	_ vmm.RunStater       = (*Machine)(nil)
+	_ vmm.FullSaver       = (*Machine)(nil)
+)
+
+// NewDriver is a vmm.NewDriver that hands out d and records the options
+// it was asked for.
+func (d *Driver) NewDriver(o vmm.DriverOptions) (vmm.Driver, error) {
+	d.mu.Lock()
+	d.opts = append(d.opts, o)
+	d.mu.Unlock()
+	return d, nil
+}
+
+// Options are the options NewDriver was called with, in order.
+func (d *Driver) Options() []vmm.DriverOptions {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]vmm.DriverOptions(nil), d.opts...)
+}
+
+func (d *Driver) Name() string { return "vmmtest" }
+
+func (d *Driver) Accel() vmm.Accel {
+	if d.AccelAs == "" {
+		return vmm.TCG
+	}
+	return d.AccelAs
+}
+
+func (d *Driver) Info() vmm.Info { return d.About }
+
+// Machines are the machines Start made, oldest first.
+func (d *Driver) Machines() []*Machine {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*Machine(nil), d.machines...)
+}
+
+// Start makes a machine with spec.MemoryMiB of RAM. With opts.Incoming it
+// starts paused, as QEMU's -incoming does, until its devices are loaded
+// and it is resumed.
+func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOptions) (vmm.Machine, error) {
+	if d.StartErr != nil {
+		return nil, d.StartErr
+	}
+	m, err := NewMachine(int64(spec.MemoryMiB) << 20)
+	if err != nil {
+		return nil, err
+	}
+	m.spec = spec
+	if opts.Incoming {
+		m.paused, m.state = true, "inmigrate"
+	}
+	if opts.PrepareRAM != nil {
+		if err := opts.PrepareRAM(m.ram); err != nil {
+			m.Kill()
+			return nil, fmt.Errorf("prepare guest RAM: %w", err)
+		}
+	}
+	m.record("Start", "")
+	d.mu.Lock()
+	d.machines = append(d.machines, m)
+	d.mu.Unlock()
+	if d.OnStart != nil {
+		d.OnStart(m)
+	}
+	return m, nil
+}
+
+// Call is one recorded call on a Machine.
+type Call struct {
+	Name   string // the method: Pause, Resume, SnapshotDisk, SaveDevices, …
+	Arg    string // SnapshotDisk: "id overlay"; otherwise empty
+	Paused bool   // whether the machine was paused when the call began
+	Err    error  // what the call returned
+}
+
+func (c Call) String() string {
+	s := c.Name
+	if c.Arg != "" {
+		s += "(" + c.Arg + ")"
+	}
+	if c.Err != nil {
+		s += " failed"
+	}
+	return s
+}
+
+// Machine is a fake running VM.
+type Machine struct {
+	spec  *vmspec.Spec
+	ram   *os.File
+	host  net.Conn // Agent
+	guest net.Conn // Guest
+
+	mu      sync.Mutex
+	calls   []Call
+	paused  bool
+	state   string
+	fail    map[string]error
+	disks   map[string]string // disk id → the overlay new writes go to
+	devices int               // how many device states were saved
+
+	done     chan struct{}
+	exitOnce sync.Once
+	waitErr  error
+}
+
+// NewMachine makes a running machine with ram bytes of RAM, outside any
+// driver (a test of the layer below Start).
+func NewMachine(ram int64) (*Machine, error) {
+	f, err := os.CreateTemp("", "vmmtest-ram-*")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(f.Name()) // like QEMU's: the descriptor is all there is
+	if err := f.Truncate(ram); err != nil {
+		f.Close()
+		return nil, err
+	}
+	host, guest := net.Pipe()
+	return &Machine{ram: f, host: host, guest: guest, state: "running", fail: map[string]error{},
+		disks: map[string]string{}, done: make(chan struct{})}, nil
+}
+
+// Fail makes the next call of method (a Machine method's name) fail with
+// err, once.
+func (m *Machine) Fail(method string, err error) {
+	m.mu.Lock()
+	m.fail[method] = err
+	m.mu.Unlock()
+}
+
+// record notes a call and returns the error Fail arranged for it, if any.
+func (m *Machine) record(name, arg string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	err := m.fail[name]
+	delete(m.fail, name)
+	if err == nil && m.exited() && name != "Kill" {
+		err = errors.New("vmmtest: the machine has exited")
+	}
+	m.calls = append(m.calls, Call{Name: name, Arg: arg, Paused: m.paused, Err: err})
+	return err
+}
+
+func (m *Machine) exited() bool {
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Calls are the calls made so far, oldest first.
+func (m *Machine) Calls() []Call {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Call(nil), m.calls...)
+}
+
+// CallNames are the names of Calls, with SnapshotDisk's disk id:
+// "Pause", "SnapshotDisk(root)", "SaveDevices", "Resume", …; RunState
+// calls are left out (a supervisor asks it whenever it checks health).
+func (m *Machine) CallNames() []string {
+	var out []string
+	for _, c := range m.Calls() {
+		switch c.Name {
+		case "RunState":
+			continue
+		case "SnapshotDisk":
+			id, _, _ := strings.Cut(c.Arg, " ")
+			out = append(out, "SnapshotDisk("+id+")")
+		default:
+			out = append(out, c.Name)
+		}
+	}
+	return out
+}
+
+// Paused tells whether the guest's CPUs are stopped.
+func (m *Machine) Paused() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.paused
+}
+
+// Disk is the overlay new writes to disk id go to since its last
+// SnapshotDisk ("" if it had none).
+func (m *Machine) Disk(id string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.disks[id]
+}
+
+// Spec is what the machine was started with (nil for NewMachine).
+func (m *Machine) Spec() *vmspec.Spec { return m.spec }
+
+// Guest is the guest's end of the agent channel: serve a fake agent on it.
+func (m *Machine) Guest() net.Conn { return m.guest }
+
+// Pid is 0: there is no VMM process (so no dirty-page tracking either: a
+// checkpoint copies all of the RAM).
+func (m *Machine) Pid() int { return 0 }
+
+func (m *Machine) Agent() net.Conn { return m.host }
+
+func (m *Machine) Done() <-chan struct{} { return m.done }
+
+// Wait blocks until the machine exits (Kill or Exit) or ctx ends.
+func (m *Machine) Wait(ctx context.Context) error {
+	select {
+	case <-m.done:
+		return m.waitErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Kill ends the machine: the agent channel breaks, Done is closed.
+func (m *Machine) Kill() error {
+	if err := m.record("Kill", ""); err != nil {
+		return err
+	}
+	m.Exit(nil)
+	return nil
+}
+
+// Exit ends the machine as if the VMM had exited with err (a crash when
+// set, a guest power-off when nil).
+func (m *Machine) Exit(err error) {
+	m.exitOnce.Do(func() {
+		m.mu.Lock()
+		m.waitErr, m.state = err, "shutdown"
+		m.mu.Unlock()
+		m.host.Close()
+		m.guest.Close()
+		m.ram.Close()
+		close(m.done)
+	})
+}
+
+func (m *Machine) Pause(ctx context.Context) error {
+	if err := m.record("Pause", ""); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.paused, m.state = true, "paused"
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Machine) Resume(ctx context.Context) error {
+	if err := m.record("Resume", ""); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.paused, m.state = false, "running"
+	m.mu.Unlock()
+	return nil
+}
+
+// RunState says "running" or "paused" ("inmigrate" before an incoming
+// machine's devices are loaded, "shutdown" once it has exited).
+func (m *Machine) RunState(ctx context.Context) (string, bool, error) {
+	if err := m.record("RunState", ""); err != nil {
+		return "", false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.state, !m.paused, nil
+}
+
+// SnapshotDisk creates overlay (a small text file, not a qcow2) and sends
+// disk id's writes there from now on.
+func (m *Machine) SnapshotDisk(ctx context.Context, id, overlay string) error {
+	if err := m.record("SnapshotDisk", id+" "+overlay); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	prev := m.disks[id]
+	m.mu.Unlock()
+	if err := os.WriteFile(overlay, []byte("vmmtest overlay of "+id+" over "+prev+"\n"), 0o600); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.disks[id] = overlay
+	m.mu.Unlock()
+	return nil
+}
+
+// SaveDevices writes a small blob that LoadDevices accepts.
+func (m *Machine) SaveDevices(ctx context.Context, w *os.File) error {
+	if err := m.record("SaveDevices", ""); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.devices++
+	n := m.devices
+	m.mu.Unlock()
+	_, err := fmt.Fprintf(w, "%ssave %d\n", devicesMagic, n)
+	return err
+}
+
+// LoadDevices reads what SaveDevices wrote; anything else fails, as a
+// foreign device state fails in QEMU. The machine stays paused.
+func (m *Machine) LoadDevices(ctx context.Context, r *os.File) error {
+	if err := m.record("LoadDevices", ""); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) || line != devicesMagic {
+		return fmt.Errorf("vmmtest: not a device state: %q", line)
+	}
+	m.mu.Lock()
+	m.state = "paused"
+	m.mu.Unlock()
+	return nil
+}
+
+// SaveAll writes the device blob followed by the whole RAM.
+func (m *Machine) SaveAll(ctx context.Context, w *os.File) error {
+	if err := m.record("SaveAll", ""); err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(w, "%sall\n", devicesMagic); err != nil {
+		return err
+	}
+	st, err := m.ram.Stat()
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(w, io.NewSectionReader(m.ram, 0, st.Size()))
+	return err
+}
+
+func (m *Machine) RAM() *os.File { return m.ram }
