@@ -61,8 +61,9 @@ func TestArgsPerPlatform(t *testing.T) {
 		{"linux amd64 kvm", vmspec.AMD64, vmm.KVM, "kvm", "microvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
 		{"linux amd64 tcg", vmspec.AMD64, vmm.TCG, "tcg,tb-size=256,thread=single", "microvm,acpi=on,rtc=on,pit=on,memory-backend=ram", "max", "console=ttyS0"},
 		{"darwin arm64 hvf", vmspec.ARM64, vmm.HVF, "hvf", "virt,gic-version=3,memory-backend=ram", "host", "console=ttyAMA0"},
-		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "tcg,tb-size=256,thread=single", "virt,gic-version=max,memory-backend=ram", "max", "console=ttyAMA0"},
-		{"linux arm64 kvm", vmspec.ARM64, vmm.KVM, "kvm", "virt,gic-version=max,memory-backend=ram", "host", "console=ttyAMA0"},
+		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "tcg,tb-size=256,thread=single", "virt,gic-version=3,memory-backend=ram", "neoverse-n1", "console=ttyAMA0"},
+		{"linux arm64 kvm", vmspec.ARM64, vmm.KVM, "kvm", "virt,gic-version=host,memory-backend=ram", "host", "console=ttyAMA0"},
+		{"darwin amd64 hvf", vmspec.AMD64, vmm.HVF, "hvf", "microvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -164,6 +165,53 @@ func TestArgsDevices(t *testing.T) {
 	}
 	if got := value(t, args, "-incoming", 0); got != "defer" {
 		t.Errorf("-incoming = %q", got)
+	}
+}
+
+// An arm64 guest: virt with the kernel loaded by QEMU (no firmware, even
+// when an x86 one was found), the PL011 console, and the same virtio-mmio
+// devices as on x86, never a PCI one.
+func TestArgsARM64(t *testing.T) {
+	for _, accel := range []vmm.Accel{vmm.TCG, vmm.KVM, vmm.HVF} {
+		s := spec(vmspec.ARM64)
+		s.Net = &vmspec.Net{MAC: "52:54:00:00:00:01"}
+		o := opts(accel)
+		o.NetFd = 6
+		o.Firmware = "/usr/share/qemu/qboot.rom"
+		o.TSCkHz = 2096016
+		args, err := Args(s, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := value(t, args, "-kernel", 0); got != "/img/vmlinuz" {
+			t.Errorf("%s: -kernel = %q", accel, got)
+		}
+		if got := value(t, args, "-initrd", 0); got != "/img/initrd" {
+			t.Errorf("%s: -initrd = %q", accel, got)
+		}
+		for _, banned := range []string{"-bios", "-pflash", "-drive if=pflash"} {
+			if slices.Contains(args, banned) {
+				t.Errorf("%s: arm64 boots without firmware, got %s: %q", accel, banned, args)
+			}
+		}
+		if got := value(t, args, "-serial", 0); got != "chardev:console" {
+			t.Errorf("%s: -serial = %q", accel, got)
+		}
+		ap := value(t, args, "-append", 0)
+		if !strings.HasPrefix(ap, "console=ttyAMA0 ") || strings.Contains(ap, "tsc") {
+			t.Errorf("%s: -append = %q", accel, ap)
+		}
+		devs := values(args, "-device")
+		for _, want := range []string{"virtio-serial-device,max_ports=2", "virtio-blk-device,drive=root", "virtio-net-device,netdev=net0,mac=52:54:00:00:00:01", "virtio-rng-device,rng=rng0", "virtio-balloon-device,free-page-reporting=on"} {
+			if !slices.Contains(devs, want) {
+				t.Errorf("%s: devices lack %q: %q", accel, want, devs)
+			}
+		}
+		for _, d := range devs {
+			if strings.Contains(d, "-pci") {
+				t.Errorf("%s: PCI device %q", accel, d)
+			}
+		}
 	}
 }
 
