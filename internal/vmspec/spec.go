@@ -19,6 +19,20 @@ const (
 // HostArch is the architecture of this machine.
 func HostArch() Arch { return Arch(runtime.GOARCH) }
 
+// ParseArch reads a guest architecture as a user types it: Go's and
+// Debian's names, or the kernel's (uname -m). Empty is the host's.
+func ParseArch(s string) (Arch, error) {
+	switch s {
+	case "":
+		return HostArch(), nil
+	case "amd64", "x86_64", "x86-64":
+		return AMD64, nil
+	case "arm64", "aarch64":
+		return ARM64, nil
+	}
+	return "", fmt.Errorf("architecture %q is not supported: use amd64 (x86_64) or arm64 (aarch64)", s)
+}
+
 // Spec is one machine.
 type Spec struct {
 	Name      string `json:"name"`
