@@ -230,7 +230,10 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		if d.ReadOnly {
 			drive += ",read-only=on"
 		}
-		a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive="+d.ID)
+		// The id is the disk's serial number too: the agent finds its disks
+		// by it, as their names (vda, vdb) follow the kernel's probe order,
+		// which on arm64's virt is the reverse of the command line's.
+		a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive="+d.ID+",serial="+d.ID)
 	}
 	if len(s.VirtioFS) > 0 {
 		// virtiofsd speaks only modern virtio; virtio-mmio is legacy unless

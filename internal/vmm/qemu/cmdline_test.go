@@ -202,7 +202,7 @@ func TestArgsARM64(t *testing.T) {
 			t.Errorf("%s: -append = %q", accel, ap)
 		}
 		devs := values(args, "-device")
-		for _, want := range []string{"virtio-serial-device,max_ports=2", "virtio-blk-device,drive=root", "virtio-net-device,netdev=net0,mac=52:54:00:00:00:01", "virtio-rng-device,rng=rng0", "virtio-balloon-device,free-page-reporting=on"} {
+		for _, want := range []string{"virtio-serial-device,max_ports=2", "virtio-blk-device,drive=root,serial=root", "virtio-net-device,netdev=net0,mac=52:54:00:00:00:01", "virtio-rng-device,rng=rng0", "virtio-balloon-device,free-page-reporting=on"} {
 			if !slices.Contains(devs, want) {
 				t.Errorf("%s: devices lack %q: %q", accel, want, devs)
 			}
@@ -305,7 +305,7 @@ func TestArgsPerQEMUVersion(t *testing.T) {
 		" -chardev socket,id=qmp,fd=4 -mon chardev=qmp,mode=control -chardev socket,id=agent,fd=5" +
 		" -device virtio-serial-device,max_ports=2 -device virtserialport,chardev=agent,name=org.kosa8.agent" +
 		" -chardev file,id=console,path=/sb/console.log,append=on -serial chardev:console" +
-		" -drive id=root,file=/sb/root.qcow2,format=qcow2,if=none,discard=unmap,detect-zeroes=unmap,werror=report,rerror=report -device virtio-blk-device,drive=root" +
+		" -drive id=root,file=/sb/root.qcow2,format=qcow2,if=none,discard=unmap,detect-zeroes=unmap,werror=report,rerror=report -device virtio-blk-device,drive=root,serial=root" +
 		" -object rng-random,id=rng0,filename=/dev/urandom -device virtio-rng-device,rng=rng0 -device virtio-balloon-device,free-page-reporting=on"
 	if got := strings.Join(want72, " "); got != golden {
 		t.Fatalf("7.2 command line:\n got %s\nwant %s", got, golden)
