@@ -96,6 +96,7 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"rewind", "nosuch", "latest"}, "no such sandbox"},
 		{[]string{"run", "--arch", "riscv64", "--", "uname", "-m"}, "--arch: architecture \"riscv64\" is not supported: use amd64 (x86_64) or arm64 (aarch64)"},
 		{[]string{"create", "--arch", "i386"}, "use amd64 (x86_64) or arm64 (aarch64)"},
+		{[]string{"setup", "--arch", "riscv64", "--no-install"}, "use amd64 (x86_64) or arm64 (aarch64)"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
