@@ -259,7 +259,7 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 	}
 	if foreign {
 		k := Kernel{Image: filepath.Join(out, "kernel", "vmlinuz"), Modules: filepath.Join(out, "kernel", kver), Version: kver}
-		if err := firstBoot(ctx, r.Arch, k, rootfs, work, opts, progress, logw); err != nil {
+		if err := firstBoot(ctx, r.Arch, r.Packages, k, rootfs, work, opts, progress, logw); err != nil {
 			return nil, fmt.Errorf("first boot of the %s image after %s: %w", r.Arch, time.Since(start).Round(time.Second), err)
 		}
 	}

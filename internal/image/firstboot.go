@@ -45,8 +45,13 @@ const (
 
 // firstBootShell installs the unpacked packages inside the guest. dpkg
 // sees files it does not know yet on the disk, the same as its own, and
-// replaces them; the packages' own conffiles are kept.
-const firstBootShell = `set -eu
+// replaces them; the packages' own conffiles are kept. Then apt is told
+// which were installed only as dependencies, as apt-get install would have
+// left them in a native build (there mmdebstrap installs the essential set
+// and what it needs with dpkg, and the rest with apt-get): everything but
+// that set, the required ones and requested.
+func firstBootShell(requested []string) string {
+	return `set -eu
 export DEBIAN_FRONTEND=noninteractive DEBCONF_NONINTERACTIVE_SEEN=true LC_ALL=C.UTF-8
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 cd /var/cache/apt/archives
@@ -56,14 +61,22 @@ echo "kosa8: step configure"
 dpkg --configure -a
 left=$(dpkg --audit)
 if [ -n "$left" ]; then echo "$left" >&2; echo "kosa8: packages left unconfigured" >&2; exit 1; fi
+keep=" apt ` + strings.Join(requested, " ") + ` "
+ess=$(dpkg-query -W -f '${Package} ${Essential}\n' | awk '$2 == "yes" {print $1}')
+keep="$keep $(apt-cache depends --recurse --installed --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances $ess | grep -v '^ \|<' | tr '\n' ' ') "
+apt-mark auto $(dpkg-query -W -f '${Package} ${Priority}\n' | awk -v keep="$keep" '$2 != "required" && index(keep, " " $1 " ") == 0 {print $1}') >/dev/null
 echo "kosa8: step clean"
 rm -f /var/cache/apt/archives/*.deb
 rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/debconf/*-old /var/log/*.log /var/log/apt/* /tmp/* /var/tmp/*
 userdel -r ` + firstBootUser + ` 2>/dev/null || true
 groupdel ` + firstBootUser + ` 2>/dev/null || true
-rm -f /etc/sudoers.d/kosa8
+rm -f /etc/sudoers.d/kosa8 /etc/shadow-
+# Backups that still name the build user; a conffile dpkg found unpacked.
+for f in passwd group gshadow; do [ ! -e /etc/$f- ] || cp -p /etc/$f /etc/$f-; done
+find /etc -name '*.dpkg-old' -delete
 sync
 `
+}
 
 // Deadlines of the first boot under emulation: on an x86-64 host with 2
 // cores shared with two other VMs, the arm64 kernel reached the agent in
@@ -76,10 +89,10 @@ const (
 )
 
 // firstBoot boots the image whose kernel is k and root disk rootfs (raw
-// ext4, written in place), runs firstBootShell as root, powers the guest
+// ext4, written in place), runs firstBootShell (packages are the recipe's) as root, powers the guest
 // off and checks and shrinks the filesystem. work holds the temporary
 // initramfs and the console log.
-func firstBoot(ctx context.Context, arch vmspec.Arch, k Kernel, rootfs, work string, opts BuildOptions, progress func(string), logw io.Writer) (err error) {
+func firstBoot(ctx context.Context, arch vmspec.Arch, packages []string, k Kernel, rootfs, work string, opts BuildOptions, progress func(string), logw io.Writer) (err error) {
 	initrd := filepath.Join(work, "firstboot.cpio")
 	if err := BuildInitramfs(initrd, opts.Agent, k, GuestModules); err != nil {
 		return fmt.Errorf("initramfs: %w", err)
@@ -124,7 +137,7 @@ func firstBoot(ctx context.Context, arch vmspec.Arch, k Kernel, rootfs, work str
 	fmt.Fprintf(logw, "kosa8: first boot: agent up after %s\n", time.Since(start).Round(time.Second))
 	runCtx, cancelRun := context.WithTimeout(ctx, firstInstallTimeout)
 	defer cancelRun()
-	if err := firstBootRun(runCtx, c, progress, logw); err != nil {
+	if err := firstBootRun(runCtx, c, firstBootShell(packages), progress, logw); err != nil {
 		return err
 	}
 	fmt.Fprintf(logw, "kosa8: first boot: packages installed after %s\n", time.Since(start).Round(time.Second))
@@ -163,9 +176,9 @@ func connect(ctx context.Context, m vmm.Machine) (*guest.Client, error) {
 	return c, err
 }
 
-// firstBootRun runs firstBootShell and reports its steps.
-func firstBootRun(ctx context.Context, c *guest.Client, progress func(string), logw io.Writer) error {
-	conn, _, err := c.Exec(ctx, &guest.ExecRequest{Argv: []string{"/bin/sh", "-c", firstBootShell}, User: "root", Dir: "/"})
+// firstBootRun runs the first boot's script and reports its steps.
+func firstBootRun(ctx context.Context, c *guest.Client, script string, progress func(string), logw io.Writer) error {
+	conn, _, err := c.Exec(ctx, &guest.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, User: "root", Dir: "/"})
 	if err != nil {
 		return fmt.Errorf("start the package installation: %w", err)
 	}

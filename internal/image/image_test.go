@@ -157,8 +157,8 @@ func TestForeignBuildStages(t *testing.T) {
 	if strings.Contains(foreignHookScript, "archives/*.deb") {
 		t.Error("the foreign hook drops the packages the first boot installs")
 	}
-	for _, want := range []string{"dpkg --force-depends", "dpkg --configure -a", "dpkg --audit", "rm -f /var/cache/apt/archives/*.deb", "userdel -r " + firstBootUser, "rm -f /etc/sudoers.d/kosa8", "sync"} {
-		if !strings.Contains(firstBootShell, want) {
+	for _, want := range []string{" apt bash coreutils ", "apt-mark auto", "dpkg --force-depends", "dpkg --configure -a", "dpkg --audit", "rm -f /var/cache/apt/archives/*.deb", "userdel -r " + firstBootUser, "rm -f /etc/sudoers.d/kosa8", "sync"} {
+		if !strings.Contains(firstBootShell(DefaultPackages), want) {
 			t.Errorf("the first boot does not %q", want)
 		}
 	}
