@@ -21,7 +21,7 @@ setup: build
 
 # The arm64 guest image, for 'kosa8 run --arch arm64'. On an x86-64 host its
 # packages are installed in a first boot of the image under emulation
-# (TCG): 25 minutes here (2 cores shared with other VMs), so 'setup' leaves it out.
+# (TCG): 21-25 minutes here (2 cores shared with other VMs), so 'setup' leaves it out.
 setup-arm64: build
 	$(BIN)/kosa8 setup --arch arm64
 

@@ -126,7 +126,7 @@ initramfs with kosa8-agent, and a Debian root filesystem. The image is cached an
 rebuilt only when its inputs change.
 
 --arch arm64 on an x86-64 host builds the arm64 image: its packages are unpacked
-here and installed in a first boot of the image under emulation (about 25 minutes).`,
+here and installed in a first boot of the image under emulation (20-25 minutes on 2 cores).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()

@@ -80,8 +80,8 @@ sync
 
 // Deadlines of the first boot under emulation: on an x86-64 host with 2
 // cores shared with two other VMs, the arm64 kernel reached the agent in
-// 5 s under TCG, and installing 583 packages took 23 minutes (unpacking
-// them 18 of those).
+// 3-5 s under TCG, and installing 583 packages took 20-23 minutes
+// (unpacking them about 15 of those).
 const (
 	firstBootTimeout    = 5 * time.Minute
 	firstInstallTimeout = 75 * time.Minute
