@@ -137,6 +137,13 @@ func benchBoot() {
 		row{"kosa8 start (CLI wall time)", ms(median(startWall)), a, ratio(median(startWall), median(bare))},
 	)
 
+	if other, why := foreignBoots(paths, *runs); len(other) > 0 {
+		rows = append(rows, row{"kosa8 " + string(foreignArch()) + " guest: supervisor start to agent ready", ms(median(other)), string(vmm.TCG),
+			fmt.Sprintf("emulated; %.2fx this host's own guest (%s)", float64(median(other))/float64(median(ready)), a)})
+	} else {
+		fmt.Fprintf(os.Stderr, "no %s guest boots: %s\n", foreignArch(), why)
+	}
+
 	fmt.Fprintf(os.Stderr, "create-to-first-exec (%d)...\n", *runs)
 	first := measure(*runs, firstOutput)
 	rows = append(rows, row{"kosa8 run --rm -- echo: to first output", ms(median(first)), a, ratio(median(first), median(bare))})
@@ -165,6 +172,36 @@ func benchBoot() {
 	kosa8("rm", "-f", "bench-exec")
 
 	printTable("kosa8 boot and exec", rows, accel)
+}
+
+// foreignArch is the guest architecture this host emulates.
+func foreignArch() vmspec.Arch {
+	if vmspec.HostArch() == vmspec.ARM64 {
+		return vmspec.AMD64
+	}
+	return vmspec.ARM64
+}
+
+// foreignBoots boots sandboxes of the other architecture (emulated, TCG)
+// n times and returns their times to agent ready, or why it could not.
+func foreignBoots(paths sandbox.Paths, n int) ([]time.Duration, string) {
+	arch := foreignArch()
+	if _, err := qemu.FindBinary(arch, ""); err != nil {
+		return nil, err.Error()
+	}
+	if _, err := (image.Store{Dir: paths.Cache}).Lookup(image.DefaultRecipe(arch)); err != nil {
+		return nil, err.Error()
+	}
+	fmt.Fprintf(os.Stderr, "kosa8 %s cold boots (%d)...\n", arch, n)
+	var ready []time.Duration
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("bench-boot-%s-%d", arch, i)
+		kosa8("create", "--arch", string(arch), "--accel", string(vmm.TCG), name)
+		kosa8("start", name)
+		ready = append(ready, time.Duration(open(paths, name).Status().BootMillis*float64(time.Millisecond)))
+		kosa8("rm", "-f", name)
+	}
+	return ready, ""
 }
 
 func must(err error) {

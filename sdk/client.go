@@ -225,6 +225,10 @@ type CreateOptions struct {
 	// Accel forces "kvm", "hvf" or "tcg" (default: $KOSA8_ACCEL, else the
 	// best that works).
 	Accel string
+	// Arch is the guest's architecture, "amd64" or "arm64" (default:
+	// $KOSA8_ARCH, else the host's); another than the host's is emulated
+	// and needs its image ('kosa8 setup --arch arm64').
+	Arch string
 	// CheckpointEvery takes a checkpoint at this interval while running;
 	// MaxCheckpoints keeps at most this many (default 20).
 	CheckpointEvery time.Duration
@@ -234,8 +238,15 @@ type CreateOptions struct {
 // config turns o, over a trusted kosa8.toml in the workspace, into a
 // sandbox's settings.
 func (c *Client) config(o CreateOptions) (sandbox.Config, error) {
+	if o.Arch == "" {
+		o.Arch = os.Getenv("KOSA8_ARCH")
+	}
+	arch, err := vmspec.ParseArch(o.Arch)
+	if err != nil {
+		return sandbox.Config{}, fmt.Errorf("Arch: %w", err)
+	}
 	cfg := sandbox.Config{
-		Name: o.Name, Arch: string(vmspec.HostArch()),
+		Name: o.Name, Arch: string(arch),
 		CPUs: sandbox.DefaultCPUs, MemoryMiB: sandbox.DefaultMemoryMiB, DiskGiB: sandbox.DefaultDiskGiB,
 		Ephemeral: o.Ephemeral, Accel: o.Accel,
 	}
@@ -287,7 +298,6 @@ func (c *Client) config(o CreateOptions) (sandbox.Config, error) {
 	if o.CPUs != 0 {
 		cfg.CPUs = o.CPUs
 	}
-	var err error
 	if o.Memory != "" {
 		if cfg.MemoryMiB, err = sandbox.ParseSize(o.Memory); err != nil {
 			return cfg, fmt.Errorf("memory: %w", err)

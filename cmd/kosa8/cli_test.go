@@ -14,6 +14,8 @@ import (
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
+	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
 func TestExitCode(t *testing.T) {
@@ -92,6 +94,9 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"exec", "nosuch", "--", "true"}, "no such sandbox"},
 		{[]string{"secret", "add", "K", "--host", "*.com"}, "matches a whole public suffix"},
 		{[]string{"rewind", "nosuch", "latest"}, "no such sandbox"},
+		{[]string{"run", "--arch", "riscv64", "--", "uname", "-m"}, "--arch: architecture \"riscv64\" is not supported: use amd64 (x86_64) or arm64 (aarch64)"},
+		{[]string{"create", "--arch", "i386"}, "use amd64 (x86_64) or arm64 (aarch64)"},
+		{[]string{"setup", "--arch", "riscv64", "--no-install"}, "use amd64 (x86_64) or arm64 (aarch64)"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -109,6 +114,38 @@ func TestBadArguments(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Join(home, "sandboxes")); len(entries) != 0 {
 		t.Errorf("refused commands left %d sandboxes", len(entries))
+	}
+}
+
+// TestArchPrerequisites: a guest of another architecture needs its QEMU
+// and its image; without either, run says what to install or build, and
+// creates nothing.
+func TestArchPrerequisites(t *testing.T) {
+	home := fakeHome(t)
+	t.Chdir(t.TempDir())
+	t.Setenv("KOSA8_QEMU", "")
+	other := "arm64"
+	if vmspec.HostArch() == vmspec.ARM64 {
+		other = "amd64"
+	}
+	bin := t.TempDir()
+	t.Setenv("PATH", bin)
+	code, _, stderr := kosa8(t, "run", "--rm", "--arch", other, "--", "uname", "-m")
+	pkg := map[string]string{"arm64": "qemu-system-arm", "amd64": "qemu-system-x86"}[other]
+	if code != 125 || !strings.Contains(stderr, "not found: run 'kosa8 setup --arch "+other+"' or install "+pkg) {
+		t.Errorf("without QEMU: exit %d, stderr %q", code, stderr)
+	}
+	// A QEMU, no image: KOSA8_ARCH chooses the architecture as --arch does.
+	if err := os.WriteFile(filepath.Join(bin, qemu.Binary(vmspec.Arch(other))), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KOSA8_ARCH", other)
+	code, _, stderr = kosa8(t, "run", "--rm", "--", "uname", "-m")
+	if code != 125 || !strings.Contains(stderr, "guest image not built for "+other+": run 'kosa8 setup --arch "+other+"'") {
+		t.Errorf("without the image: exit %d, stderr %q", code, stderr)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(home, "sandboxes")); len(entries) != 0 {
+		t.Errorf("refused runs left %d sandboxes", len(entries))
 	}
 }
 

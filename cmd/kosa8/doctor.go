@@ -73,8 +73,36 @@ func doctorChecks(ctx context.Context) []check {
 	} else {
 		add(check{Name: "image", OK: true, Detail: fmt.Sprintf("%s, kernel %s, built %s", filepath.Base(img.Dir), img.Manifest.KernelVersion, ago(img.Manifest.Built))})
 	}
+	add(foreignCheck(m, arch))
 	add(ramCheck())
 	return out
+}
+
+// foreignCheck says whether guests of the other architecture (emulated,
+// --arch) can run here: optional, so never a failure.
+func foreignCheck(m *sandbox.Manager, host vmspec.Arch) check {
+	other := vmspec.ARM64
+	if host == vmspec.ARM64 {
+		other = vmspec.AMD64
+	}
+	c := check{Name: string(other) + " guests", OK: true}
+	var missing []string
+	if _, err := qemu.FindBinary(other, ""); err != nil {
+		missing = append(missing, qemu.Binary(other))
+	}
+	if _, err := agentPath(other); err != nil {
+		missing = append(missing, "kosa8-agent-linux-"+string(other))
+	}
+	if _, err := (image.Store{Dir: m.Paths.Cache}).Lookup(image.DefaultRecipe(other)); err != nil {
+		missing = append(missing, "its image")
+	}
+	if len(missing) == 0 {
+		c.Detail = "ready (--arch " + string(other) + ", emulated: tcg)"
+		return c
+	}
+	c.Detail = "optional, not set up: no " + strings.Join(missing, ", ")
+	c.Fix = image.SetupCommand(other)
+	return c
 }
 
 // accelCheck says which acceleration a sandbox gets and, when it is not

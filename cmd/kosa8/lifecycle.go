@@ -34,6 +34,7 @@ type createFlags struct {
 	rm         bool
 	env        []string
 	accel      string
+	arch       string
 	allow      []string
 	preset     string
 	allowBroad bool
@@ -61,6 +62,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fs.BoolVar(&f.rm, "rm", false, "remove the sandbox when it stops")
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "set KEY=VALUE in the guest, or pass the host's KEY (repeatable)")
 	fs.StringVar(&f.accel, "accel", os.Getenv("KOSA8_ACCEL"), "force the acceleration: kvm, hvf or tcg")
+	fs.StringVar(&f.arch, "arch", os.Getenv("KOSA8_ARCH"), "guest architecture: amd64 or arm64 (default: the host's, or $KOSA8_ARCH; another than the host's is emulated)")
 	fs.StringArrayVar(&f.allow, "allow", nil, "allow a host, *.domain, host:port or CIDR (repeatable); nothing is allowed by default")
 	fs.StringVar(&f.preset, "net", "", "network preset: "+strings.Join(netpolicy.PresetNames(), ", ")+" (dev: package registries and code hosts)")
 	fs.BoolVar(&f.allowBroad, "allow-broad", false, "accept rules that match a whole public suffix or everything (*.com, *)")
@@ -156,8 +158,12 @@ func projectConfig(m *sandbox.Manager) (*config.Project, error) {
 
 // sandboxConfig combines flags, kosa8.toml and defaults, in that order.
 func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) {
+	arch, err := guestArch(f.arch)
+	if err != nil {
+		return sandbox.Config{}, err
+	}
 	c := sandbox.Config{
-		Name: f.name, Arch: string(vmspec.HostArch()),
+		Name: f.name, Arch: string(arch),
 		CPUs: sandbox.DefaultCPUs, MemoryMiB: sandbox.DefaultMemoryMiB, DiskGiB: sandbox.DefaultDiskGiB,
 		Ephemeral: f.rm, Accel: f.accel,
 	}
@@ -297,6 +303,9 @@ func createSandbox(ctx context.Context, m *sandbox.Manager, f *createFlags) (*sa
 		return nil, err
 	}
 	if err := checkFolderFree(m, cfg.Name, cfg.Workspace); err != nil {
+		return nil, err
+	}
+	if err := checkQEMU(vmspec.Arch(cfg.Arch)); err != nil {
 		return nil, err
 	}
 	img, err := f.ag.image(ctx, m, cfg)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/agent"
+	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -25,6 +26,13 @@ type BuildOptions struct {
 	Log io.Writer
 	// Rebuild builds even when the image exists.
 	Rebuild bool
+	// Agent is kosa8-agent for the image's architecture. A build for an
+	// architecture other than the host's needs it: that image's packages
+	// are installed in a first boot of the image itself (firstboot.go).
+	Agent string
+	// Accel forces the first boot's acceleration (empty: the best there
+	// is; a foreign guest is always emulated).
+	Accel vmm.Accel
 }
 
 // hookScript runs inside mmdebstrap's customize stage with the finished
@@ -33,13 +41,7 @@ type BuildOptions struct {
 // root filesystem image. mkfs.ext4 -d copies a plain bind mount of the
 // chroot: mmdebstrap has /proc, /sys and /dev mounted inside it, and a
 // non-recursive bind leaves them out.
-const hookScript = `#!/bin/sh
-set -eu
-root="$1"
-out="$KOSA8_IMAGE_OUT"
-kpkg="$KOSA8_KERNEL_PACKAGE"
-echo "kosa8: step kernel"
-chroot "$root" sh -eu -c '
+const hookScript = hookHead + `chroot "$root" sh -eu -c '
   pkg=$(apt-cache depends "$0" | awk "/Depends: linux-image-[0-9]/{print \$2; exit}")
   if [ -z "$pkg" ]; then echo "kosa8: no kernel package behind $0" >&2; exit 1; fi
   echo "kosa8: kernel package $pkg"
@@ -47,7 +49,40 @@ chroot "$root" sh -eu -c '
   apt-get download -q -o APT::Sandbox::User=root "$pkg"
   dpkg-deb -x ./*.deb x
 ' "$kpkg"
-k="$root/var/tmp/kosa8-kernel/x"
+` + hookKernel + hookNote + `echo "kosa8: step clean"
+rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb "$root"/var/log/*.log
+` + hookRootFS
+
+// foreignHookScript is hookScript for a guest architecture this host cannot
+// run (no qemu-user here): mmdebstrap's extract variant has unpacked every
+// package without running anything, and this extract hook (its last stage)
+// fetches the kernel with the host's apt on the chroot's package lists,
+// keeps the downloaded packages for the first boot to install properly
+// (firstboot.go), and gives the agent the users it needs to start there.
+const foreignHookScript = hookHead + `mkdir -p "$root/var/tmp/kosa8-kernel" && cd "$root/var/tmp/kosa8-kernel"
+pkg=$(APT_CONFIG="$MMDEBSTRAP_APT_CONFIG" apt-cache depends "$kpkg" | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+if [ -z "$pkg" ]; then echo "kosa8: no kernel package behind $kpkg" >&2; exit 1; fi
+echo "kosa8: kernel package $pkg"
+APT_CONFIG="$MMDEBSTRAP_APT_CONFIG" apt-get download -q -o APT::Sandbox::User=root "$pkg"
+dpkg-deb -x ./*.deb x
+cd /
+` + hookKernel + hookNote + `# base-passwd's postinst would copy these; the agent adds its user to them.
+for f in passwd group; do
+  [ -e "$root/etc/$f" ] || cp "$root/usr/share/base-passwd/$f.master" "$root/etc/$f"
+done
+rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/log/*.log
+` + hookRootFS
+
+const hookHead = `#!/bin/sh
+set -eu
+root="$1"
+out="$KOSA8_IMAGE_OUT"
+kpkg="$KOSA8_KERNEL_PACKAGE"
+echo "kosa8: step kernel"
+`
+
+// hookKernel copies the kernel unpacked under $root/var/tmp/kosa8-kernel/x.
+const hookKernel = `k="$root/var/tmp/kosa8-kernel/x"
 mkdir -p "$out/kernel"
 cp "$k"/boot/vmlinuz-* "$out/kernel/vmlinuz"
 # Debian 13 ships the module tree under usr/ (merged /usr).
@@ -60,15 +95,18 @@ cp -a "$mods"/* "$out/kernel/"
 find "$out/kernel" -name '*.ko.xz' -exec xz -d {} +
 find "$out/kernel" -name '*.ko.zst' -exec zstd -q -d --rm {} +
 rm -rf "$root/var/tmp/kosa8-kernel"
-# The network note: an agent refused a connection reads why, and what to
-# tell its user (the presets point their agents' memory files at it too).
-mkdir -p "$root/etc/kosa8" "$root/etc/profile.d"
+`
+
+// hookNote writes the network note: an agent refused a connection reads
+// why, and what to tell its user (the presets point their agents' memory
+// files at it too).
+const hookNote = `mkdir -p "$root/etc/kosa8" "$root/etc/profile.d"
 printf '%s' "$KOSA8_NETWORK_NOTE" > "$root/etc/kosa8/network.md"
 cp "$root/etc/kosa8/network.md" "$root/etc/motd"
 printf '%s\n' 'case $- in *i*) [ -r /etc/motd ] && cat /etc/motd ;; esac' > "$root/etc/profile.d/kosa8-motd.sh"
-echo "kosa8: step clean"
-rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb "$root"/var/log/*.log
-echo "kosa8: step rootfs"
+`
+
+const hookRootFS = `echo "kosa8: step rootfs"
 mnt=$(mktemp -d)
 mount --bind "$root" "$mnt"
 size=$(du -sxk "$mnt" | cut -f1)
@@ -165,17 +203,33 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 	if os.Geteuid() != 0 {
 		mode = "unshare"
 	}
-	args := []string{
-		"--mode=" + mode, "--variant=minbase", "--format=null",
-		"--architectures=" + debArch(r.Arch),
-		"--include=" + strings.Join(r.Packages, ","),
-		"--customize-hook=" + hook,
-		r.Suite, "/dev/null",
+	foreign := Foreign(r.Arch)
+	if foreign && opts.Agent == "" {
+		return nil, fmt.Errorf("building the %s image on this %s host boots it once to install its packages: kosa8-agent for %s is needed ('make build')", r.Arch, vmspec.HostArch(), r.Arch)
 	}
+	args := []string{"--mode=" + mode, "--format=null", "--architectures=" + debArch(r.Arch)}
+	if foreign {
+		// Nothing of the guest's architecture can run here: the extract
+		// variant only unpacks, and the minbase set is named as apt
+		// patterns since extract adds no package by itself.
+		if err := os.WriteFile(hook, []byte(foreignHookScript), 0o755); err != nil {
+			return nil, err
+		}
+		args = append(args, "--variant=extract", "--skip=cleanup/apt/cache",
+			"--include=?or(?essential,?priority(required))",
+			"--include=apt,"+strings.Join(r.Packages, ","),
+			"--extract-hook="+hook)
+	} else {
+		args = append(args, "--variant=minbase",
+			"--include="+strings.Join(r.Packages, ","),
+			"--customize-hook="+hook)
+	}
+	args = append(args, r.Suite, "/dev/null")
 	args = append(args, r.Mirrors...)
-	progress(fmt.Sprintf("bootstrapping Debian %s (%s mode; about 2 minutes)", r.Suite, mode))
+	progress(fmt.Sprintf("bootstrapping Debian %s for %s (%s mode; about 2 minutes)", r.Suite, r.Arch, mode))
 	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
-	cmd.Env = append(os.Environ(), "KOSA8_IMAGE_OUT="+out, "KOSA8_KERNEL_PACKAGE="+r.KernelPackage(), "KOSA8_NETWORK_NOTE="+agent.NetworkNote)
+	cmd.Env = append(os.Environ(), "KOSA8_IMAGE_OUT="+out, "KOSA8_KERNEL_PACKAGE="+r.KernelPackage(),
+		"KOSA8_NETWORK_NOTE="+agent.NetworkNote)
 	start := time.Now()
 	if err := runLogged(cmd, logw, func(line string) {
 		if step, ok := strings.CutPrefix(line, "kosa8: step "); ok {
@@ -195,11 +249,6 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 		return nil, fmt.Errorf("unexpected kernel module directories %q", kv)
 	}
 	rootfs := filepath.Join(out, "rootfs.ext4")
-	st, err := os.Stat(rootfs)
-	if err != nil {
-		return nil, err
-	}
-	_ = os.Chmod(rootfs, 0o444) // shared by every sandbox: nothing may write it
 	// The module tree must hold what the initramfs needs.
 	tree, err := loadModuleTree(os.DirFS(filepath.Join(out, "kernel", kver)))
 	if err != nil {
@@ -208,6 +257,17 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 	if _, err := tree.resolve(GuestModules); err != nil {
 		return nil, err
 	}
+	if foreign {
+		k := Kernel{Image: filepath.Join(out, "kernel", "vmlinuz"), Modules: filepath.Join(out, "kernel", kver), Version: kver}
+		if err := firstBoot(ctx, r.Arch, r.Packages, k, rootfs, work, opts, progress, logw); err != nil {
+			return nil, fmt.Errorf("first boot of the %s image after %s: %w", r.Arch, time.Since(start).Round(time.Second), err)
+		}
+	}
+	st, err := os.Stat(rootfs)
+	if err != nil {
+		return nil, err
+	}
+	_ = os.Chmod(rootfs, 0o444) // shared by every sandbox: nothing may write it
 	m := Manifest{Key: r.Key(), Recipe: r, KernelVersion: kver, Built: time.Now().UTC(), RootFSBytes: st.Size()}
 	if _, err := install(out, archDir, m); err != nil {
 		return nil, err
@@ -219,6 +279,10 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 }
 
 func debArch(a vmspec.Arch) string { return string(a) } // Go and Debian agree for amd64 and arm64
+
+// Foreign reports whether an image for a cannot be built by running its
+// programs on this host, and so is finished in a first boot of its own.
+func Foreign(a vmspec.Arch) bool { return a != vmspec.HostArch() }
 
 func isPhase(msg string) bool {
 	for _, p := range []string{"downloading packages", "extracting archives", "installing essential", "installing remaining", "running apt-get update", "cleaning"} {

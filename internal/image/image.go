@@ -148,7 +148,15 @@ func (s Store) Lookup(r Recipe) (*Image, error) {
 			return img, nil
 		}
 	}
-	return nil, fmt.Errorf("%w for %s: run 'kosa8 setup'", ErrNoImage, r.Arch)
+	return nil, fmt.Errorf("%w for %s: run '%s'", ErrNoImage, r.Arch, SetupCommand(r.Arch))
+}
+
+// SetupCommand is the command that builds the base image for a.
+func SetupCommand(a vmspec.Arch) string {
+	if a != vmspec.HostArch() {
+		return "kosa8 setup --arch " + string(a)
+	}
+	return "kosa8 setup"
 }
 
 // Open reads the image in dir.

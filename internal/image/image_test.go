@@ -142,3 +142,36 @@ func TestSandboxModulesLeaveOutVirtioFS(t *testing.T) {
 		t.Fatal("no modules for the benchmark's virtiofs VM")
 	}
 }
+
+// A foreign image's first stage runs nothing of the guest's architecture
+// on the host (no chroot: the host has no emulator for it), keeps the
+// downloaded packages for the first boot, and its first boot leaves no
+// package, list or build user behind.
+func TestForeignBuildStages(t *testing.T) {
+	if strings.Contains(foreignHookScript, "chroot ") {
+		t.Error("the foreign hook runs a program inside the chroot")
+	}
+	if !strings.Contains(foreignHookScript, `APT_CONFIG="$MMDEBSTRAP_APT_CONFIG" apt-get download`) {
+		t.Error("the foreign hook does not fetch the kernel with the host's apt")
+	}
+	if strings.Contains(foreignHookScript, "archives/*.deb") {
+		t.Error("the foreign hook drops the packages the first boot installs")
+	}
+	for _, want := range []string{" apt bash coreutils ", "apt-mark auto", "dpkg --force-depends", "dpkg --configure -a", "dpkg --audit", "rm -f /var/cache/apt/archives/*.deb", "userdel -r " + firstBootUser, "rm -f /etc/sudoers.d/kosa8", "sync"} {
+		if !strings.Contains(firstBootShell(DefaultPackages), want) {
+			t.Errorf("the first boot does not %q", want)
+		}
+	}
+	if Foreign(vmspec.HostArch()) {
+		t.Error("the host's own architecture is foreign")
+	}
+	for _, a := range []vmspec.Arch{vmspec.AMD64, vmspec.ARM64} {
+		want := "kosa8 setup"
+		if a != vmspec.HostArch() {
+			want += " --arch " + string(a)
+		}
+		if got := SetupCommand(a); got != want || Foreign(a) != (a != vmspec.HostArch()) {
+			t.Errorf("%s: SetupCommand %q, Foreign %v", a, got, Foreign(a))
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 )
 
 // Arch is a guest CPU architecture, named as Go names it.
@@ -18,6 +19,20 @@ const (
 
 // HostArch is the architecture of this machine.
 func HostArch() Arch { return Arch(runtime.GOARCH) }
+
+// ParseArch reads a guest architecture as a user types it: Go's and
+// Debian's names, or the kernel's (uname -m). Empty is the host's.
+func ParseArch(s string) (Arch, error) {
+	switch s {
+	case "":
+		return HostArch(), nil
+	case "amd64", "x86_64", "x86-64":
+		return AMD64, nil
+	case "arm64", "aarch64":
+		return ARM64, nil
+	}
+	return "", fmt.Errorf("architecture %q is not supported: use amd64 (x86_64) or arm64 (aarch64)", s)
+}
 
 // Spec is one machine.
 type Spec struct {
@@ -51,9 +66,11 @@ type VirtioFS struct {
 	Socket string `json:"socket"`
 }
 
-// Disk is a block device, in the order the guest sees them (vda, vdb, …).
+// Disk is a block device. The guest finds it by its ID, which is also its
+// serial number there (/sys/block/vd*/serial), not by its name: the kernel
+// names disks in the order it probes them, which depends on the machine.
 type Disk struct {
-	ID       string `json:"id"`
+	ID       string `json:"id"` // at most 20 bytes, no "," "=" or space
 	Path     string `json:"path"`
 	Format   string `json:"format"` // qcow2 or raw
 	ReadOnly bool   `json:"read_only,omitempty"`
@@ -87,6 +104,10 @@ func (s *Spec) Validate() error {
 	for i, d := range s.Disks {
 		if d.ID == "" || d.Path == "" {
 			errs = append(errs, fmt.Errorf("vm: disk %d needs an id and a path", i))
+		}
+		if len(d.ID) > 20 || strings.ContainsAny(d.ID, ",= ") {
+			// virtio-blk serial numbers hold 20 bytes.
+			errs = append(errs, fmt.Errorf("vm: disk id %q: at most 20 bytes, without ',', '=' or spaces", d.ID))
 		}
 		if d.Format != "qcow2" && d.Format != "raw" {
 			errs = append(errs, fmt.Errorf("vm: disk %s has unknown format %q", d.ID, d.Format))

@@ -60,3 +60,17 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestParseArch(t *testing.T) {
+	for in, want := range map[string]Arch{"": HostArch(), "amd64": AMD64, "x86_64": AMD64, "arm64": ARM64, "aarch64": ARM64} {
+		if got, err := ParseArch(in); err != nil || got != want {
+			t.Errorf("ParseArch(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"riscv64", "ARM64", "i386", "arm"} {
+		_, err := ParseArch(in)
+		if err == nil || !strings.Contains(err.Error(), "use amd64 (x86_64) or arm64 (aarch64)") {
+			t.Errorf("ParseArch(%q) error = %v", in, err)
+		}
+	}
+}

@@ -395,3 +395,42 @@ func TestFrameCursor(t *testing.T) {
 		}
 	}
 }
+
+// The agent finds its disks by the serial numbers the host set, whatever
+// names the kernel gave them (on arm64's virt the workspace disk, last on
+// QEMU's command line, became vda), and by name only for disks without one.
+func TestFindDisk(t *testing.T) {
+	sys := func(disks map[string]string) string {
+		dir := t.TempDir()
+		for name, serial := range disks {
+			os.MkdirAll(filepath.Join(dir, name), 0o755)
+			if serial != "-" {
+				os.WriteFile(filepath.Join(dir, name, "serial"), []byte(serial+"\n"), 0o444)
+			}
+		}
+		os.MkdirAll(filepath.Join(dir, "loop0"), 0o755)
+		return dir
+	}
+	cases := []struct {
+		name         string
+		disks        map[string]string
+		serial, want string
+	}{
+		{"arm64 order", map[string]string{"vda": "ws", "vdb": "root"}, RootSerial, "/dev/vdb"},
+		{"arm64 order, workspace", map[string]string{"vda": "ws", "vdb": "root"}, WorkspaceSerial, "/dev/vda"},
+		{"x86 order", map[string]string{"vda": "root", "vdb": "ws"}, RootSerial, "/dev/vda"},
+		{"no serial numbers", map[string]string{"vda": "", "vdb": "-"}, RootSerial, "/dev/vda"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := findDisk(sys(tc.disks), tc.serial, "vda", time.Second)
+			if err != nil || got != tc.want {
+				t.Fatalf("findDisk = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+	// Serial numbers, none of them this one: not the fallback, an error.
+	if got, err := findDisk(sys(map[string]string{"vda": "ws"}), RootSerial, "vda", 20*time.Millisecond); err == nil {
+		t.Fatalf("found %q for a disk that is not there", got)
+	}
+}

@@ -107,9 +107,9 @@ func Boot(log *slog.Logger) (Params, error) {
 		return p, err
 	}
 	log.Info("modules loaded", "ms", time.Since(t).Milliseconds())
-	dev := "/dev/" + p.Root
-	if err := waitFor(dev, 10*time.Second); err != nil {
-		return p, fmt.Errorf("root disk %s did not appear: %w", dev, err)
+	dev, err := findDisk("/sys/block", RootSerial, p.Root, 10*time.Second)
+	if err != nil {
+		return p, fmt.Errorf("root disk: %w", err)
 	}
 	if err := mount(dev, "/newroot", "ext4", unix.MS_NOATIME, ""); err != nil {
 		return p, err
@@ -185,6 +185,58 @@ func loadModules(log *slog.Logger) error {
 		}
 	}
 	return s.Err()
+}
+
+// Serial numbers the host gives the disks (QEMU's virtio-blk serial=, the
+// disk's id in vmspec), by which the agent finds them.
+const (
+	RootSerial      = "root"
+	WorkspaceSerial = "ws"
+)
+
+// findDisk returns the /dev path of the virtio disk whose serial number is
+// serial, waiting up to timeout for it. The names the kernel gives (vda,
+// vdb) follow the order it probes the devices in, which is not the order
+// of QEMU's command line everywhere: on arm64's virt machine the last disk
+// given came first. A disk without a serial number (from a host that set
+// none) is found by its name, fallback, instead.
+func findDisk(sysBlock, serial, fallback string, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		name, legacy := diskBySerial(sysBlock, serial)
+		if name == "" && legacy {
+			if _, err := os.Stat(filepath.Join(sysBlock, fallback)); err == nil {
+				name = fallback
+			}
+		}
+		if name != "" {
+			return "/dev/" + name, nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no disk with serial number %q appeared within %s", serial, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// diskBySerial looks in sysBlock (/sys/block) for the virtio disk whose
+// serial number is serial; legacy reports a virtio disk without one.
+func diskBySerial(sysBlock, serial string) (name string, legacy bool) {
+	ents, _ := os.ReadDir(sysBlock)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "vd") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(sysBlock, e.Name(), "serial"))
+		got := strings.TrimSpace(string(b))
+		switch {
+		case err == nil && got == serial:
+			return e.Name(), false
+		case err != nil || got == "":
+			legacy = true
+		}
+	}
+	return "", legacy
 }
 
 func waitFor(path string, timeout time.Duration) error {

@@ -262,7 +262,7 @@ func (a *Agent) ensureParents(root, full string, u *user) error {
 	return nil
 }
 
-// handleWSMount mounts the workspace disk (vdb) at the path the host uses,
+// handleWSMount mounts the workspace disk (serial number ws) at the path the host uses,
 // creating the path, owned by the default user.
 func (a *Agent) handleWSMount(s net.Conn, req *guest.Request) {
 	root := filepath.Clean(req.Path)
@@ -283,11 +283,12 @@ func (a *Agent) handleWSMount(s net.Conn, req *guest.Request) {
 		a.respondError(s, fmt.Errorf("ws_mount: %w", err))
 		return
 	}
-	if err := waitFor("/dev/vdb", 10*time.Second); err != nil {
+	dev, err := findDisk("/sys/block", WorkspaceSerial, "vdb", 10*time.Second)
+	if err != nil {
 		a.respondError(s, fmt.Errorf("workspace disk: %w", err))
 		return
 	}
-	if err := unix.Mount("/dev/vdb", root, "ext4", unix.MS_NOATIME|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+	if err := unix.Mount(dev, root, "ext4", unix.MS_NOATIME|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
 		a.respondError(s, fmt.Errorf("mount the workspace: %w", err))
 		return
 	}

@@ -61,8 +61,9 @@ func TestArgsPerPlatform(t *testing.T) {
 		{"linux amd64 kvm", vmspec.AMD64, vmm.KVM, "kvm", "microvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
 		{"linux amd64 tcg", vmspec.AMD64, vmm.TCG, "tcg,tb-size=256,thread=single", "microvm,acpi=on,rtc=on,pit=on,memory-backend=ram", "max", "console=ttyS0"},
 		{"darwin arm64 hvf", vmspec.ARM64, vmm.HVF, "hvf", "virt,gic-version=3,memory-backend=ram", "host", "console=ttyAMA0"},
-		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "tcg,tb-size=256,thread=single", "virt,gic-version=max,memory-backend=ram", "max", "console=ttyAMA0"},
-		{"linux arm64 kvm", vmspec.ARM64, vmm.KVM, "kvm", "virt,gic-version=max,memory-backend=ram", "host", "console=ttyAMA0"},
+		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "tcg,tb-size=256,thread=single", "virt,gic-version=3,memory-backend=ram", "neoverse-n1", "console=ttyAMA0"},
+		{"linux arm64 kvm", vmspec.ARM64, vmm.KVM, "kvm", "virt,gic-version=host,memory-backend=ram", "host", "console=ttyAMA0"},
+		{"darwin amd64 hvf", vmspec.AMD64, vmm.HVF, "hvf", "microvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,6 +168,53 @@ func TestArgsDevices(t *testing.T) {
 	}
 }
 
+// An arm64 guest: virt with the kernel loaded by QEMU (no firmware, even
+// when an x86 one was found), the PL011 console, and the same virtio-mmio
+// devices as on x86, never a PCI one.
+func TestArgsARM64(t *testing.T) {
+	for _, accel := range []vmm.Accel{vmm.TCG, vmm.KVM, vmm.HVF} {
+		s := spec(vmspec.ARM64)
+		s.Net = &vmspec.Net{MAC: "52:54:00:00:00:01"}
+		o := opts(accel)
+		o.NetFd = 6
+		o.Firmware = "/usr/share/qemu/qboot.rom"
+		o.TSCkHz = 2096016
+		args, err := Args(s, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := value(t, args, "-kernel", 0); got != "/img/vmlinuz" {
+			t.Errorf("%s: -kernel = %q", accel, got)
+		}
+		if got := value(t, args, "-initrd", 0); got != "/img/initrd" {
+			t.Errorf("%s: -initrd = %q", accel, got)
+		}
+		for _, banned := range []string{"-bios", "-pflash", "-drive if=pflash"} {
+			if slices.Contains(args, banned) {
+				t.Errorf("%s: arm64 boots without firmware, got %s: %q", accel, banned, args)
+			}
+		}
+		if got := value(t, args, "-serial", 0); got != "chardev:console" {
+			t.Errorf("%s: -serial = %q", accel, got)
+		}
+		ap := value(t, args, "-append", 0)
+		if !strings.HasPrefix(ap, "console=ttyAMA0 ") || strings.Contains(ap, "tsc") {
+			t.Errorf("%s: -append = %q", accel, ap)
+		}
+		devs := values(args, "-device")
+		for _, want := range []string{"virtio-serial-device,max_ports=2", "virtio-blk-device,drive=root,serial=root", "virtio-net-device,netdev=net0,mac=52:54:00:00:00:01", "virtio-rng-device,rng=rng0", "virtio-balloon-device,free-page-reporting=on"} {
+			if !slices.Contains(devs, want) {
+				t.Errorf("%s: devices lack %q: %q", accel, want, devs)
+			}
+		}
+		for _, d := range devs {
+			if strings.Contains(d, "-pci") {
+				t.Errorf("%s: PCI device %q", accel, d)
+			}
+		}
+	}
+}
+
 func TestTSCOnlyUnderTCGOnX86(t *testing.T) {
 	for _, tc := range []struct {
 		arch  vmspec.Arch
@@ -257,7 +305,7 @@ func TestArgsPerQEMUVersion(t *testing.T) {
 		" -chardev socket,id=qmp,fd=4 -mon chardev=qmp,mode=control -chardev socket,id=agent,fd=5" +
 		" -device virtio-serial-device,max_ports=2 -device virtserialport,chardev=agent,name=org.kosa8.agent" +
 		" -chardev file,id=console,path=/sb/console.log,append=on -serial chardev:console" +
-		" -drive id=root,file=/sb/root.qcow2,format=qcow2,if=none,discard=unmap,detect-zeroes=unmap,werror=report,rerror=report -device virtio-blk-device,drive=root" +
+		" -drive id=root,file=/sb/root.qcow2,format=qcow2,if=none,discard=unmap,detect-zeroes=unmap,werror=report,rerror=report -device virtio-blk-device,drive=root,serial=root" +
 		" -object rng-random,id=rng0,filename=/dev/urandom -device virtio-rng-device,rng=rng0 -device virtio-balloon-device,free-page-reporting=on"
 	if got := strings.Join(want72, " "); got != golden {
 		t.Fatalf("7.2 command line:\n got %s\nwant %s", got, golden)

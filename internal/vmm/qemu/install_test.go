@@ -97,3 +97,32 @@ func TestProbe(t *testing.T) {
 		}
 	})
 }
+
+// KOSA8_QEMU names the QEMU for the guests it was meant for: an x86-64
+// QEMU given there must not run an arm64 guest, and a wrapper of another
+// name applies to every guest.
+func TestFindBinaryOverride(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"qemu-system-x86_64", "qemu-system-aarch64", "my-qemu"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", dir)
+	x86 := filepath.Join(dir, "qemu-system-x86_64")
+	for _, tc := range []struct {
+		env  string
+		arch vmspec.Arch
+		want string
+	}{
+		{x86, vmspec.AMD64, x86},
+		{x86, vmspec.ARM64, filepath.Join(dir, "qemu-system-aarch64")},
+		{filepath.Join(dir, "my-qemu"), vmspec.ARM64, filepath.Join(dir, "my-qemu")},
+		{"", vmspec.ARM64, filepath.Join(dir, "qemu-system-aarch64")},
+	} {
+		t.Setenv("KOSA8_QEMU", tc.env)
+		if got, err := FindBinary(tc.arch, ""); err != nil || got != tc.want {
+			t.Errorf("KOSA8_QEMU=%s, %s guest: %q, %v; want %q", tc.env, tc.arch, got, err, tc.want)
+		}
+	}
+}

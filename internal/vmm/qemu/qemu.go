@@ -11,9 +11,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -82,12 +84,18 @@ func New(cfg Config) (*Driver, error) {
 	return &Driver{binary: bin, accel: accel, ramDir: cfg.RAMDir, host: host, inst: inst, confine: cfg.Confine, cfg: cfg}, nil
 }
 
-// FindBinary locates the QEMU program for arch.
+// FindBinary locates the QEMU program for arch. $KOSA8_QEMU overrides it
+// unless it names the program of another architecture
+// (qemu-system-x86_64 for an arm64 guest): that override is meant for
+// the other guests.
 func FindBinary(arch vmspec.Arch, override string) (string, error) {
+	name := Binary(arch)
 	if override == "" {
 		override = os.Getenv("KOSA8_QEMU")
+		if b := filepath.Base(override); strings.HasPrefix(b, "qemu-system-") && b != name {
+			override = ""
+		}
 	}
-	name := Binary(arch)
 	if override != "" {
 		name = override
 	}
@@ -97,7 +105,11 @@ func FindBinary(arch vmspec.Arch, override string) (string, error) {
 		if arch == vmspec.ARM64 {
 			pkg = "qemu-system-arm"
 		}
-		hint := "run 'kosa8 setup' or install " + pkg
+		setup := "kosa8 setup"
+		if arch != vmspec.HostArch() {
+			setup += " --arch " + string(arch)
+		}
+		hint := "run '" + setup + "' or install " + pkg
 		if runtime.GOOS == "darwin" {
 			hint = "run 'brew install qemu'"
 		}
