@@ -106,7 +106,10 @@ func buildImage(ctx context.Context, m *sandbox.Manager, arch vmspec.Arch, agent
 	p := newProgress(os.Stderr)
 	p.Step("building the guest image (log: " + logPath + ")")
 	img, err := store.Build(ctx, r, image.BuildOptions{Progress: p.Step, Log: logf, Rebuild: rebuild,
-		Agent: agent, Accel: vmm.Accel(os.Getenv("KOSA8_ACCEL"))})
+		Agent: agent, Accel: vmm.Accel(os.Getenv("KOSA8_ACCEL")),
+		NewDriver: func(arch vmspec.Arch, accel vmm.Accel) (vmm.Driver, error) {
+			return qemu.New(qemu.Config{Arch: arch, Accel: accel})
+		}})
 	p.Done()
 	if err != nil {
 		return nil, fmt.Errorf("%w\n(full log: %s)", err, logPath)

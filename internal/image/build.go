@@ -33,6 +33,9 @@ type BuildOptions struct {
 	// Accel forces the first boot's acceleration (empty: the best there
 	// is; a foreign guest is always emulated).
 	Accel vmm.Accel
+	// NewDriver makes the VMM driver of the first boot (the caller names
+	// the VMM: this package does not, as the supervisor does not).
+	NewDriver func(arch vmspec.Arch, accel vmm.Accel) (vmm.Driver, error)
 }
 
 // hookScript runs inside mmdebstrap's customize stage with the finished

@@ -14,7 +14,6 @@ import (
 
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/vmm"
-	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -97,7 +96,10 @@ func firstBoot(ctx context.Context, arch vmspec.Arch, packages []string, k Kerne
 	if err := BuildInitramfs(initrd, opts.Agent, k, GuestModules); err != nil {
 		return fmt.Errorf("initramfs: %w", err)
 	}
-	drv, err := qemu.New(qemu.Config{Arch: arch, Accel: opts.Accel})
+	if opts.NewDriver == nil {
+		return fmt.Errorf("building a %s image on this host boots it once, and no VMM driver was given", arch)
+	}
+	drv, err := opts.NewDriver(arch, opts.Accel)
 	if err != nil {
 		return err
 	}
