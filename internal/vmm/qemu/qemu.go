@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/vmm"
@@ -296,12 +295,12 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	if err := plan.prepare(ram); err != nil {
 		return fail(err)
 	}
-	qmpHost, qmpQemu, err := SocketPair("qmp")
+	qmpHost, qmpQemu, err := vmm.SocketPair("qmp")
 	if err != nil {
 		return fail(err)
 	}
 	cleanup = append(cleanup, func() { qmpHost.Close(); qmpQemu.Close() })
-	agentHost, agentQemu, err := SocketPair("agent")
+	agentHost, agentQemu, err := vmm.SocketPair("agent")
 	if err != nil {
 		return fail(err)
 	}
@@ -439,24 +438,6 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}
 	prepared <- nil
 	return m, nil
-}
-
-// SocketPair makes a connected pair of unix stream sockets, both
-// close-on-exec (set under the fork lock, so no child started meanwhile
-// inherits them, on systems without SOCK_CLOEXEC too): the host's end and
-// the one to hand to QEMU.
-func SocketPair(name string) (*os.File, *os.File, error) {
-	syscall.ForkLock.RLock()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
-	if err == nil {
-		syscall.CloseOnExec(fds[0])
-		syscall.CloseOnExec(fds[1])
-	}
-	syscall.ForkLock.RUnlock()
-	if err != nil {
-		return nil, nil, fmt.Errorf("socketpair for %s: %w", name, err)
-	}
-	return os.NewFile(uintptr(fds[0]), name+"-host"), os.NewFile(uintptr(fds[1]), name+"-qemu"), nil
 }
 
 // tail keeps the last n bytes written to it.

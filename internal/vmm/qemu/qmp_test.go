@@ -8,13 +8,15 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/kosa8/kosa8/internal/vmm"
 )
 
 // fakeQEMU greets, accepts qmp_capabilities and then answers nothing, as
 // a QEMU stopped or wedged on a host disk does.
 func fakeQMPPeer(t *testing.T) *net.UnixConn {
 	t.Helper()
-	host, qemu, err := SocketPair("qmp")
+	host, qemu, err := vmm.SocketPair("qmp")
 	if err != nil {
 		t.Fatal(err)
 	}
