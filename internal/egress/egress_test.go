@@ -162,19 +162,31 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 // guest's end, or the refusal.
 func guestDial(t *testing.T, g *Gateway, dst netip.AddrPort) (net.Conn, error) {
 	guestEnd, gwEnd := tcpPair(t)
-	accepted := make(chan bool, 1)
-	go g.HandleTCP(flowTo(dst), func() (net.Conn, error) {
-		accepted <- true
-		return gwEnd, nil
-	})
+	accepted, handled := make(chan bool, 1), make(chan bool)
+	go func() {
+		g.HandleTCP(flowTo(dst), func() (net.Conn, error) {
+			accepted <- true
+			return gwEnd, nil
+		})
+		close(handled)
+	}()
+	// Refused: the gateway returns without accepting. The deadline is
+	// for a gateway that does neither, generous for a loaded machine (an
+	// allowed dial under load took more than 5 s once).
 	select {
 	case <-accepted:
 		return guestEnd, nil
-	case <-time.After(5 * time.Second):
-		guestEnd.Close()
-		gwEnd.Close()
-		return nil, errors.New("refused")
+	case <-handled:
+		select {
+		case <-accepted:
+			return guestEnd, nil
+		default:
+		}
+	case <-time.After(30 * time.Second):
 	}
+	guestEnd.Close()
+	gwEnd.Close()
+	return nil, errors.New("refused")
 }
 
 func syntheticFor(t *testing.T, g *Gateway, name string) netip.Addr {
