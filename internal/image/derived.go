@@ -183,34 +183,13 @@ func (s Store) CommitDerived(ctx context.Context, base *Image, d DerivedRecipe, 
 		return nil, err
 	}
 	rootfs := filepath.Join(out, "rootfs.ext4")
-	run := func(name string, args ...string) error {
-		cmd := exec.CommandContext(ctx, name, args...)
-		b, err := cmd.CombinedOutput()
-		logw.Write(b)
-		// e2fsck exits 1 when it fixed something (a clean poweroff leaves
-		// nothing to fix, but an orphan list is not an error).
-		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) && name == "e2fsck" && ee.ExitCode() == 1 {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(lastLines(string(b), 5)))
-		}
-		return nil
-	}
-	if err := run("qemu-img", "convert", "-O", "raw", rootDisk, rootfs); err != nil {
-		return nil, err
-	}
-	if err := run("e2fsck", "-f", "-y", rootfs); err != nil {
-		return nil, err
-	}
-	if err := run("resize2fs", "-M", rootfs); err != nil {
-		return nil, err
-	}
-	size, err := ext4Size(rootfs)
+	b, err := exec.CommandContext(ctx, "qemu-img", "convert", "-O", "raw", rootDisk, rootfs).CombinedOutput()
+	logw.Write(b)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("qemu-img convert: %w: %s", err, strings.TrimSpace(lastLines(string(b), 5)))
 	}
-	if err := os.Truncate(rootfs, size); err != nil {
+	size, err := shrinkExt4(ctx, rootfs, logw)
+	if err != nil {
 		return nil, err
 	}
 	_ = os.Chmod(rootfs, 0o444)

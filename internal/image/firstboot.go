@@ -153,7 +153,8 @@ func firstBoot(ctx context.Context, arch vmspec.Arch, packages []string, k Kerne
 		return err
 	}
 	progress("checking and shrinking the root filesystem")
-	return shrinkExt4(ctx, rootfs, logw)
+	_, err = shrinkExt4(ctx, rootfs, logw)
+	return err
 }
 
 // connect waits for the agent, or for QEMU to end first.
@@ -228,8 +229,9 @@ func firstBootRun(ctx context.Context, c *guest.Client, script string, progress 
 }
 
 // shrinkExt4 checks the filesystem in p and shrinks it, and the file, to
-// its contents (each sandbox grows its disk on first boot).
-func shrinkExt4(ctx context.Context, p string, logw io.Writer) error {
+// its contents (each sandbox grows its disk on first boot), and returns
+// the new size.
+func shrinkExt4(ctx context.Context, p string, logw io.Writer) (int64, error) {
 	run := func(name string, args ...string) error {
 		b, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 		logw.Write(b)
@@ -244,16 +246,16 @@ func shrinkExt4(ctx context.Context, p string, logw io.Writer) error {
 		return nil
 	}
 	if err := run("e2fsck", "-f", "-y", p); err != nil {
-		return err
+		return 0, err
 	}
 	if err := run("resize2fs", "-M", p); err != nil {
-		return err
+		return 0, err
 	}
 	size, err := ext4Size(p)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return os.Truncate(p, size)
+	return size, os.Truncate(p, size)
 }
 
 // consoleLines returns the console log's last n lines for an error.
