@@ -209,15 +209,15 @@ func FuzzGitConfigGit(f *testing.F) {
 			dir := t.TempDir()
 			p := filepath.Join(dir, "config")
 			os.WriteFile(p, []byte(s), 0o600)
-			cmd := exec.Command(git, "config", "-f", p, "--list")
+			cmd := exec.Command(git, "config", "-f", p, "--list", "-z") // key, newline, value: a subsection may hold "="
 			cmd.Env = []string{"HOME=" + dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null"}
 			out, err := cmd.Output()
 			if err != nil {
 				return nil, false
 			}
 			var keep []string
-			for _, l := range strings.Split(string(out), "\n") {
-				k, _, _ := strings.Cut(l, "=")
+			for _, l := range strings.Split(string(out), "\x00") {
+				k, _, _ := strings.Cut(l, "\n")
 				if l != "" && !harmlessGitKeys.MatchString(k) {
 					keep = append(keep, l)
 				}
