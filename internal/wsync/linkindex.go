@@ -4,6 +4,8 @@ import (
 	"hash/maphash"
 	"slices"
 	"strings"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // linkIndex holds the folder's links for the link rule, kept up to date
@@ -60,7 +62,7 @@ func (x *linkIndex) index(p, text string, add bool) {
 		return // a user's link out; nothing of ours runs through it
 	}
 	for _, t := range through {
-		h := maphash.String(x.seed, t)
+		h := maphash.String(x.seed, linkFold(t))
 		m := x.through[h]
 		switch {
 		case add && m == nil:
@@ -79,14 +81,8 @@ func (x *linkIndex) index(p, text string, add bool) {
 // throughLink returns a link, other than p, whose way runs through p as
 // a folder, or "".
 func (x *linkIndex) throughLink(p string) string {
-	runs := func(k string) bool {
-		if k == p {
-			return false
-		}
-		th, _, ok := linkWalk(k, x.text[k])
-		return ok && slices.Contains(th, p)
-	}
-	for k := range x.through[maphash.String(x.seed, p)] {
+	runs := func(k string) bool { return k != p && linkRunsThrough(k, x.text[k], p) }
+	for k := range x.through[maphash.String(x.seed, linkFold(p))] {
 		if runs(k) {
 			return k
 		}
@@ -102,3 +98,21 @@ func (x *linkIndex) throughLink(p string) string {
 // linkComps is about how many components a link text has (its slashes
 // and one): what bounds the work of resolving it.
 func linkComps(text string) int { return strings.Count(text, "/") + 1 }
+
+// linkRunsThrough reports whether the link at k with text runs through p
+// as a folder, names compared as a case- or normalization-insensitive
+// host compares them (linkFold): there a link at a/d redirects one whose
+// text runs through a/D.
+func linkRunsThrough(k, text, p string) bool {
+	th, _, ok := linkWalk(k, text)
+	if !ok {
+		return false // a user's own link out; nothing of ours runs through it
+	}
+	fp := linkFold(p)
+	return slices.ContainsFunc(th, func(t string) bool { return t == p || linkFold(t) == fp })
+}
+
+// linkFold is a name as a host that ignores case and Unicode
+// normalization (macOS) may take it: two names that fold alike may be one
+// entry there. Folding more than a host does only refuses more links.
+func linkFold(s string) string { return foldName(norm.NFD.String(s)) }

@@ -1,0 +1,63 @@
+package wsync
+
+import (
+	"strings"
+	"testing"
+)
+
+// foldView is a case-insensitive host (macOS's APFS, a casefold ext4
+// folder) as the link rule sees it: a name finds what any of its cases
+// names. Links go into the engine's index under the name the guest gave.
+type foldView struct {
+	links map[string]string // folded path → text
+	names map[string]string // folded path → the name it was made under
+	x     *linkIndex
+}
+
+func (v *foldView) Lstat(p string) (byte, string) {
+	if t, ok := v.links[strings.ToLower(p)]; ok {
+		return 'l', t
+	}
+	return 0, ""
+}
+
+func (v *foldView) Links() map[string]string {
+	m := map[string]string{}
+	for k, t := range v.links {
+		m[v.names[k]] = t
+	}
+	return m
+}
+
+func (v *foldView) ThroughLink(p string) string { return v.x.throughLink(p) }
+
+func (v *foldView) link(t *testing.T, p, text string) bool {
+	t.Helper()
+	if why := LinkWhy(v, p, text); why != "" {
+		return false
+	}
+	v.links[strings.ToLower(p)] = text
+	v.names[strings.ToLower(p)] = p
+	v.x.set(p, text, true)
+	return true
+}
+
+// On a case-insensitive host, a link at a/d lies on the way of a link
+// whose text runs through a/D: made after it, it redirects it ("." then
+// "../.." climbs out of the folder). The rule must compare names as the
+// host does.
+func TestLinkRuleCaseInsensitiveHost(t *testing.T) {
+	for _, c := range []struct{ way, link string }{
+		{"D", "d"},
+		{"É", "é"},
+		{"\u00e9", "e\u0301"}, // APFS: normalization-insensitive too
+	} {
+		v := &foldView{links: map[string]string{}, names: map[string]string{}, x: newLinkIndex()}
+		if !v.link(t, "a/k", c.way+"/../../y") {
+			t.Fatalf("%q: a link staying inside lexically was refused", c.way)
+		}
+		if v.link(t, "a/"+c.link, ".") {
+			t.Errorf("%q then %q: a link at a/%s redirects a/k -> %s/../../y out of the folder", c.way, c.link, c.link, c.way)
+		}
+	}
+}
