@@ -222,6 +222,13 @@ func FuzzGitConfigGit(f *testing.F) {
 					keep = append(keep, l)
 				}
 			}
+			// Keys apart may change places (git's meaning is each key's
+			// values in order); one key's values may not.
+			slices.SortStableFunc(keep, func(x, y string) int {
+				kx, _, _ := strings.Cut(x, "\n")
+				ky, _, _ := strings.Cut(y, "\n")
+				return strings.Compare(kx, ky)
+			})
 			return keep, true
 		}
 		la, okA := list(a)
