@@ -1,6 +1,8 @@
 package wsync
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -60,4 +62,19 @@ func TestLinkRuleCaseInsensitiveHost(t *testing.T) {
 			t.Errorf("%q then %q: a link at a/%s redirects a/k -> %s/../../y out of the folder", c.way, c.link, c.link, c.way)
 		}
 	}
+}
+
+// The user changes a link on the host while the guest makes one on its
+// new way, in one pass (the guest's comes first in the pass's order): the
+// rule must know the host's text, not only the manifest's older one.
+func TestLinkRuleSeesHostsNewText(t *testing.T) {
+	p := newPair(t, Options{})
+	write(t, p.host, "sub/keep", "x")
+	os.Symlink("z", filepath.Join(p.host, "sub/u"))
+	p.sync(t)
+	os.Remove(filepath.Join(p.host, "sub/u"))
+	os.Symlink("c/../../y", filepath.Join(p.host, "sub/u")) // the user's: "y", lexically
+	os.Symlink(".", filepath.Join(p.guest, "sub/c"))
+	p.sync(t)
+	assertLinksInside(t, p.host)
 }

@@ -22,7 +22,7 @@ import (
 // at every question, as before.
 type linkIndex struct {
 	seed    maphash.Seed
-	text    map[string]string              // path → text of every link known
+	text    map[string]string              // path (or scanKey) → text of every link known
 	through map[uint64]map[string]struct{} // hash of a folder → links whose way runs through it
 	long    map[string]struct{}            // links whose text is too long to index
 }
@@ -57,7 +57,7 @@ func (x *linkIndex) index(p, text string, add bool) {
 		}
 		return
 	}
-	through, _, ok := linkWalk(p, text)
+	through, _, ok := linkWalk(linkPath(p), text)
 	if !ok {
 		return // a user's link out; nothing of ours runs through it
 	}
@@ -81,19 +81,28 @@ func (x *linkIndex) index(p, text string, add bool) {
 // throughLink returns a link, other than p, whose way runs through p as
 // a folder, or "".
 func (x *linkIndex) throughLink(p string) string {
-	runs := func(k string) bool { return k != p && linkRunsThrough(k, x.text[k], p) }
+	runs := func(k string) bool { return linkPath(k) != p && linkRunsThrough(linkPath(k), x.text[k], p) }
 	for k := range x.through[maphash.String(x.seed, linkFold(p))] {
 		if runs(k) {
-			return k
+			return linkPath(k)
 		}
 	}
 	for k := range x.long {
 		if runs(k) {
-			return k
+			return linkPath(k)
 		}
 	}
 	return ""
 }
+
+// scanKey is the key the index keeps the text the pass's scan saw at p
+// under, when the manifest's text there differs (the user changed the
+// link since the last pass): until the pass writes p, the host's link is
+// the scan's, and a link made on its way would redirect it.
+func scanKey(p string) string { return p + "\x00" }
+
+// linkPath is the path of a key of the index.
+func linkPath(k string) string { return strings.TrimSuffix(k, "\x00") }
 
 // linkComps is about how many components a link text has (its slashes
 // and one): what bounds the work of resolving it.
