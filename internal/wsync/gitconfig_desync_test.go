@@ -103,3 +103,28 @@ func FuzzGitConfigReadersAgree(f *testing.F) {
 		}
 	})
 }
+
+// Keys whose values git runs or copies hooks from, beyond those
+// TestHostGitConfigNamesHeld covers: init.templateDir (clone copies its
+// hooks and runs post-checkout at once), send-email's sendmailCmd and a
+// smtpServer that is a path.
+func TestHostGitConfigMoreRunKeys(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	p := newPair(t, Options{})
+	cfg := "[init]\n\ttemplateDir = tmpl\n[sendemail]\n\tsendmailCmd = tools/sm.sh -i\n\tsmtpServer = tools/smtp.sh\n"
+	for _, d := range []string{p.host, p.guest} {
+		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, d, ".git/config", cfg)
+	}
+	p.sync(t)
+	evil := []string{"tmpl/hooks/post-checkout", "tools/sm.sh", "tools/smtp.sh"}
+	for _, f := range evil {
+		write(t, p.guest, f, "#!/bin/sh\ntouch /tmp/pwned\n")
+	}
+	p.sync(t)
+	for _, f := range evil {
+		if exists(p.host, f) {
+			t.Errorf("%s reached the host", f)
+		}
+	}
+}

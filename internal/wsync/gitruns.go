@@ -219,7 +219,8 @@ func commandKey(key string) bool {
 	switch last {
 	case "fsmonitor", "editor", "pager", "sshcommand", "askpass", "program", "external", "textconv", "command", "cmd",
 		"driver", "clean", "smudge", "process", "helper", "difffilter", "uploadpack", "receivepack", "packobjectshook", "update", "exec",
-		"gitproxy", "tocmd", "cccmd", "defaultkeycommand", "alternaterefscommand":
+		"gitproxy", "tocmd", "cccmd", "defaultkeycommand", "alternaterefscommand",
+		"sendmailcmd", "smtpserver": // send-email: smtpServer as a path is a sendmail-like program
 		return true
 	}
 	return false
@@ -239,6 +240,10 @@ func gitNamedPaths(b []byte) []gitNamed {
 			out = append(out, gitNamed{'h', e.value})
 		case (top == "include" || top == "includeif") && last == "path":
 			out = append(out, gitNamed{'i', e.value})
+		case e.key == "init.templatedir":
+			// git init and clone copy its hooks into the new repository,
+			// and clone runs post-checkout from there at once.
+			out = append(out, gitNamed{'w', e.value})
 		case commandKey(e.key):
 			for _, w := range strings.FieldsFunc(e.value, func(r rune) bool {
 				return strings.ContainsRune(" \t\n'\";&|<>`(=", r)
