@@ -752,7 +752,7 @@ func readFileMax(name string, max int64) ([]byte, error) {
 }
 
 // gitRunSet is what the host's git configs name, folded once (see
-// foldName) so that a decision looks up p's own folders, not every named
+// linkFold) so that a decision looks up p's own folders, not every named
 // path: named paths to the config naming each, and every folder above
 // one to such a config.
 type gitRunSet struct {
@@ -765,7 +765,7 @@ type gitRunSet struct {
 func newGitRunSet(runs map[string]string) gitRunSet {
 	s := gitRunSet{named: make(map[string]string, len(runs)), above: map[string]string{}}
 	for r, from := range runs {
-		fr := foldName(r)
+		fr := linkFold(r)
 		s.named[fr] = from
 		for i := strings.LastIndexByte(fr, '/'); i > 0; i = strings.LastIndexByte(fr[:i], '/') {
 			if _, ok := s.above[fr[:i]]; ok {
@@ -788,7 +788,7 @@ func (s gitRunSet) why(p string, typ byte) string {
 	if s.all != "" {
 		return s.all
 	}
-	fp := foldName(p)
+	fp := linkFold(p)
 	from, ok := s.named[fp]
 	for i := strings.IndexByte(fp, '/'); !ok && i >= 0; i = nextSlash(fp, i) {
 		from, ok = s.named[fp[:i]]

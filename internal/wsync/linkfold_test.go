@@ -78,3 +78,18 @@ func TestLinkRuleSeesHostsNewText(t *testing.T) {
 	p.sync(t)
 	assertLinksInside(t, p.host)
 }
+
+// A named path of the host's git config is found whatever the case and
+// Unicode normalization the guest writes it in: on macOS, "tööls" composed
+// and decomposed are one folder.
+func TestGitRunSetFoldsNormalization(t *testing.T) {
+	s := newGitRunSet(map[string]string{"t\u00f6\u00f6ls/hooks": ".git/config"})
+	for _, p := range []string{"t\u00f6\u00f6ls/hooks/pre-commit", "to\u0308o\u0308ls/hooks/pre-commit", "TO\u0308O\u0308LS/HOOKS/pre-commit"} {
+		if s.why(p, 'f') == "" {
+			t.Errorf("%q: not held", p)
+		}
+	}
+	if s.why("to\u0308o\u0308ls", 'l') == "" {
+		t.Error("a link in place of the hooks folder's parent, decomposed: not held")
+	}
+}
