@@ -661,6 +661,9 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 			// the guest grows meanwhile is written on a later pass.
 			r = &atMost{r: rc, left: g.Size}
 		}
+		if e.isGitIndex(p) {
+			r = newIndexCheck(r, e.indexHashLen(ctx, path.Dir(p)))
+		}
 		hash, err := e.host.Write(ctx, p, g.Mode, r, g.Hash)
 		if err != nil {
 			return err
