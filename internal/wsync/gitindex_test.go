@@ -130,3 +130,20 @@ func TestGuestIndexOutsideHeld(t *testing.T) {
 		t.Fatalf("a good index did not cross: %+v", p.e.Status())
 	}
 }
+
+// The check never panics, whatever the guest's bytes and however they
+// arrive, and reads a clean index the same in any pieces.
+func FuzzIndexCheck(f *testing.F) {
+	f.Add([]byte("DIRC\x00\x00\x00\x04\x00\x00\x00\x01"), 3)
+	f.Add([]byte("DIRC\x00\x00\x00\x02\x00\x00\x00\x02"), 1)
+	f.Fuzz(func(t *testing.T, b []byte, chunk int) {
+		if chunk < 1 || chunk > 1<<16 {
+			chunk = 1
+		}
+		e1 := checkIndex(b, chunk)
+		e2 := checkIndex(b, 1<<16)
+		if (e1 == nil) != (e2 == nil) {
+			t.Fatalf("in %d-byte pieces: %v; whole: %v", chunk, e1, e2)
+		}
+	})
+}
