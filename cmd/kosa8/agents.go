@@ -300,7 +300,10 @@ func (a *agentFlags) saveHome(ctx context.Context, m *sandbox.Manager, sb *sandb
 // credential file; it returns the credential files it dropped.
 func filterHome(p *agent.Preset, in io.Reader, out io.Writer) ([]string, error) {
 	tr := tar.NewReader(in)
-	tw := tar.NewWriter(out)
+	// Bounded as the stream from the guest is: a sparse file there (a
+	// few KiB) reads as its whole size of zeros.
+	lw := &limitWriter{w: out, n: maxHomeArchive}
+	tw := tar.NewWriter(lw)
 	var held []string
 	for {
 		h, err := tr.Next()
@@ -326,6 +329,9 @@ func filterHome(p *agent.Preset, in io.Reader, out io.Writer) ([]string, error) 
 		hdr := &tar.Header{Name: name, Typeflag: h.Typeflag, Mode: h.Mode & 0o777, Size: h.Size, ModTime: h.ModTime, Linkname: h.Linkname}
 		if h.Typeflag != tar.TypeReg {
 			hdr.Size = 0
+		}
+		if hdr.Size > lw.n {
+			return held, fmt.Errorf("agent home larger than %d MiB: not kept", maxHomeArchive>>20)
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return held, err

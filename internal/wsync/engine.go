@@ -230,8 +230,10 @@ func (e *Engine) startPass(ctx context.Context, h map[string]*Entry) {
 	for p, ent := range h {
 		if ent.Type == 'l' {
 			e.passLinks[p] = ent.Link
-			if _, known := e.links[p]; !known {
+			if text, known := e.links[p]; !known {
 				e.linkIdx.set(p, ent.Link, true)
+			} else if text != ent.Link {
+				e.linkIdx.set(scanKey(p), ent.Link, true) // the host's, newer than the manifest's
 			}
 		}
 		if isGitMark(p) {
@@ -362,6 +364,7 @@ func (e *Engine) setManifest(p string, ent *Entry, origin string) {
 // relink brings the link index up to date at p: the manifest's link
 // there, else the one the pass's scan saw, else none.
 func (e *Engine) relink(p string) {
+	e.linkIdx.set(scanKey(p), "", false) // p written: the scan's text is no longer the host's
 	if text, ok := e.links[p]; ok {
 		e.linkIdx.set(p, text, true)
 		return
@@ -657,6 +660,9 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 			// No more than the scan saw and the quota counted: a file
 			// the guest grows meanwhile is written on a later pass.
 			r = &atMost{r: rc, left: g.Size}
+		}
+		if e.isGitIndex(p) {
+			r = newIndexCheck(r, e.indexHashLen(ctx, path.Dir(p)))
 		}
 		hash, err := e.host.Write(ctx, p, g.Mode, r, g.Hash)
 		if err != nil {

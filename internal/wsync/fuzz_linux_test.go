@@ -209,19 +209,26 @@ func FuzzGitConfigGit(f *testing.F) {
 			dir := t.TempDir()
 			p := filepath.Join(dir, "config")
 			os.WriteFile(p, []byte(s), 0o600)
-			cmd := exec.Command(git, "config", "-f", p, "--list")
+			cmd := exec.Command(git, "config", "-f", p, "--list", "-z") // key, newline, value: a subsection may hold "="
 			cmd.Env = []string{"HOME=" + dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null"}
 			out, err := cmd.Output()
 			if err != nil {
 				return nil, false
 			}
 			var keep []string
-			for _, l := range strings.Split(string(out), "\n") {
-				k, _, _ := strings.Cut(l, "=")
+			for _, l := range strings.Split(string(out), "\x00") {
+				k, _, _ := strings.Cut(l, "\n")
 				if l != "" && !harmlessGitKeys.MatchString(k) {
 					keep = append(keep, l)
 				}
 			}
+			// Keys apart may change places (git's meaning is each key's
+			// values in order); one key's values may not.
+			slices.SortStableFunc(keep, func(x, y string) int {
+				kx, _, _ := strings.Cut(x, "\n")
+				ky, _, _ := strings.Cut(y, "\n")
+				return strings.Compare(kx, ky)
+			})
 			return keep, true
 		}
 		la, okA := list(a)

@@ -37,8 +37,11 @@ import (
 // including file.
 
 const (
-	// maxHostGitConfig bounds what is read of one host git config.
-	maxHostGitConfig = 256 << 10
+	// maxHostGitConfig bounds what is read of one host git config: at
+	// least a config the guest may make harmlessly (MaxGitConfig), so
+	// that padding one never pushes a key past what is read; a longer
+	// config holds every change (gitRunSet.all).
+	maxHostGitConfig = MaxGitConfig
 	// maxIncludeDepth is git's own limit on nested includes.
 	maxIncludeDepth = 10
 )
@@ -69,12 +72,12 @@ func gitConfigEntries(b []byte) []gitEntry {
 	var out []gitEntry
 	section := ""
 	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 0, 4096), maxHostGitConfig)
+	sc.Buffer(make([]byte, 0, 4096), len(b)+1) // a line as long as the file: never a scanner's error ending the reading early
 	pending := ""
 	for sc.Scan() {
 		line := pending + sc.Text()
 		pending = ""
-		if strings.HasSuffix(line, `\`) && !strings.HasSuffix(line, `\\`) {
+		if continues(line) {
 			pending = strings.TrimSuffix(line, `\`)
 			continue
 		}
@@ -83,13 +86,20 @@ func gitConfigEntries(b []byte) []gitEntry {
 			continue
 		}
 		if line[0] == '[' {
-			end := strings.IndexByte(line, ']')
+			end := sectionEnd(line)
 			if end < 0 {
 				continue
 			}
-			name, sub, _ := strings.Cut(strings.TrimSpace(line[1:end]), " ")
+			// A tab parts a subsection from its section as a space does.
+			head := strings.TrimSpace(line[1:end])
+			name, sub := head, ""
+			if i := strings.IndexAny(head, " \t"); i >= 0 {
+				name, sub = head[:i], strings.TrimSpace(head[i:])
+			}
 			section = strings.ToLower(name)
-			if sub = gitValue(strings.TrimSpace(sub)); sub != "" {
+			if len(sub) >= 2 && sub[0] == '"' && sub[len(sub)-1] == '"' {
+				section += "." + unescapeSubsection(sub[1:len(sub)-1]) // "" too: "[x \"\"]" is x..key
+			} else if sub = gitValue(sub); sub != "" {
 				section += "." + sub
 			}
 			line = strings.TrimSpace(line[end+1:])
@@ -101,6 +111,57 @@ func gitConfigEntries(b []byte) []gitEntry {
 		out = append(out, gitEntry{section + "." + strings.ToLower(strings.TrimSpace(k)), gitValue(v)})
 	}
 	return out
+}
+
+// sectionEnd is the index of the "]" that ends a section line's header
+// (not one in a quoted subsection), or -1.
+func sectionEnd(line string) int {
+	quoted := false
+	for i := 1; i < len(line); i++ {
+		switch line[i] {
+		case '\\':
+			if quoted {
+				i++
+			}
+		case '"':
+			quoted = !quoted
+		case ']':
+			if !quoted {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// continues reports whether git reads a config line (joined with those
+// it continues) as going on on the next: it ends in a backslash that is
+// not escaped and not in a comment. A comment ends at its newline even
+// after a backslash: read as a continuation, it would swallow the key
+// below it (a harmless change to .git/config hiding core.hooksPath).
+func continues(line string) bool {
+	s := strings.TrimLeft(line, " \t")
+	if strings.HasPrefix(s, "[") {
+		i := sectionEnd(s)
+		if i < 0 {
+			return false
+		}
+		s = s[i+1:]
+	}
+	quoted := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' && i+1 == len(s):
+			return true
+		case c == '\\':
+			i++
+		case c == '"':
+			quoted = !quoted
+		case (c == '#' || c == ';') && !quoted:
+			return false
+		}
+	}
+	return false
 }
 
 // gitValue is a config value as git reads it: double quotes toggle, # and
@@ -158,7 +219,8 @@ func commandKey(key string) bool {
 	switch last {
 	case "fsmonitor", "editor", "pager", "sshcommand", "askpass", "program", "external", "textconv", "command", "cmd",
 		"driver", "clean", "smudge", "process", "helper", "difffilter", "uploadpack", "receivepack", "packobjectshook", "update", "exec",
-		"gitproxy", "tocmd", "cccmd", "defaultkeycommand", "alternaterefscommand":
+		"gitproxy", "tocmd", "cccmd", "defaultkeycommand", "alternaterefscommand",
+		"sendmailcmd", "smtpserver": // send-email: smtpServer as a path is a sendmail-like program
 		return true
 	}
 	return false
@@ -178,6 +240,10 @@ func gitNamedPaths(b []byte) []gitNamed {
 			out = append(out, gitNamed{'h', e.value})
 		case (top == "include" || top == "includeif") && last == "path":
 			out = append(out, gitNamed{'i', e.value})
+		case e.key == "init.templatedir":
+			// git init and clone copy its hooks into the new repository,
+			// and clone runs post-checkout from there at once.
+			out = append(out, gitNamed{'w', e.value})
 		case commandKey(e.key):
 			for _, w := range strings.FieldsFunc(e.value, func(r rune) bool {
 				return strings.ContainsRune(" \t\n'\";&|<>`(=", r)
@@ -213,6 +279,7 @@ type gitRunsFinder struct {
 	walkFrom  map[string]string // more paths to follow links from (to the reason), not named themselves
 	work      int               // named paths and links visited: for a test's bound
 	reads     int               // git configs read (or tried) this pass
+	tooLong   string            // a config longer than maxHostGitConfig, if any
 }
 
 // rel turns an absolute host path into a path of the folder, or "".
@@ -288,15 +355,21 @@ func (f *gitRunsFinder) read(file string) []byte {
 	if f.reads++; f.reads > maxGitConfigReads {
 		return nil // findGitRuns reports it: every change is held
 	}
+	var b []byte
+	err := os.ErrNotExist
 	if rel := f.rel(file); rel != "" {
-		if b, err := readAllMax(f.ctx, f.e.host.Read, rel, maxHostGitConfig); err == nil {
-			return b
-		}
-		// A link (the root refuses to follow one): git follows it. The
-		// guest cannot plant it, include paths being held.
+		b, err = readAllMax(f.ctx, f.e.host.Read, rel, maxHostGitConfig+1)
 	}
-	b, err := readFileMax(file, maxHostGitConfig)
 	if err != nil {
+		// Outside the folder, or a link in it (the root refuses to
+		// follow one): git follows it. The guest cannot plant it,
+		// include paths being held.
+		if b, err = readFileMax(file, maxHostGitConfig+1); err != nil {
+			return nil
+		}
+	}
+	if len(b) > maxHostGitConfig {
+		f.tooLong = file // findGitRuns reports it: every change is held
 		return nil
 	}
 	return b
@@ -355,6 +428,9 @@ func (e *Engine) findGitRuns(ctx context.Context, gitDirs map[string]bool) gitRu
 	s := newGitRunSet(runs)
 	if f != nil && f.reads > maxGitConfigReads {
 		s.all = fmt.Sprintf("the host's git configs here are too many to read at every pass (more than %d, includes counted); until fewer, the sync cannot tell what git would run", maxGitConfigReads)
+	}
+	if f != nil && f.tooLong != "" {
+		s.all = fmt.Sprintf("the git config %s is longer than %d bytes; until shorter, the sync cannot tell what git would run", f.tooLong, maxHostGitConfig)
 	}
 	return s
 }
@@ -676,7 +752,7 @@ func readFileMax(name string, max int64) ([]byte, error) {
 }
 
 // gitRunSet is what the host's git configs name, folded once (see
-// foldName) so that a decision looks up p's own folders, not every named
+// linkFold) so that a decision looks up p's own folders, not every named
 // path: named paths to the config naming each, and every folder above
 // one to such a config.
 type gitRunSet struct {
@@ -689,7 +765,7 @@ type gitRunSet struct {
 func newGitRunSet(runs map[string]string) gitRunSet {
 	s := gitRunSet{named: make(map[string]string, len(runs)), above: map[string]string{}}
 	for r, from := range runs {
-		fr := foldName(r)
+		fr := linkFold(r)
 		s.named[fr] = from
 		for i := strings.LastIndexByte(fr, '/'); i > 0; i = strings.LastIndexByte(fr[:i], '/') {
 			if _, ok := s.above[fr[:i]]; ok {
@@ -712,7 +788,7 @@ func (s gitRunSet) why(p string, typ byte) string {
 	if s.all != "" {
 		return s.all
 	}
-	fp := foldName(p)
+	fp := linkFold(p)
 	from, ok := s.named[fp]
 	for i := strings.IndexByte(fp, '/'); !ok && i >= 0; i = nextSlash(fp, i) {
 		from, ok = s.named[fp[:i]]

@@ -46,6 +46,33 @@ func foldName(s string) string {
 
 func isDotGit(c string) bool { return foldName(c) == ".git" }
 
+// miseRE is the names of mise's project configs: mise.toml, .mise.toml
+// and their local and per-environment variants (mise.dev.local.toml).
+var miseRE = regexp.MustCompile(`^\.?mise(\.[^/]+)?\.toml$`)
+
+// miseConfig reports whether parts (a path's components) name a config
+// mise reads in a project, and whose [hooks] it runs when the user's
+// shell enters the folder: mise trusts a config by its path.
+func miseConfig(parts []string) bool {
+	n := len(parts)
+	base := foldName(parts[n-1])
+	dir := func(i int) string {
+		if i < 0 {
+			return ""
+		}
+		return foldName(parts[i])
+	}
+	switch {
+	case miseRE.MatchString(base):
+		return true // also .config/mise.toml
+	case base == "config.toml" && (dir(n-2) == "mise" || dir(n-2) == ".mise"):
+		return true // mise/config.toml, .mise/config.toml, .config/mise/config.toml
+	case dir(n-2) == "conf.d" && dir(n-3) == "mise":
+		return true // .config/mise/conf.d/*.toml
+	}
+	return false
+}
+
 // Held reports whether a change to p (relative, slash-separated) is held
 // by its path alone, knowing of no other git directory than those named
 // .git. A git directory's config is held here too: whether a change to it
@@ -64,7 +91,7 @@ func (h HoldRules) Held(p string) bool {
 func (h HoldRules) pathHold(p string, gitDirs map[string]bool) (why string, cfg bool) {
 	parts := strings.Split(p, "/")
 	base := foldName(parts[len(parts)-1])
-	if slices.Contains(heldNames, base) {
+	if slices.Contains(heldNames, base) || miseConfig(parts) {
 		return "host tools run or obey this file", false
 	}
 	// The folder itself too: a link in its place would point host tools

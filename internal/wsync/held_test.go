@@ -163,3 +163,21 @@ func gitRunWhyWalk(p string, typ byte, runs map[string]string) string {
 	}
 	return ""
 }
+
+// mise reads more project configs than .mise.toml, and runs their
+// [hooks] (enter, cd) when the user's shell enters the folder; it trusts
+// a config by its path, so the guest's edit of a trusted one runs.
+func TestMiseConfigsHeld(t *testing.T) {
+	for _, p := range []string{"mise.toml", "sub/mise.toml", "mise.local.toml", ".mise.local.toml", "mise.dev.toml",
+		".mise.ci.local.toml", ".config/mise.toml", ".config/mise/config.toml", "mise/config.toml", ".mise/config.toml",
+		".config/mise/conf.d/x.toml", "MISE.TOML"} {
+		if !(HoldRules{}).Held(p) {
+			t.Errorf("%s is not held", p)
+		}
+	}
+	for _, p := range []string{"config.toml", "src/config.toml", "mise.txt", "promise.toml", "notmise/config.toml"} {
+		if (HoldRules{}).Held(p) {
+			t.Errorf("%s is held", p)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"hash/maphash"
 	"slices"
 	"strings"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // linkIndex holds the folder's links for the link rule, kept up to date
@@ -20,7 +22,7 @@ import (
 // at every question, as before.
 type linkIndex struct {
 	seed    maphash.Seed
-	text    map[string]string              // path → text of every link known
+	text    map[string]string              // path (or scanKey) → text of every link known
 	through map[uint64]map[string]struct{} // hash of a folder → links whose way runs through it
 	long    map[string]struct{}            // links whose text is too long to index
 }
@@ -55,12 +57,12 @@ func (x *linkIndex) index(p, text string, add bool) {
 		}
 		return
 	}
-	through, _, ok := linkWalk(p, text)
+	through, _, ok := linkWalk(linkPath(p), text)
 	if !ok {
 		return // a user's link out; nothing of ours runs through it
 	}
 	for _, t := range through {
-		h := maphash.String(x.seed, t)
+		h := maphash.String(x.seed, linkFold(t))
 		m := x.through[h]
 		switch {
 		case add && m == nil:
@@ -79,26 +81,47 @@ func (x *linkIndex) index(p, text string, add bool) {
 // throughLink returns a link, other than p, whose way runs through p as
 // a folder, or "".
 func (x *linkIndex) throughLink(p string) string {
-	runs := func(k string) bool {
-		if k == p {
-			return false
-		}
-		th, _, ok := linkWalk(k, x.text[k])
-		return ok && slices.Contains(th, p)
-	}
-	for k := range x.through[maphash.String(x.seed, p)] {
+	runs := func(k string) bool { return linkPath(k) != p && linkRunsThrough(linkPath(k), x.text[k], p) }
+	for k := range x.through[maphash.String(x.seed, linkFold(p))] {
 		if runs(k) {
-			return k
+			return linkPath(k)
 		}
 	}
 	for k := range x.long {
 		if runs(k) {
-			return k
+			return linkPath(k)
 		}
 	}
 	return ""
 }
 
+// scanKey is the key the index keeps the text the pass's scan saw at p
+// under, when the manifest's text there differs (the user changed the
+// link since the last pass): until the pass writes p, the host's link is
+// the scan's, and a link made on its way would redirect it.
+func scanKey(p string) string { return p + "\x00" }
+
+// linkPath is the path of a key of the index.
+func linkPath(k string) string { return strings.TrimSuffix(k, "\x00") }
+
 // linkComps is about how many components a link text has (its slashes
 // and one): what bounds the work of resolving it.
 func linkComps(text string) int { return strings.Count(text, "/") + 1 }
+
+// linkRunsThrough reports whether the link at k with text runs through p
+// as a folder, names compared as a case- or normalization-insensitive
+// host compares them (linkFold): there a link at a/d redirects one whose
+// text runs through a/D.
+func linkRunsThrough(k, text, p string) bool {
+	th, _, ok := linkWalk(k, text)
+	if !ok {
+		return false // a user's own link out; nothing of ours runs through it
+	}
+	fp := linkFold(p)
+	return slices.ContainsFunc(th, func(t string) bool { return t == p || linkFold(t) == fp })
+}
+
+// linkFold is a name as a host that ignores case and Unicode
+// normalization (macOS) may take it: two names that fold alike may be one
+// entry there. Folding more than a host does only refuses more links.
+func linkFold(s string) string { return foldName(norm.NFD.String(s)) }

@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"slices"
 	"strings"
 	"sync/atomic"
 )
@@ -204,14 +203,7 @@ func LinkWhy(v LinkView, p, target string) string {
 		return ""
 	}
 	for k, t := range v.Links() {
-		if k == p {
-			continue
-		}
-		th, _, ok := linkWalk(k, t)
-		if !ok {
-			continue // a user's own link out; nothing of ours runs through it
-		}
-		if slices.Contains(th, p) {
+		if k != p && linkRunsThrough(k, t, p) {
 			return "a link here would redirect the link " + k
 		}
 	}
