@@ -284,6 +284,8 @@ func TestNewGenerationOnSameStream(t *testing.T) {
 		t.Fatalf("re-attach: %v", err)
 	}
 	var out bytes.Buffer
+	// A deadline: a lost frame fails here, not at go test's timeout.
+	_ = s2.SetDeadline(time.Now().Add(20 * time.Second))
 	st, err := guest.Pump(s2, guest.StdIO{Stdin: strings.NewReader("later\n"), Stdout: &out})
 	if err != nil || st.Code != 0 || out.String() != "got later\n" {
 		t.Fatalf("re-attached process: %q %+v %v", out.String(), st, err)
