@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -204,6 +205,7 @@ func TestAttachAfterStreamLoss(t *testing.T) {
 // stream from then on, and the old session sees EOF.
 type handover struct {
 	net.Conn
+	mu  sync.Mutex
 	cur *io.PipeReader
 	pw  *io.PipeWriter
 }
@@ -215,11 +217,14 @@ func newHandover(c net.Conn) *handover {
 		buf := make([]byte, 4096)
 		for {
 			n, err := c.Read(buf)
+			h.mu.Lock()
+			pw := h.pw
+			h.mu.Unlock()
 			if err != nil {
-				h.pw.CloseWithError(err)
+				pw.CloseWithError(err)
 				return
 			}
-			h.pw.Write(buf[:n]) // errors when the session was replaced: bytes dropped, like a dead host's
+			pw.Write(buf[:n]) // errors when the session was replaced: bytes dropped, like a dead host's
 		}
 	}()
 	return h
@@ -227,11 +232,14 @@ func newHandover(c net.Conn) *handover {
 
 // take hands the stream to a new session and returns its end.
 func (h *handover) take() net.Conn {
-	if h.pw != nil {
-		h.pw.Close()
-	}
 	r, w := io.Pipe()
+	h.mu.Lock()
+	old := h.pw
 	h.cur, h.pw = r, w
+	h.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
 	return &sessionEnd{Conn: h.Conn, r: r}
 }
 
