@@ -299,35 +299,52 @@ func isPhase(msg string) bool {
 // runLogged runs cmd with its output copied to log, line by line to onLine.
 // On failure the error carries the last lines.
 func runLogged(cmd *exec.Cmd, log io.Writer, onLine func(string)) error {
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		return err
+	l := newLineLog(log, onLine)
+	cmd.Stdout, cmd.Stderr = l, l
+	err := cmd.Run()
+	last := l.Close()
+	if err != nil {
+		return fmt.Errorf("%w\n%s", err, last)
 	}
-	var last []string
-	done := make(chan struct{})
+	return nil
+}
+
+// lineLog copies what is written to it to a log, each line to onLine, and
+// keeps the last lines for an error.
+type lineLog struct {
+	pw   *io.PipeWriter
+	done chan struct{}
+	last []string
+}
+
+func newLineLog(log io.Writer, onLine func(string)) *lineLog {
+	pr, pw := io.Pipe()
+	l := &lineLog{pw: pw, done: make(chan struct{})}
 	go func() {
-		defer close(done)
+		defer close(l.done)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
 			fmt.Fprintln(log, line)
 			onLine(line)
-			last = append(last, line)
-			if len(last) > 15 {
-				last = last[1:]
+			l.last = append(l.last, line)
+			if len(l.last) > 15 {
+				l.last = l.last[1:]
 			}
 		}
 		io.Copy(io.Discard, pr)
 	}()
-	err := cmd.Wait()
-	pw.Close()
-	<-done
-	if err != nil {
-		return fmt.Errorf("%w\n%s", err, strings.Join(last, "\n"))
-	}
-	return nil
+	return l
+}
+
+func (l *lineLog) Write(b []byte) (int, error) { return l.pw.Write(b) }
+
+// Close ends the log and returns its last lines.
+func (l *lineLog) Close() string {
+	l.pw.Close()
+	<-l.done
+	return strings.Join(l.last, "\n")
 }
 
 // sweepBuilds removes build directories a killed build left behind.

@@ -1,7 +1,6 @@
 package image
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -188,34 +187,18 @@ func firstBootRun(ctx context.Context, c *guest.Client, script string, progress 
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	pr, pw := io.Pipe()
-	var last []string
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(logw, line)
-			if step, ok := strings.CutPrefix(line, "kosa8: step "); ok {
-				what, n, _ := strings.Cut(step, " ")
-				progress(map[string]string{
-					"install":   "installing " + n + " packages in the guest (under emulation: tens of minutes)",
-					"configure": "configuring what is left",
-					"clean":     "cleaning up",
-				}[what])
-			}
-			last = append(last, line)
-			if len(last) > 15 {
-				last = last[1:]
-			}
+	l := newLineLog(logw, func(line string) {
+		if step, ok := strings.CutPrefix(line, "kosa8: step "); ok {
+			what, n, _ := strings.Cut(step, " ")
+			progress(map[string]string{
+				"install":   "installing " + n + " packages in the guest (under emulation: tens of minutes)",
+				"configure": "configuring what is left",
+				"clean":     "cleaning up",
+			}[what])
 		}
-		io.Copy(io.Discard, pr)
-	}()
-	st, err := guest.Pump(conn, guest.StdIO{Stdout: pw, Stderr: pw})
-	pw.Close()
-	<-done
+	})
+	st, err := guest.Pump(conn, guest.StdIO{Stdout: l, Stderr: l})
+	last := l.Close()
 	if err == nil && ctx.Err() != nil {
 		err = ctx.Err()
 	}
@@ -223,7 +206,7 @@ func firstBootRun(ctx context.Context, c *guest.Client, script string, progress 
 		return fmt.Errorf("package installation: %w", err)
 	}
 	if st.Code != 0 || st.Error != "" {
-		return fmt.Errorf("package installation failed with exit status %d%s:\n%s", st.Code, st.Error, strings.Join(last, "\n"))
+		return fmt.Errorf("package installation failed with exit status %d%s:\n%s", st.Code, st.Error, last)
 	}
 	return nil
 }

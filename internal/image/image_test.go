@@ -175,3 +175,18 @@ func TestForeignBuildStages(t *testing.T) {
 		}
 	}
 }
+
+func TestRunLogged(t *testing.T) {
+	var log strings.Builder
+	var lines []string
+	err := runLogged(exec.Command("sh", "-c", "echo one; echo two >&2; printf three"), &log, func(l string) { lines = append(lines, l) })
+	if err != nil || log.String() != "one\ntwo\nthree\n" || strings.Join(lines, ",") != "one,two,three" {
+		t.Fatalf("err %v, log %q, lines %q", err, log.String(), lines)
+	}
+	log.Reset()
+	err = runLogged(exec.Command("sh", "-c", "for i in $(seq 1 20); do echo line$i; done; exit 3"), &log, func(string) {})
+	if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "line6\n") ||
+		strings.Contains(err.Error(), "line5\n") || !strings.HasSuffix(err.Error(), "line20") {
+		t.Fatalf("want the exit status and the last 15 lines, got %v", err)
+	}
+}
