@@ -2,9 +2,6 @@ package wsync
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"hash"
 	"io"
 	"io/fs"
 	"path"
@@ -101,13 +98,15 @@ func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Rea
 			return "", err
 		}
 	}
-	// A read error leaves p as it was: content that is not what the
-	// engine decided on (its source changed during the copy) never lands.
-	r = &hashCheck{r: r, h: sha256.New(), want: hash}
-	if gitLocked(p) {
-		return h.Root.WriteFileLocked(p, mode, r, h.Root.MaxFile)
+	// Content that is not what the engine decided on (its source changed
+	// during the copy) never lands: p stays as it was.
+	if hash == "" {
+		return "", errChanged // no content hashes to nothing
 	}
-	return h.Root.WriteFile(p, mode, r, h.Root.MaxFile)
+	if gitLocked(p) {
+		return h.Root.WriteFileLocked(p, mode, r, h.Root.MaxFile, hash)
+	}
+	return h.Root.WriteFile(p, mode, r, h.Root.MaxFile, hash)
 }
 
 func (h *HostSide) Mkdir(_ context.Context, p string, mode fs.FileMode) error {
@@ -128,21 +127,4 @@ func (h *HostSide) Remove(_ context.Context, p string) error {
 		return h.Root.RemoveLocked(p)
 	}
 	return h.Root.Remove(p)
-}
-
-// hashCheck reads r, failing with errChanged at its end when what was read
-// does not hash to want.
-type hashCheck struct {
-	r    io.Reader
-	h    hash.Hash
-	want string
-}
-
-func (c *hashCheck) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.h.Write(p[:n])
-	if err == io.EOF && hex.EncodeToString(c.h.Sum(nil)) != c.want {
-		return n, errChanged
-	}
-	return n, err
 }

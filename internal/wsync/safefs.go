@@ -259,9 +259,11 @@ func (r *Root) MkdirAll(rel string, mode fs.FileMode) error {
 // WriteFile writes rel from src through a temporary file in the same
 // directory, renamed into place: never through a link, never leaving the
 // root, never with set-id or sticky bits. It returns the content's hash.
-// More than max bytes is an error (the file is not written).
-func (r *Root) WriteFile(rel string, mode fs.FileMode, src io.Reader, max int64) (string, error) {
-	return r.writeFile(rel, mode, src, max, false)
+// More than max bytes is an error (the file is not written); so is, when
+// want is not empty, content whose SHA-256 (hex) is not want: errChanged,
+// and rel stays as it was.
+func (r *Root) WriteFile(rel string, mode fs.FileMode, src io.Reader, max int64, want string) (string, error) {
+	return r.writeFile(rel, mode, src, max, want, false)
 }
 
 // ErrLocked: the file's lock file exists; whoever holds it (git on the
@@ -272,11 +274,11 @@ var ErrLocked = errors.New("locked")
 // file is rel + ".lock", created exclusively, so a git process at work on
 // the same file is never overwritten (ErrLocked) and never sees it
 // half-written.
-func (r *Root) WriteFileLocked(rel string, mode fs.FileMode, src io.Reader, max int64) (string, error) {
-	return r.writeFile(rel, mode, src, max, true)
+func (r *Root) WriteFileLocked(rel string, mode fs.FileMode, src io.Reader, max int64, want string) (string, error) {
+	return r.writeFile(rel, mode, src, max, want, true)
 }
 
-func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64, locked bool) (string, error) {
+func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64, want string, locked bool) (string, error) {
 	pfd, name, err := r.parent(rel)
 	if err != nil {
 		return "", err
@@ -314,6 +316,10 @@ func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64,
 	if n > max {
 		return "", fmt.Errorf("%s is larger than the %d-byte limit", rel, max)
 	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	if want != "" && sum != want {
+		return "", errChanged
+	}
 	if err := f.Chmod(mode.Perm()); err != nil { // umask-independent, no special bits
 		return "", err
 	}
@@ -324,7 +330,7 @@ func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64,
 		return "", &fs.PathError{Op: "rename", Path: rel, Err: err}
 	}
 	ok = true
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return sum, nil
 }
 
 // Symlink creates rel as a link to target, replacing what is there. Only
