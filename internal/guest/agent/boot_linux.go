@@ -239,17 +239,6 @@ func diskBySerial(sysBlock, serial string) (name string, legacy bool) {
 	return "", legacy
 }
 
-func waitFor(path string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		_, err := os.Stat(path)
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // growFS grows the ext4 filesystem on dev (mounted at mnt) to fill the disk.
 // The shared base image is only as large as its contents; each sandbox's
 // overlay disk is larger, and the first boot claims the difference.
