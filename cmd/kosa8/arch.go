@@ -2,10 +2,18 @@ package main
 
 import (
 	"fmt"
+	"os"
+
+	"github.com/spf13/pflag"
 
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
+
+// archFlag registers --arch, defaulting to $KOSA8_ARCH; guestArch reads it.
+func archFlag(fs *pflag.FlagSet, v *string) {
+	fs.StringVar(v, "arch", os.Getenv("KOSA8_ARCH"), "guest architecture: amd64 or arm64 (default: the host's, or $KOSA8_ARCH; another than the host's is emulated)")
+}
 
 // guestArch reads --arch (default $KOSA8_ARCH, else the host's).
 func guestArch(s string) (vmspec.Arch, error) {

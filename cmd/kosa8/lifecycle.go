@@ -62,7 +62,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fs.BoolVar(&f.rm, "rm", false, "remove the sandbox when it stops")
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "set KEY=VALUE in the guest, or pass the host's KEY (repeatable)")
 	fs.StringVar(&f.accel, "accel", os.Getenv("KOSA8_ACCEL"), "force the acceleration: kvm, hvf or tcg")
-	fs.StringVar(&f.arch, "arch", os.Getenv("KOSA8_ARCH"), "guest architecture: amd64 or arm64 (default: the host's, or $KOSA8_ARCH; another than the host's is emulated)")
+	archFlag(fs, &f.arch)
 	fs.StringArrayVar(&f.allow, "allow", nil, "allow a host, *.domain, host:port or CIDR (repeatable); nothing is allowed by default")
 	fs.StringVar(&f.preset, "net", "", "network preset: "+strings.Join(netpolicy.PresetNames(), ", ")+" (dev: package registries and code hosts)")
 	fs.BoolVar(&f.allowBroad, "allow-broad", false, "accept rules that match a whole public suffix or everything (*.com, *)")

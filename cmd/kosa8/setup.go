@@ -133,9 +133,9 @@ here and installed in a first boot of the image under emulation (20-25 minutes o
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			arch, err := vmspec.ParseArch(archName)
+			arch, err := guestArch(archName)
 			if err != nil {
-				return fmt.Errorf("--arch: %w", err)
+				return err
 			}
 			if missing := hostPackages(arch); len(missing) > 0 {
 				if noInstall {
@@ -174,7 +174,7 @@ here and installed in a first boot of the image under emulation (20-25 minutes o
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&archName, "arch", os.Getenv("KOSA8_ARCH"), "guest architecture: amd64 or arm64 (default: the host's, or $KOSA8_ARCH)")
+	archFlag(cmd.Flags(), &archName)
 	cmd.Flags().BoolVar(&rebuild, "rebuild", false, "build the image again even if it exists")
 	cmd.Flags().BoolVar(&noInstall, "no-install", false, "do not install host packages; fail if any is missing")
 	return cmd
@@ -229,9 +229,9 @@ func imageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			arch, err := vmspec.ParseArch(archName)
+			arch, err := guestArch(archName)
 			if err != nil {
-				return fmt.Errorf("--arch: %w", err)
+				return err
 			}
 			var agentBin string
 			if image.Foreign(arch) {
@@ -257,7 +257,7 @@ func imageCmd() *cobra.Command {
 		},
 	}
 	build.Flags().BoolVar(&rebuild, "rebuild", false, "build again even if it exists")
-	build.Flags().StringVar(&archName, "arch", os.Getenv("KOSA8_ARCH"), "guest architecture: amd64 or arm64 (default: the host's, or $KOSA8_ARCH)")
+	archFlag(build.Flags(), &archName)
 	build.Flags().StringVar(&agentName, "agent", "", "also build the derived image of this agent preset ('kosa8 agents')")
 	var pruneAll bool
 	prune := &cobra.Command{
