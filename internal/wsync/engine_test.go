@@ -72,6 +72,17 @@ func write(t testing.TB, dir, rel, content string) {
 	}
 }
 
+// both writes the same files on the host and in the guest: what the two
+// sides agree on before a test's change.
+func (p *pair) both(t testing.TB, files map[string]string) {
+	t.Helper()
+	for _, d := range []string{p.host, p.guest} {
+		for rel, content := range files {
+			write(t, d, rel, content)
+		}
+	}
+}
+
 func read(dir, rel string) string {
 	b, err := os.ReadFile(filepath.Join(dir, rel))
 	if err != nil {

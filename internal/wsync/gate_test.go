@@ -105,14 +105,14 @@ func TestRewindInReviewMode(t *testing.T) {
 func TestGitIndirectionsHeld(t *testing.T) {
 	p := newPair(t, Options{})
 	base := "[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://example.com/r\n"
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".git/config", base)
-		write(t, d, "wt/.git", "gitdir: ../gitdirs/wt\n")
-		write(t, d, "gitdirs/wt/HEAD", "ref: refs/heads/wt\n")
-		write(t, d, "gitdirs/wt/commondir", "../../shared\n")
-		write(t, d, "shared/config", base)
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":            "ref: refs/heads/main\n",
+		".git/config":          base,
+		"wt/.git":              "gitdir: ../gitdirs/wt\n",
+		"gitdirs/wt/HEAD":      "ref: refs/heads/wt\n",
+		"gitdirs/wt/commondir": "../../shared\n",
+		"shared/config":        base,
+	})
 	p.sync(t)
 	huge := base + strings.Repeat("# padding\n", (MaxGitConfig/10)+1) + "[core]\n\tfsmonitor = touch /tmp/pwned\n"
 	cases := map[string]string{
@@ -374,11 +374,11 @@ func escapes(fd int, rel string) bool {
 // those HEADs are refs, not repositories, and the refs next to them cross.
 func TestRemoteRefsNextToHEADCross(t *testing.T) {
 	p := newPair(t, Options{})
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".git/refs/remotes/origin/HEAD", "ref: refs/remotes/origin/main\n")
-		write(t, d, ".git/logs/HEAD", "x\n")
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":                     "ref: refs/heads/main\n",
+		".git/refs/remotes/origin/HEAD": "ref: refs/remotes/origin/main\n",
+		".git/logs/HEAD":                "x\n",
+	})
 	p.sync(t)
 	write(t, p.guest, ".git/refs/remotes/origin/main", strings.Repeat("a", 40)+"\n")
 	write(t, p.guest, ".git/logs/refs/remotes/origin/main", "log\n")
@@ -400,11 +400,11 @@ func TestHostGitConfigNamesHeld(t *testing.T) {
 		"[alias]\n\tup = !sh ci/up.sh --fast\n" +
 		"[remote \"origin\"]\n\turl = https://example.com/r\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n" +
 		"[branch \"main\"]\n\tmerge = refs/heads/main\n"
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".git/config", cfg)
-		write(t, d, "tools/readme.md", "tools\n")
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":       "ref: refs/heads/main\n",
+		".git/config":     cfg,
+		"tools/readme.md": "tools\n",
+	})
 	p.sync(t)
 	heldWant := []string{"tools/hooks/pre-commit", "scripts/fsmon.sh", "team.gitconfig", "bin/clean", "ci/up.sh"}
 	for _, f := range heldWant {
@@ -549,16 +549,16 @@ func TestHostGitConfigIndirect(t *testing.T) {
 	t.Setenv("HOME", t.TempDir())
 	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
 	p := newPair(t, Options{})
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".git/config", "[include]\n\tpath = ../.gitconfig\n[alias]\n\tlint = !sh lint.sh\n")
-		write(t, d, ".gitconfig", "[core]\n\thooksPath = \"scripts/hooks\" # the team's hooks\n")
-		write(t, d, "wt1/.git", "gitdir: ../.git/worktrees/wt1\n")
-		write(t, d, ".git/worktrees/wt1/HEAD", "ref: refs/heads/wt1\n")
-		write(t, d, ".git/worktrees/wt1/commondir", "../..\n")
-		write(t, d, "lint.sh", "echo lint\n")
-		write(t, d, "tools/pre-push", "echo push\n")
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":                    "ref: refs/heads/main\n",
+		".git/config":                  "[include]\n\tpath = ../.gitconfig\n[alias]\n\tlint = !sh lint.sh\n",
+		".gitconfig":                   "[core]\n\thooksPath = \"scripts/hooks\" # the team's hooks\n",
+		"wt1/.git":                     "gitdir: ../.git/worktrees/wt1\n",
+		".git/worktrees/wt1/HEAD":      "ref: refs/heads/wt1\n",
+		".git/worktrees/wt1/commondir": "../..\n",
+		"lint.sh":                      "echo lint\n",
+		"tools/pre-push":               "echo push\n",
+	})
 	if err := os.Symlink("../../tools/pre-push", filepath.Join(p.host, ".git/hooks/pre-push")); err != nil {
 		os.MkdirAll(filepath.Join(p.host, ".git/hooks"), 0o755)
 		if err := os.Symlink("../../tools/pre-push", filepath.Join(p.host, ".git/hooks/pre-push")); err != nil {
@@ -636,11 +636,11 @@ func TestDeletingWhatGitNamesHeld(t *testing.T) {
 	t.Setenv("HOME", t.TempDir())
 	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
 	p := newPair(t, Options{})
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".git/config", "[core]\n\thooksPath = tools/hooks\n[alias]\n\tlint = !sh lint.sh\n")
-		write(t, d, "lint.sh", "echo lint\n")
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":   "ref: refs/heads/main\n",
+		".git/config": "[core]\n\thooksPath = tools/hooks\n[alias]\n\tlint = !sh lint.sh\n",
+		"lint.sh":     "echo lint\n",
+	})
 	p.sync(t)
 	os.Remove(filepath.Join(p.guest, ".git/config"))
 	os.Remove(filepath.Join(p.guest, "lint.sh"))
@@ -665,11 +665,11 @@ func TestHostGitConfigReachesBack(t *testing.T) {
 	t.Run("link text out and back in", func(t *testing.T) {
 		gitEnv(t)
 		p := newPair(t, Options{})
-		for _, d := range []string{p.host, p.guest} {
-			write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-			write(t, d, ".git/config", "[core]\n\tbare = false\n")
-			write(t, d, "tools/pc.sh", "echo ok\n")
-		}
+		p.both(t, map[string]string{
+			".git/HEAD":   "ref: refs/heads/main\n",
+			".git/config": "[core]\n\tbare = false\n",
+			"tools/pc.sh": "echo ok\n",
+		})
 		os.MkdirAll(filepath.Join(p.host, ".git/hooks"), 0o755)
 		back := "../../../" + filepath.Base(p.host) + "/tools/pc.sh"
 		if err := os.Symlink(back, filepath.Join(p.host, ".git/hooks/pre-commit")); err != nil {
@@ -810,11 +810,11 @@ func TestCoreWorktreeHooksPathHeld(t *testing.T) {
 	t.Setenv("HOME", t.TempDir())
 	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
 	p := newPair(t, Options{})
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".git/config", "[core]\n\tworktree = ../app\n\thooksPath = tools/hooks\n")
-		write(t, d, "app/README", "hi\n")
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":   "ref: refs/heads/main\n",
+		".git/config": "[core]\n\tworktree = ../app\n\thooksPath = tools/hooks\n",
+		"app/README":  "hi\n",
+	})
 	p.sync(t)
 	write(t, p.guest, "app/tools/hooks/pre-commit", "#!/bin/sh\ntouch /tmp/pwned\n")
 	p.sync(t)
@@ -829,11 +829,11 @@ func TestGlobalGitConfigInFolderHeld(t *testing.T) {
 	p := newPair(t, Options{})
 	t.Setenv("HOME", p.host)
 	t.Setenv("GIT_CONFIG_SYSTEM", "/dev/null")
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".gitconfig", "[user]\n\tname = u\n")
-		write(t, d, ".config/git/config", "[user]\n\tname = u\n")
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":          "ref: refs/heads/main\n",
+		".gitconfig":         "[user]\n\tname = u\n",
+		".config/git/config": "[user]\n\tname = u\n",
+	})
 	p.sync(t)
 	for _, f := range []string{".gitconfig", ".config/git/config"} {
 		write(t, p.guest, f, "[core]\n\tfsmonitor = touch /tmp/pwned\n")

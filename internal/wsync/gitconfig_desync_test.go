@@ -39,10 +39,10 @@ func TestHarmlessConfigChangeHidesHooksPath(t *testing.T) {
 				}
 			}
 			p := newPair(t, Options{})
-			for _, d := range []string{p.host, p.guest} {
-				write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-				write(t, d, ".git/config", base)
-			}
+			p.both(t, map[string]string{
+				".git/HEAD":   "ref: refs/heads/main\n",
+				".git/config": base,
+			})
 			p.sync(t)
 			write(t, p.guest, ".git/config", cfg)
 			p.sync(t)
@@ -68,10 +68,10 @@ func TestHostGitConfigTooLongHoldsAll(t *testing.T) {
 	t.Setenv("HOME", t.TempDir())
 	p := newPair(t, Options{})
 	cfg := "# " + strings.Repeat("x", maxHostGitConfig) + "\n[core]\n\thooksPath = tools/hooks\n"
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".git/config", cfg)
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":   "ref: refs/heads/main\n",
+		".git/config": cfg,
+	})
 	p.sync(t)
 	write(t, p.guest, "tools/hooks/pre-commit", "evil")
 	p.sync(t)
@@ -112,10 +112,10 @@ func TestHostGitConfigMoreRunKeys(t *testing.T) {
 	t.Setenv("HOME", t.TempDir())
 	p := newPair(t, Options{})
 	cfg := "[init]\n\ttemplateDir = tmpl\n[sendemail]\n\tsendmailCmd = tools/sm.sh -i\n\tsmtpServer = tools/smtp.sh\n"
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".git/config", cfg)
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":   "ref: refs/heads/main\n",
+		".git/config": cfg,
+	})
 	p.sync(t)
 	evil := []string{"tmpl/hooks/post-checkout", "tools/sm.sh", "tools/smtp.sh"}
 	for _, f := range evil {

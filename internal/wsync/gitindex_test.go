@@ -112,11 +112,11 @@ func TestGuestIndexOutsideHeld(t *testing.T) {
 	good := gitIndex(t, "2", names, nil)
 	bad := gitIndex(t, "2", names, map[string]string{"yy/esc-target": "../esc-target", "xgit/hooks/post-checkout": ".git/hooks/post-checkout"})
 	p := newPair(t, Options{})
-	for _, d := range []string{p.host, p.guest} {
-		write(t, d, ".git/HEAD", "ref: refs/heads/main\n")
-		write(t, d, ".git/config", "[core]\n\tbare = false\n")
-		write(t, d, ".git/index", string(good))
-	}
+	p.both(t, map[string]string{
+		".git/HEAD":   "ref: refs/heads/main\n",
+		".git/config": "[core]\n\tbare = false\n",
+		".git/index":  string(good),
+	})
 	p.sync(t)
 	write(t, p.guest, ".git/index", string(bad))
 	p.e.Sync(context.Background(), nil) // fails for the index, as it should
