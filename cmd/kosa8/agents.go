@@ -379,10 +379,5 @@ func (l *limitWriter) Write(b []byte) (int, error) {
 // execStdin runs argv in the sandbox with stdin from r (nil: none) and its
 // output to this process's stderr.
 func execStdin(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, r io.Reader) (int, error) {
-	conn, err := sandbox.NewClient(sb).Exec(ctx, &guest.ExecRequest{Argv: argv, User: user})
-	if err != nil {
-		return exitKosa8, err
-	}
-	defer conn.Close()
-	return pumpExit(conn, guest.StdIO{Stdin: r, Stdout: os.Stderr, Stderr: os.Stderr})
+	return execWith(ctx, sb, argv, user, guest.StdIO{Stdin: r, Stdout: os.Stderr, Stderr: os.Stderr})
 }

@@ -261,6 +261,12 @@ func refusedHosts(sb *sandbox.Sandbox) []string {
 // execCapture runs argv in a running sandbox with its output to stdout
 // and stderr.
 func execCapture(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, stdout, stderr io.Writer) (int, error) {
+	return execWith(ctx, sb, argv, user, guest.StdIO{Stdout: stdout, Stderr: stderr})
+}
+
+// execWith runs argv in a running sandbox as user, with sio (not this
+// terminal: see execIn), until it exits or ctx ends.
+func execWith(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, sio guest.StdIO) (int, error) {
 	// Root's build steps start in /root; any other user where the guest
 	// starts it (it cannot enter /root: the agent-home save failed so).
 	dir := ""
@@ -276,7 +282,7 @@ func execCapture(ctx context.Context, sb *sandbox.Sandbox, argv []string, user s
 	// caller's clean-up removes the build sandbox with the process.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	return pumpExit(conn, guest.StdIO{Stdout: stdout, Stderr: stderr})
+	return pumpExit(conn, sio)
 }
 
 // tailWriter copies to w and keeps the last bytes written.
