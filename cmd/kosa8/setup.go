@@ -95,7 +95,7 @@ func buildImage(ctx context.Context, m *sandbox.Manager, arch vmspec.Arch, agent
 		return nil, err
 	}
 	logPath := filepath.Join(m.Paths.Cache, "image-build.log")
-	if arch != vmspec.HostArch() {
+	if image.Foreign(arch) {
 		logPath = filepath.Join(m.Paths.Cache, "image-build-"+string(arch)+".log")
 	}
 	logf, err := os.Create(logPath)
@@ -167,7 +167,7 @@ here and installed in a first boot of the image under emulation (20-25 minutes o
 				return err
 			}
 			try := "kosa8 run -- uname -a"
-			if arch != vmspec.HostArch() {
+			if image.Foreign(arch) {
 				try = "kosa8 run --arch " + string(arch) + " -- uname -m"
 			}
 			fmt.Fprintf(os.Stderr, "kosa8: ready (image %s, kernel %s). Try: %s\n", filepath.Base(img.Dir), img.Manifest.KernelVersion, try)

@@ -153,7 +153,7 @@ func (s Store) Lookup(r Recipe) (*Image, error) {
 
 // SetupCommand is the command that builds the base image for a.
 func SetupCommand(a vmspec.Arch) string {
-	if a != vmspec.HostArch() {
+	if Foreign(a) {
 		return "kosa8 setup --arch " + string(a)
 	}
 	return "kosa8 setup"
