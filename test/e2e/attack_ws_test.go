@@ -58,6 +58,7 @@ type syncStatus struct {
 		Path string `json:"path"`
 	} `json:"pending"`
 	Skipped []string `json:"skipped"`
+	Errors  []string `json:"errors"`
 	Quota   struct {
 		Bytes    int64 `json:"bytes"`
 		MaxBytes int64 `json:"max_bytes"`
