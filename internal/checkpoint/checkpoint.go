@@ -245,7 +245,14 @@ func (s Store) List() ([]*Meta, error) {
 			out = append(out, m)
 		}
 	}
-	slices.SortFunc(out, func(a, b *Meta) int { return strings.Compare(a.ID, b.ID) })
+	// IDs name the second only: two checkpoints in one second (a
+	// checkpoint and the rewind's own) are told apart by when they were made.
+	slices.SortFunc(out, func(a, b *Meta) int {
+		if c := a.Created.Compare(b.Created); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
 	return out, nil
 }
 

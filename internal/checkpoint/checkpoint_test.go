@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestCommitListDelete(t *testing.T) {
@@ -38,6 +39,28 @@ func TestCommitListDelete(t *testing.T) {
 	}
 	if _, err := s.Load(id); err == nil {
 		t.Fatal("deleted checkpoint loads")
+	}
+}
+
+// Two checkpoints made in one second (a checkpoint, then a rewind's own)
+// have IDs that sort at random: List orders them by when they were made.
+func TestListOldestFirstWithinASecond(t *testing.T) {
+	s := Store{Dir: filepath.Join(t.TempDir(), "checkpoints")}
+	now := time.Now().UTC()
+	for i, id := range []string{"20261201-000000-ffff", "20261201-000000-0000"} {
+		tmp, err := s.Begin(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(tmp, RAMFile), []byte("ram"), 0o600)
+		m := &Meta{ID: id, Kind: "manual", Created: now.Add(time.Duration(i) * time.Millisecond), Disks: map[string]Disk{"root": {Path: "disks/root-1.qcow2", Format: "qcow2"}}}
+		if err := s.Commit(tmp, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := s.List()
+	if err != nil || len(l) != 2 || l[0].ID != "20261201-000000-ffff" {
+		t.Fatalf("list: %v %v", l, err)
 	}
 }
 
