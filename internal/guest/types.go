@@ -43,6 +43,7 @@ type WSPutItem struct {
 	Mode fs.FileMode `json:"mode,omitempty"`
 	Link string      `json:"link,omitempty"`
 	Hash string      `json:"hash,omitempty"` // a file's content must hash to it, or the old file stays
+	Was  *WSEntry    `json:"was,omitempty"`  // see Request.Was
 	End  bool        `json:"end,omitempty"`
 }
 
@@ -52,7 +53,11 @@ type WSOp struct {
 	Path string      `json:"path"`
 	Mode fs.FileMode `json:"mode,omitempty"`
 	Link string      `json:"link,omitempty"`
+	Was  *WSEntry    `json:"was,omitempty"` // see Request.Was
 }
+
+// Stale is in the error of a workspace change refused under Was.
+const Stale = "changed in the guest since the sync looked"
 
 // WSEntry describes a path in the workspace (the same shape as the host's
 // wsync.Entry).
@@ -92,6 +97,11 @@ type Request struct {
 	// content that does not hash to Hash is refused, the file left as it was.
 	Hash string `json:"hash,omitempty"`
 	Root string `json:"root,omitempty"`
+	// Was is what the host saw at a workspace path when it decided to
+	// change it (Type 'x': nothing there; nil: no check). Should the path
+	// hold something else when the change is ready to land (the agent
+	// wrote it meanwhile), nothing changes and the error says Stale.
+	Was *WSEntry `json:"was,omitempty"`
 
 	// Entropy is fresh randomness from the host for OpRestored.
 	Entropy []byte `json:"entropy,omitempty"`

@@ -3,6 +3,7 @@ package wsync
 import (
 	"context"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,12 +54,12 @@ func (b busyBatch) Put(ctx context.Context, items []PutItem) (map[string]error, 
 		case 'd':
 			err = b.Mkdir(ctx, e.Path, e.Mode)
 		case 'l':
-			err = b.Symlink(ctx, e.Path, e.Link)
+			err = b.Symlink(ctx, e.Path, e.Link, it.Was)
 		default:
 			var r io.ReadCloser
 			if r, err = it.Open(); err == nil {
 				var hash string
-				hash, err = b.Write(ctx, e.Path, e.Mode, r, e.Hash)
+				hash, err = b.Write(ctx, e.Path, e.Mode, r, e.Hash, it.Was)
 				r.Close()
 				if err == nil && hash != e.Hash {
 					err = errChanged
@@ -271,5 +272,121 @@ func TestConflictCopyNames(t *testing.T) {
 	p.sync(t)
 	if read(p.host, "g.txt"+stamp) != "the agent's own file" || read(p.host, "g.txt"+stamp+"-2") != "agent" {
 		t.Fatalf("g.txt copies: %v", conflictCopies(t, p.host))
+	}
+}
+
+// savesFirst is a side on which someone saves path just before the sync
+// changes it there: after the pass looked, before its change lands.
+type savesFirst struct {
+	Side
+	path string
+	save func()
+}
+
+func (s *savesFirst) hook(p string) {
+	if p == s.path && s.save != nil {
+		s.save()
+		s.save = nil
+	}
+}
+
+func (s *savesFirst) Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string, was *Entry) (string, error) {
+	s.hook(p)
+	return s.Side.Write(ctx, p, mode, r, hash, was)
+}
+
+func (s *savesFirst) Remove(ctx context.Context, p string, was *Entry) error {
+	s.hook(p)
+	return s.Side.Remove(ctx, p, was)
+}
+
+// savesFirstBatch is savesFirst for the guest as the real agent is, a
+// BatchSide: the save comes as the batch starts.
+type savesFirstBatch struct{ *savesFirst }
+
+func (s savesFirstBatch) Put(ctx context.Context, items []PutItem) (map[string]error, error) {
+	for _, it := range items {
+		s.hook(it.Entry.Path)
+	}
+	return busyBatch{&busyFile{HostSide: s.Side.(*HostSide)}}.Put(ctx, items)
+}
+
+// One side's change synced over a file the other side saves meanwhile
+// (after the pass's scan, before the change lands) must not erase that
+// save: the user who saves shared.txt as the agent's version arrives
+// keeps their edit, and the agent's goes beside it on the next pass; an
+// agent that writes as the user's version is sent in keeps its work the
+// same way. Deletions too. Before the was check, each lost the save.
+func TestSaveDuringSyncIsKept(t *testing.T) {
+	const f = "shared.txt"
+	for _, c := range []struct {
+		name   string
+		from   string // the side whose change the pass brings over
+		delete bool   // that change is a deletion
+		batch  bool   // the guest takes writes in batches (the real agent)
+	}{
+		{"agent's edit over the user's save", "guest", false, false},
+		{"agent's deletion over the user's save", "guest", true, false},
+		{"user's edit over the agent's save", "host", false, false},
+		{"user's edit over the agent's save, batch guest", "host", false, true},
+		{"user's deletion over the agent's save", "host", true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newPair(t, Options{})
+			src, dst := p.guest, p.host
+			if c.from == "host" {
+				src, dst = p.host, p.guest
+			}
+			const saved = "saved on the other side\n"
+			saver := &savesFirst{path: f}
+			plain := func(h *HostSide) Side { return h }
+			wrap := func(h *HostSide) Side {
+				saver.Side = h
+				if c.batch {
+					return savesFirstBatch{saver}
+				}
+				return saver
+			}
+			wrapHost, wrapGuest := wrap, plain // the save is on the side written to
+			if c.from == "host" {
+				wrapHost, wrapGuest = plain, wrap
+			}
+			e := p.engineSides(t, nil, Options{}, wrapHost, wrapGuest)
+			write(t, p.host, f, "v1\n")
+			syncQuiet(t, e)
+			if read(p.guest, f) != "v1\n" {
+				t.Fatal("not in step at the start")
+			}
+
+			change := "the change\n"
+			if c.delete {
+				change = ""
+				os.Remove(filepath.Join(src, f))
+			} else {
+				write(t, src, f, change)
+			}
+			saver.save = func() { write(t, dst, f, saved) }
+			syncQuiet(t, e)
+			if saver.save != nil {
+				t.Fatal("the pass never changed the file: the test tests nothing")
+			}
+			if got := read(dst, f); got != saved {
+				t.Fatalf("the save was lost: %q", got)
+			}
+			syncQuiet(t, e)
+			syncQuiet(t, e)
+			// Nothing lost: the save and the change are both on the host,
+			// the host's version at f on both sides.
+			onHost := map[string]bool{read(p.host, f): true}
+			for _, cp := range conflictCopies(t, p.host) {
+				onHost[read(p.host, cp)] = true
+			}
+			if !onHost[saved] || (change != "" && !onHost[change]) {
+				t.Fatalf("lost a version: the host holds %v", onHost)
+			}
+			if h, g := read(p.host, f), read(p.guest, f); h != g {
+				t.Fatalf("not in step: host %q, guest %q", h, g)
+			}
+		})
 	}
 }

@@ -25,15 +25,22 @@ type Side interface {
 	// returns the hash of what it wrote. Content that does not hash to
 	// hash is not written: p stays as it was (the engine's manifest still
 	// describes it) and the error is errChanged or says so.
-	Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string) (string, error)
+	//
+	// Write, Symlink and Remove change p only if it still is was, what the
+	// engine saw there when it decided (nil: nothing), looked at just
+	// before the change lands: else p stays as it was and the error is
+	// ErrStale. A user who saves a file while a pass copies the agent's
+	// version over it keeps their edit.
+	Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string, was *Entry) (string, error)
 	Mkdir(ctx context.Context, p string, mode fs.FileMode) error
-	Symlink(ctx context.Context, p, target string) error
-	Remove(ctx context.Context, p string) error
+	Symlink(ctx context.Context, p, target string, was *Entry) error
+	Remove(ctx context.Context, p string, was *Entry) error
 }
 
 // PutItem is one entry for a BatchSide: a file's content comes from Open.
 type PutItem struct {
 	Entry *Entry
+	Was   *Entry // what the side held at the path when the pass looked (see Side.Write)
 	Open  func() (io.ReadCloser, error)
 }
 
@@ -385,7 +392,12 @@ func (e *Engine) account(ent *Entry, sign int) {
 	}
 }
 
+// fail records what kept p out of step. A side that changed after the
+// pass looked (ErrStale) is no failure: that change brings the next pass.
 func (e *Engine) fail(p string, err error) {
+	if errors.Is(err, ErrStale) {
+		return
+	}
 	msg := p + ": " + err.Error()
 	e.passFails++
 	if len(e.passErrs) < 5 {
@@ -611,7 +623,7 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 	delete(e.skipped, p)
 	if g == nil {
 		return func() {
-			if err := e.host.Remove(ctx, p); err != nil {
+			if err := e.host.Remove(ctx, p, w.cur); err != nil {
 				if !isNotEmpty(err) {
 					e.fail(p, err)
 				}
@@ -631,19 +643,21 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 		return nil, false
 	}
 	err := func() error {
+		was := w.cur
 		if cur := w.cur; cur != nil && cur.Type != g.Type {
 			if cur.Type == 'd' {
 				return fmt.Errorf("a directory stands where a %s should go", typeName(g.Type))
 			}
-			if err := e.host.Remove(ctx, p); err != nil {
+			if err := e.host.Remove(ctx, p, cur); err != nil {
 				return err
 			}
+			was = nil
 		}
 		switch g.Type {
 		case 'd':
 			return e.host.Mkdir(ctx, p, g.Mode)
 		case 'l':
-			return e.host.Symlink(ctx, p, g.Link)
+			return e.host.Symlink(ctx, p, g.Link, was)
 		}
 		var r io.Reader
 		if content != nil {
@@ -664,7 +678,7 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 		if e.isGitIndex(p) {
 			r = newIndexCheck(r, e.indexHashLen(ctx, path.Dir(p)))
 		}
-		hash, err := e.host.Write(ctx, p, g.Mode, r, g.Hash)
+		hash, err := e.host.Write(ctx, p, g.Mode, r, g.Hash, was)
 		if err != nil {
 			return err
 		}
@@ -943,7 +957,7 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 	}
 	if h == nil {
 		return func() {
-			if err := e.guest.Remove(ctx, p); err != nil {
+			if err := e.guest.Remove(ctx, p, cur); err != nil {
 				if !isNotEmpty(err) {
 					e.fail(p, err)
 				}
@@ -954,7 +968,7 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 	}
 	if _, ok := e.guest.(BatchSide); ok && (cur == nil || cur.Type == h.Type && h.Type != 'd') {
 		want := h
-		e.batch = append(e.batch, PutItem{Entry: want, Open: func() (io.ReadCloser, error) { return e.readScanned(ctx, p, want) }})
+		e.batch = append(e.batch, PutItem{Entry: want, Was: cur, Open: func() (io.ReadCloser, error) { return e.readScanned(ctx, p, want) }})
 		return nil
 	}
 	if err := e.putGuest(ctx, p, cur, h); err != nil {
@@ -988,7 +1002,7 @@ func (e *Engine) flushBatch(ctx context.Context) {
 		case err != nil:
 			e.fail(p, err)
 		case failed[p] != nil:
-			if !errors.Is(failed[p], errChanged) {
+			if !errors.Is(failed[p], errChanged) { // ErrStale: fail ignores it
 				e.fail(p, failed[p])
 			}
 		default:
@@ -1003,22 +1017,23 @@ func (e *Engine) putGuest(ctx context.Context, p string, cur, want *Entry) error
 		if cur.Type == 'd' {
 			return fmt.Errorf("a directory stands where a %s should go", typeName(want.Type))
 		}
-		if err := e.guest.Remove(ctx, p); err != nil {
+		if err := e.guest.Remove(ctx, p, cur); err != nil {
 			return err
 		}
+		cur = nil
 	}
 	switch want.Type {
 	case 'd':
 		return e.guest.Mkdir(ctx, p, want.Mode)
 	case 'l':
-		return e.guest.Symlink(ctx, p, want.Link)
+		return e.guest.Symlink(ctx, p, want.Link, cur)
 	}
 	r, err := e.readScanned(ctx, p, want)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	return e.guestWrite(ctx, p, want, r)
+	return e.guestWrite(ctx, p, want, cur, r)
 }
 
 // readScanned opens the host's p for a copy of the version ent describes:
@@ -1063,18 +1078,20 @@ func (a *prefix) Read(p []byte) (int, error) {
 // guestCopy copies the guest's own p (entry g) to cp, in the guest.
 func (e *Engine) guestCopy(ctx context.Context, p, cp string, g *Entry) error {
 	if g.Type == 'l' {
-		return e.guest.Symlink(ctx, cp, g.Link)
+		return e.guest.Symlink(ctx, cp, g.Link, nil)
 	}
 	r, err := e.guest.Read(ctx, p)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	return e.guestWrite(ctx, cp, g, r)
+	return e.guestWrite(ctx, cp, g, nil, r)
 }
 
-func (e *Engine) guestWrite(ctx context.Context, p string, want *Entry, r io.Reader) error {
-	hash, err := e.guest.Write(ctx, p, want.Mode, r, want.Hash)
+// guestWrite writes want's content from r to the guest's p, if p is
+// still was.
+func (e *Engine) guestWrite(ctx context.Context, p string, want, was *Entry, r io.Reader) error {
+	hash, err := e.guest.Write(ctx, p, want.Mode, r, want.Hash, was)
 	if err != nil {
 		return err
 	}

@@ -93,13 +93,13 @@ func FuzzLinkRule(f *testing.F) {
 				if cur != nil && cur.Type == 'd' {
 					continue
 				}
-				if err := r.Symlink(p, f[2]); err == nil {
+				if err := r.Symlink(p, f[2], Anything); err == nil {
 					v.links[p] = f[2]
 					iv.x.set(p, f[2], true)
 				}
 			case "D":
 				if cur != nil && cur.Type != 'd' {
-					if r.Remove(p) != nil {
+					if r.Remove(p, Anything) != nil {
 						continue
 					}
 					delete(v.links, p)
@@ -107,7 +107,7 @@ func FuzzLinkRule(f *testing.F) {
 				}
 				r.MkdirAll(p, 0o755)
 			case "R":
-				if r.Remove(p) == nil {
+				if r.Remove(p, Anything) == nil {
 					delete(v.links, p)
 					iv.x.set(p, "", false)
 				}

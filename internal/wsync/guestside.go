@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"path"
+	"strings"
 
 	"github.com/kosa8/kosa8/internal/guest"
 )
@@ -90,17 +92,36 @@ func (g *GuestSide) Read(ctx context.Context, p string) (io.ReadCloser, error) {
 }
 
 // Write implements Side.
-func (g *GuestSide) Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string) (string, error) {
+func (g *GuestSide) Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string, was *Entry) (string, error) {
 	full, err := g.full(p)
 	if err != nil {
 		return "", err
 	}
 	h := sha256.New()
-	req := &guest.Request{Path: full, Mode: mode.Perm(), Hash: hash, Root: g.Root}
+	req := &guest.Request{Path: full, Mode: mode.Perm(), Hash: hash, Root: g.Root, Was: wasOf(was)}
 	if err := g.C.Write(ctx, req, io.TeeReader(r, h)); err != nil {
-		return "", err
+		return "", staleOf(err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// wasOf is a change's was (see Side.Write) as the agent takes it.
+func wasOf(e *Entry) *guest.WSEntry {
+	switch e {
+	case Anything:
+		return nil
+	case nil:
+		return &guest.WSEntry{Type: 'x'}
+	}
+	return &guest.WSEntry{Path: e.Path, Type: e.Type, Mode: e.Mode, Size: e.Size, Hash: e.Hash, Link: e.Link, Big: e.Big}
+}
+
+// staleOf makes the agent's refusal under Was ErrStale.
+func staleOf(err error) error {
+	if err != nil && strings.Contains(err.Error(), guest.Stale) {
+		return fmt.Errorf("%w: %v", ErrStale, err)
+	}
+	return err
 }
 
 func (g *GuestSide) op(ctx context.Context, op *guest.WSOp) error {
@@ -109,7 +130,7 @@ func (g *GuestSide) op(ctx context.Context, op *guest.WSOp) error {
 	}
 	s, _, err := g.C.Open(ctx, &guest.Request{Op: guest.OpWSOp, Path: g.Root, WS: op})
 	if err != nil {
-		return err
+		return staleOf(err)
 	}
 	return s.Close()
 }
@@ -118,12 +139,12 @@ func (g *GuestSide) Mkdir(ctx context.Context, p string, mode fs.FileMode) error
 	return g.op(ctx, &guest.WSOp{Kind: "mkdir", Path: p, Mode: mode.Perm()})
 }
 
-func (g *GuestSide) Symlink(ctx context.Context, p, target string) error {
-	return g.op(ctx, &guest.WSOp{Kind: "symlink", Path: p, Link: target})
+func (g *GuestSide) Symlink(ctx context.Context, p, target string, was *Entry) error {
+	return g.op(ctx, &guest.WSOp{Kind: "symlink", Path: p, Link: target, Was: wasOf(was)})
 }
 
-func (g *GuestSide) Remove(ctx context.Context, p string) error {
-	return g.op(ctx, &guest.WSOp{Kind: "remove", Path: p})
+func (g *GuestSide) Remove(ctx context.Context, p string, was *Entry) error {
+	return g.op(ctx, &guest.WSOp{Kind: "remove", Path: p, Was: wasOf(was)})
 }
 
 // Watch reports batches of changed guest paths until ctx ends or the
@@ -188,7 +209,7 @@ func (g *GuestSide) Put(ctx context.Context, items []PutItem) (map[string]error,
 				continue
 			}
 		}
-		if err := guest.WriteJSON(s, guest.FrameRequest, guest.WSPutItem{Path: e.Path, Type: e.Type, Mode: e.Mode.Perm(), Link: e.Link, Hash: e.Hash}); err != nil {
+		if err := guest.WriteJSON(s, guest.FrameRequest, guest.WSPutItem{Path: e.Path, Type: e.Type, Mode: e.Mode.Perm(), Link: e.Link, Hash: e.Hash, Was: wasOf(it.Was)}); err != nil {
 			if r != nil {
 				r.Close()
 			}
@@ -228,7 +249,7 @@ func (g *GuestSide) Put(ctx context.Context, items []PutItem) (map[string]error,
 	}
 	for p, msg := range resp.Failed {
 		if failed[p] == nil { // errChanged: the agent refused what it got, as it should
-			failed[p] = fmt.Errorf("%s", msg)
+			failed[p] = staleOf(errors.New(msg))
 		}
 	}
 	return failed, nil

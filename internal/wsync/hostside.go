@@ -92,7 +92,7 @@ func (h *HostSide) Dir() string { return h.Root.Dir() }
 
 func (h *HostSide) Read(_ context.Context, p string) (io.ReadCloser, error) { return h.Root.Open(p) }
 
-func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Reader, hash string) (string, error) {
+func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Reader, hash string, was *Entry) (string, error) {
 	if dir := path.Dir(p); dir != "." {
 		if err := h.Root.MkdirAll(dir, 0o755); err != nil {
 			return "", err
@@ -104,27 +104,27 @@ func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Rea
 		return "", errChanged // no content hashes to nothing
 	}
 	if gitLocked(p) {
-		return h.Root.WriteFileLocked(p, mode, r, h.Root.MaxFile, hash)
+		return h.Root.WriteFileLocked(p, mode, r, h.Root.MaxFile, hash, was)
 	}
-	return h.Root.WriteFile(p, mode, r, h.Root.MaxFile, hash)
+	return h.Root.WriteFile(p, mode, r, h.Root.MaxFile, hash, was)
 }
 
 func (h *HostSide) Mkdir(_ context.Context, p string, mode fs.FileMode) error {
 	return h.Root.MkdirAll(p, mode)
 }
 
-func (h *HostSide) Symlink(_ context.Context, p, target string) error {
+func (h *HostSide) Symlink(_ context.Context, p, target string, was *Entry) error {
 	if dir := path.Dir(p); dir != "." {
 		if err := h.Root.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
 	}
-	return h.Root.Symlink(p, target)
+	return h.Root.Symlink(p, target, was)
 }
 
-func (h *HostSide) Remove(_ context.Context, p string) error {
+func (h *HostSide) Remove(_ context.Context, p string, was *Entry) error {
 	if gitLocked(p) {
-		return h.Root.RemoveLocked(p)
+		return h.Root.RemoveLocked(p, was)
 	}
-	return h.Root.Remove(p)
+	return h.Root.Remove(p, was)
 }

@@ -261,9 +261,34 @@ func (r *Root) MkdirAll(rel string, mode fs.FileMode) error {
 // root, never with set-id or sticky bits. It returns the content's hash.
 // More than max bytes is an error (the file is not written); so is, when
 // want is not empty, content whose SHA-256 (hex) is not want: errChanged,
-// and rel stays as it was.
-func (r *Root) WriteFile(rel string, mode fs.FileMode, src io.Reader, max int64, want string) (string, error) {
-	return r.writeFile(rel, mode, src, max, want, false)
+// and rel stays as it was. The file replaces rel only if rel still is was
+// (nil: nothing there; Anything: no check), looked at once the content is
+// in place to land; else ErrStale and rel stays as it was.
+func (r *Root) WriteFile(rel string, mode fs.FileMode, src io.Reader, max int64, want string, was *Entry) (string, error) {
+	return r.writeFile(rel, mode, src, max, want, was, false)
+}
+
+// Anything, as the was of a change, lets it replace whatever is there.
+var Anything = &Entry{Type: '*'}
+
+// ErrStale: the path changed on the side being written after the pass
+// looked at it (the user saved the file just then). Nothing is changed;
+// the change itself brings another pass, which decides again.
+var ErrStale = errors.New("changed there since the sync looked")
+
+// still returns ErrStale unless rel is was (see WriteFile).
+func (r *Root) still(rel string, was *Entry) error {
+	if was == Anything {
+		return nil
+	}
+	cur, err := r.stat(rel, was != nil && was.Type == 'f' && !was.Big)
+	if err != nil {
+		return err
+	}
+	if !cur.Same(was) {
+		return fmt.Errorf("%s: %w", rel, ErrStale)
+	}
+	return nil
 }
 
 // ErrLocked: the file's lock file exists; whoever holds it (git on the
@@ -274,11 +299,11 @@ var ErrLocked = errors.New("locked")
 // file is rel + ".lock", created exclusively, so a git process at work on
 // the same file is never overwritten (ErrLocked) and never sees it
 // half-written.
-func (r *Root) WriteFileLocked(rel string, mode fs.FileMode, src io.Reader, max int64, want string) (string, error) {
-	return r.writeFile(rel, mode, src, max, want, true)
+func (r *Root) WriteFileLocked(rel string, mode fs.FileMode, src io.Reader, max int64, want string, was *Entry) (string, error) {
+	return r.writeFile(rel, mode, src, max, want, was, true)
 }
 
-func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64, want string, locked bool) (string, error) {
+func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64, want string, was *Entry, locked bool) (string, error) {
 	pfd, name, err := r.parent(rel)
 	if err != nil {
 		return "", err
@@ -326,6 +351,9 @@ func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64,
 	if err := f.Close(); err != nil {
 		return "", err
 	}
+	if err := r.still(rel, was); err != nil {
+		return "", err
+	}
 	if err := unix.Renameat(pfd, tmp, pfd, name); err != nil {
 		return "", &fs.PathError{Op: "rename", Path: rel, Err: err}
 	}
@@ -333,9 +361,10 @@ func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64,
 	return sum, nil
 }
 
-// Symlink creates rel as a link to target, replacing what is there. Only
-// relative links that stay inside the root are made.
-func (r *Root) Symlink(rel, target string) error {
+// Symlink creates rel as a link to target, replacing what is there if it
+// still is was (see WriteFile). Only relative links that stay inside the
+// root are made.
+func (r *Root) Symlink(rel, target string, was *Entry) error {
 	if !LinkStaysInside(rel, target) {
 		return fmt.Errorf("%w: link %s -> %s leaves the folder", ErrBadPath, rel, target)
 	}
@@ -347,6 +376,10 @@ func (r *Root) Symlink(rel, target string) error {
 	tmp := fmt.Sprintf(".kosa8-link-%d", time.Now().UnixNano())
 	if err := unix.Symlinkat(target, pfd, tmp); err != nil {
 		return &fs.PathError{Op: "symlink", Path: rel, Err: err}
+	}
+	if err := r.still(rel, was); err != nil {
+		_ = unix.Unlinkat(pfd, tmp, 0)
+		return err
 	}
 	if err := unix.Renameat(pfd, tmp, pfd, name); err != nil {
 		_ = unix.Unlinkat(pfd, tmp, 0)
@@ -373,8 +406,9 @@ func takeLock(pfd int, rel, name string, mode uint32) (int, string, error) {
 }
 
 // RemoveLocked deletes a file under git's lock protocol (see
-// WriteFileLocked): holding rel + ".lock" while it unlinks rel.
-func (r *Root) RemoveLocked(rel string) error {
+// WriteFileLocked): holding rel + ".lock" while it unlinks rel, if rel
+// still is was.
+func (r *Root) RemoveLocked(rel string, was *Entry) error {
 	pfd, name, err := r.parent(rel)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -389,14 +423,18 @@ func (r *Root) RemoveLocked(rel string) error {
 	}
 	unix.Close(fd)
 	defer unix.Unlinkat(pfd, lock, 0)
+	if err := r.still(rel, was); err != nil {
+		return err
+	}
 	if err := unix.Unlinkat(pfd, name, 0); err != nil && err != unix.ENOENT {
 		return &fs.PathError{Op: "remove", Path: rel, Err: err}
 	}
 	return nil
 }
 
-// Remove deletes a file, link or empty directory.
-func (r *Root) Remove(rel string) error {
+// Remove deletes a file, link or empty directory, if rel still is was
+// (see WriteFile; a directory is itself whatever it holds).
+func (r *Root) Remove(rel string, was *Entry) error {
 	pfd, name, err := r.parent(rel)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -405,6 +443,9 @@ func (r *Root) Remove(rel string) error {
 		return err
 	}
 	defer unix.Close(pfd)
+	if err := r.still(rel, was); err != nil {
+		return err
+	}
 	err = unix.Unlinkat(pfd, name, 0)
 	if err == unix.EISDIR || err == unix.EPERM {
 		err = unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)

@@ -48,7 +48,7 @@ func TestLinkOutIsNeverFollowed(t *testing.T) {
 		f.Close()
 		t.Fatalf("read through the link: %q", b)
 	}
-	if _, err := r.WriteFile("leak", 0o644, strings.NewReader("overwritten"), 1<<20, ""); err != nil {
+	if _, err := r.WriteFile("leak", 0o644, strings.NewReader("overwritten"), 1<<20, "", Anything); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(secret); string(b) != "PRIVATE KEY" {
@@ -64,7 +64,7 @@ func TestLinkedParentIsRefused(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(ws, "dir")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.WriteFile("dir/planted", 0o644, strings.NewReader("x"), 1<<20, ""); err == nil {
+	if _, err := r.WriteFile("dir/planted", 0o644, strings.NewReader("x"), 1<<20, "", Anything); err == nil {
 		t.Fatal("wrote through a linked parent")
 	}
 	if _, err := r.Stat("dir/id_rsa"); err == nil {
@@ -78,7 +78,7 @@ func TestLinkedParentIsRefused(t *testing.T) {
 	if err := r.MkdirAll("dir/sub", 0o755); err == nil {
 		t.Fatal("mkdir through a linked parent")
 	}
-	if err := r.Remove("dir/id_rsa"); err == nil {
+	if err := r.Remove("dir/id_rsa", Anything); err == nil {
 		if _, err := os.Stat(filepath.Join(outside, "id_rsa")); err != nil {
 			t.Fatal("removed through a linked parent")
 		}
@@ -93,7 +93,7 @@ func TestParentSwappedMidWay(t *testing.T) {
 	if err := r.MkdirAll("a/b", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.WriteFile("a/b/f", 0o644, strings.NewReader("1"), 10, ""); err != nil {
+	if _, err := r.WriteFile("a/b/f", 0o644, strings.NewReader("1"), 10, "", Anything); err != nil {
 		t.Fatal(err)
 	}
 	// The guest (or a race) swaps a/b for a link to the outside.
@@ -101,7 +101,7 @@ func TestParentSwappedMidWay(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(ws, "a", "b")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.WriteFile("a/b/f", 0o644, strings.NewReader("2"), 10, ""); err == nil {
+	if _, err := r.WriteFile("a/b/f", 0o644, strings.NewReader("2"), 10, "", Anything); err == nil {
 		t.Fatal("write followed the swapped parent")
 	}
 	if _, err := os.Stat(filepath.Join(outside, "f")); err == nil {
@@ -112,7 +112,7 @@ func TestParentSwappedMidWay(t *testing.T) {
 func TestHostileNames(t *testing.T) {
 	r, _, _ := setup(t)
 	for _, p := range []string{"../escape", "a/../../escape", "/etc/passwd", "a\x00b", "", ".", "a//b", "./a", strings.Repeat("x", 256), strings.Repeat("a/", 2100) + "b"} {
-		if _, err := r.WriteFile(p, 0o644, strings.NewReader("x"), 10, ""); !errors.Is(err, ErrBadPath) {
+		if _, err := r.WriteFile(p, 0o644, strings.NewReader("x"), 10, "", Anything); !errors.Is(err, ErrBadPath) {
 			t.Errorf("WriteFile(%q): %v", p, err)
 		}
 		if _, err := r.Stat(p); !errors.Is(err, ErrBadPath) && p != "" {
@@ -132,7 +132,7 @@ func TestSpecialFilesAndBits(t *testing.T) {
 	if _, err := r.Open("fifo"); err == nil {
 		t.Fatal("opened a FIFO")
 	}
-	if _, err := r.WriteFile("suid", 0o4755|os.ModeSetuid|os.ModeSticky, strings.NewReader("#!/bin/sh"), 100, ""); err != nil {
+	if _, err := r.WriteFile("suid", 0o4755|os.ModeSetuid|os.ModeSticky, strings.NewReader("#!/bin/sh"), 100, "", Anything); err != nil {
 		t.Fatal(err)
 	}
 	fi, _ := os.Stat(filepath.Join(ws, "suid"))
@@ -159,7 +159,7 @@ func TestSizeCap(t *testing.T) {
 	r, ws, _ := setup(t)
 	// A "10 GiB" file from the guest against a 1 MiB cap: refused after the
 	// cap, nothing left behind.
-	_, err := r.WriteFile("huge", 0o644, io.LimitReader(zeros{}, 10<<30), 1<<20, "")
+	_, err := r.WriteFile("huge", 0o644, io.LimitReader(zeros{}, 10<<30), 1<<20, "", Anything)
 	if err == nil || !strings.Contains(err.Error(), "limit") {
 		t.Fatalf("over the cap: %v", err)
 	}
@@ -187,12 +187,12 @@ func TestSymlinkRules(t *testing.T) {
 	bad := map[string]string{"l4": "/etc/passwd", "a/l5": "../../etc", "l6": "..", "l7": "", "l8": "a/../../x"}
 	r.MkdirAll("a/b", 0o755)
 	for p, target := range ok {
-		if err := r.Symlink(p, target); err != nil {
+		if err := r.Symlink(p, target, Anything); err != nil {
 			t.Errorf("%s -> %s refused: %v", p, target, err)
 		}
 	}
 	for p, target := range bad {
-		if err := r.Symlink(p, target); err == nil {
+		if err := r.Symlink(p, target, Anything); err == nil {
 			t.Errorf("%s -> %s created", p, target)
 		}
 	}

@@ -334,6 +334,19 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 		a.respondError(s, err)
 		return
 	}
+	if req.Was != nil {
+		rel, err := filepath.Rel(req.Root, p)
+		if err == nil && (req.Root == "" || rel == "." || strings.HasPrefix(rel, "..")) {
+			err = fmt.Errorf("write: %s is not in the workspace %q", p, req.Root)
+		}
+		if err == nil {
+			err = a.wsStill(req.Root, filepath.ToSlash(rel), req.Was)
+		}
+		if err != nil {
+			a.respondError(s, err)
+			return
+		}
+	}
 	if err := os.Rename(tmp.Name(), p); err != nil {
 		a.respondError(s, err)
 		return

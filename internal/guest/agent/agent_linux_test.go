@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/wsync"
 )
 
 // The agent is tested in this process, not as PID 1: the channel, exec,
@@ -442,5 +446,74 @@ func TestFindDisk(t *testing.T) {
 	// Serial numbers, none of them this one: not the fallback, an error.
 	if got, err := findDisk(sys(map[string]string{"vda": "ws"}), RootSerial, "vda", 20*time.Millisecond); err == nil {
 		t.Fatalf("found %q for a disk that is not there", got)
+	}
+}
+
+// A workspace change from the host lands only over what the host saw
+// there: an agent that saved the file meanwhile keeps its version, for
+// single writes, batches (ws_put), links and removals alike.
+func TestWorkspaceChangesCheckWhatWasThere(t *testing.T) {
+	c, _ := pair(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	g := &wsync.GuestSide{C: c, Root: dir}
+	put := func(p, content string, was *wsync.Entry) error {
+		sum := sha256.Sum256([]byte(content))
+		hash, err := g.Write(ctx, p, 0o644, strings.NewReader(content), hex.EncodeToString(sum[:]), was)
+		if err == nil && hash != hex.EncodeToString(sum[:]) {
+			t.Fatalf("hash %s", hash)
+		}
+		return err
+	}
+	if err := put("f", "v1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := put("f", "v1 again", nil); !errors.Is(err, wsync.ErrStale) {
+		t.Fatalf("a write expecting nothing replaced a file: %v", err)
+	}
+	v1, err := g.Scan(ctx, []string{"f"})
+	if err != nil || v1["f"] == nil {
+		t.Fatalf("scan: %v %v", v1, err)
+	}
+	was := v1["f"]
+	os.WriteFile(filepath.Join(dir, "f"), []byte("the agent's save"), 0o644)
+	kept := func(what string) {
+		t.Helper()
+		if b, _ := os.ReadFile(filepath.Join(dir, "f")); string(b) != "the agent's save" {
+			t.Fatalf("%s replaced the agent's save: %q", what, b)
+		}
+	}
+	if err := put("f", "the user's", was); !errors.Is(err, wsync.ErrStale) {
+		t.Fatalf("write: %v", err)
+	}
+	kept("a write")
+	failed, err := g.Put(ctx, []wsync.PutItem{{
+		Entry: &wsync.Entry{Path: "f", Type: 'f', Mode: 0o644, Size: 3, Hash: hex.EncodeToString(func() []byte { s := sha256.Sum256([]byte("new")); return s[:] }())},
+		Was:   was,
+		Open:  func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader("new")), nil },
+	}})
+	if err != nil || !errors.Is(failed["f"], wsync.ErrStale) {
+		t.Fatalf("ws_put: %v %v", failed, err)
+	}
+	kept("ws_put")
+	if err := g.Symlink(ctx, "f", "elsewhere", was); !errors.Is(err, wsync.ErrStale) {
+		t.Fatalf("symlink: %v", err)
+	}
+	kept("a link")
+	if err := g.Remove(ctx, "f", was); !errors.Is(err, wsync.ErrStale) {
+		t.Fatalf("remove: %v", err)
+	}
+	kept("a removal")
+	// Over what is there, each goes through.
+	now, _ := g.Scan(ctx, []string{"f"})
+	if err := put("f", "the user's", now["f"]); err != nil {
+		t.Fatal(err)
+	}
+	now, _ = g.Scan(ctx, []string{"f"})
+	if err := g.Remove(ctx, "f", now["f"]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "f")); !os.IsNotExist(err) {
+		t.Fatalf("not removed: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net"
 	"os"
 	"path"
@@ -115,6 +116,41 @@ func (a *Agent) wsEntry(root, rel string, maxFile int64) (*guest.WSEntry, error)
 	return e, nil
 }
 
+// errStale refuses a workspace change under guest.Request.Was.
+var errStale = errors.New(guest.Stale)
+
+// wsStill returns errStale unless the workspace's rel (under root) is
+// was, what the host saw there (Type 'x': nothing); nil checks nothing.
+func (a *Agent) wsStill(root, rel string, was *guest.WSEntry) error {
+	if was == nil {
+		return nil
+	}
+	var limit int64 = math.MaxInt64
+	if was.Big {
+		limit = -1 // size and type only, as the host compares one
+	}
+	cur, err := a.wsEntry(root, rel, limit)
+	if err != nil {
+		return err
+	}
+	same := false
+	switch {
+	case was.Type == 'x' || cur == nil:
+		same = was.Type == 'x' && cur == nil
+	case cur.Type != was.Type:
+	case cur.Type == 'f':
+		same = cur.Size == was.Size && cur.Mode&0o111 == was.Mode&0o111 && (was.Big || cur.Hash == was.Hash)
+	case cur.Type == 'l':
+		same = cur.Link == was.Link
+	default:
+		same = true
+	}
+	if !same {
+		return fmt.Errorf("%s: %w", rel, errStale)
+	}
+	return nil
+}
+
 func (a *Agent) handleWSScan(s net.Conn, req *guest.Request) {
 	root := req.Path
 	if !filepath.IsAbs(root) {
@@ -214,9 +250,13 @@ func (a *Agent) handleWSOp(s net.Conn, req *guest.Request) {
 			err = os.Chmod(full, op.Mode.Perm())
 		}
 	case "symlink":
-		err = replaceSymlink(full, op.Link, u)
+		if err = a.wsStill(req.Path, op.Path, op.Was); err == nil {
+			err = replaceSymlink(full, op.Link, u)
+		}
 	case "remove":
-		err = os.Remove(full)
+		if err = a.wsStill(req.Path, op.Path, op.Was); err == nil {
+			err = os.Remove(full)
+		}
 		if errors.Is(err, os.ErrNotExist) {
 			err = nil
 		}
@@ -445,6 +485,9 @@ func (a *Agent) handleWSPut(s net.Conn, req *guest.Request) {
 			}
 		case 'l':
 			if perr == nil {
+				perr = a.wsStill(root, it.Path, it.Was)
+			}
+			if perr == nil {
 				perr = replaceSymlink(full, it.Link, u)
 			}
 		case 'f':
@@ -484,6 +527,9 @@ func (a *Agent) handleWSPut(s net.Conn, req *guest.Request) {
 				}
 				if err := out.Close(); perr == nil {
 					perr = err
+				}
+				if perr == nil {
+					perr = a.wsStill(root, it.Path, it.Was)
 				}
 				if perr == nil {
 					perr = os.Rename(tmp, full)
