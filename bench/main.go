@@ -220,7 +220,7 @@ func kosa8(args ...string) string {
 }
 
 func open(p sandbox.Paths, name string) *sandbox.Sandbox {
-	sb, err := (&sandbox.Manager{Paths: p}).Open(name)
+	sb, err := (&sandbox.Manager{Paths: p, Disks: qemu.Layers{}}).Open(name)
 	must(err)
 	return sb
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
 )
 
 // makeTree writes files files of about size bytes each under dir.
@@ -42,7 +43,7 @@ func benchWS() {
 	var rows []row
 	paths, err := sandbox.DefaultPaths()
 	must(err)
-	m := &sandbox.Manager{Paths: paths}
+	m := &sandbox.Manager{Paths: paths, Disks: qemu.Layers{}}
 
 	// Initial population of a 10,000-file, ~200 MB tree.
 	tree := filepath.Join(home, "tree")

@@ -16,6 +16,7 @@ import (
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/secrets"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -66,7 +67,7 @@ func New(opts ...Option) (*Client, error) {
 			return nil, fmt.Errorf("kosa8 directory %q is not absolute", d)
 		}
 	}
-	c.m = &sandbox.Manager{Paths: c.paths}
+	c.m = &sandbox.Manager{Paths: c.paths, Disks: qemu.Layers{}}
 	return c, nil
 }
 

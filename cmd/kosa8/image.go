@@ -236,7 +236,7 @@ func buildDerived(ctx context.Context, m *sandbox.Manager, base *image.Image, d 
 		return nil, fmt.Errorf("stop the build sandbox: %w", err)
 	}
 	p.Step("freezing the image")
-	return image.Store{Dir: m.Paths.Cache}.CommitDerived(ctx, base, d, sb.Path(sandbox.RootDisk), logPath, logw)
+	return image.Store{Dir: m.Paths.Cache}.CommitDerived(ctx, base, d, m.Disks, sb.Path(sandbox.RootDisk), logPath, logw)
 }
 
 // refusedHosts lists the names the build sandbox asked for and was refused.

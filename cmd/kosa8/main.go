@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -130,7 +131,7 @@ func manager() (*sandbox.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &sandbox.Manager{Paths: p}, nil
+	return &sandbox.Manager{Paths: p, Disks: qemu.Layers{}}, nil
 }
 
 // agentPath finds the kosa8-agent binary for a guest of arch.

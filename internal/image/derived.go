@@ -11,13 +11,14 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kosa8/kosa8/internal/vmm"
 )
 
 // Derived images: a base image plus a recipe (Debian packages, setup lines,
@@ -165,8 +166,9 @@ func ResolvePins(ctx context.Context, hosts []string, lookup func(ctx context.Co
 // CommitDerived turns the build sandbox's stopped root disk (a qcow2 over
 // base's rootfs) into the image of d: flattened into a raw ext4 file,
 // checked, shrunk to its contents (each sandbox grows it again on first
-// boot), and installed read-only beside base with a manifest.
-func (s Store) CommitDerived(ctx context.Context, base *Image, d DerivedRecipe, rootDisk string, buildLog string, logw io.Writer) (*Image, error) {
+// boot), and installed read-only beside base with a manifest. layers
+// reads the root disk's format.
+func (s Store) CommitDerived(ctx context.Context, base *Image, d DerivedRecipe, layers vmm.DiskLayers, rootDisk string, buildLog string, logw io.Writer) (*Image, error) {
 	archDir := filepath.Dir(base.Dir)
 	work, err := os.MkdirTemp(archDir, ".build-"+d.Key()+"-")
 	if err != nil {
@@ -183,10 +185,8 @@ func (s Store) CommitDerived(ctx context.Context, base *Image, d DerivedRecipe, 
 		return nil, err
 	}
 	rootfs := filepath.Join(out, "rootfs.ext4")
-	b, err := exec.CommandContext(ctx, "qemu-img", "convert", "-O", "raw", rootDisk, rootfs).CombinedOutput()
-	logw.Write(b)
-	if err != nil {
-		return nil, fmt.Errorf("qemu-img convert: %w: %s", err, strings.TrimSpace(lastLines(string(b), 5)))
+	if err := layers.Flatten(ctx, rootDisk, rootfs, logw); err != nil {
+		return nil, err
 	}
 	size, err := shrinkExt4(ctx, rootfs, logw)
 	if err != nil {

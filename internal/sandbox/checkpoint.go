@@ -3,16 +3,10 @@ package sandbox
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -269,18 +263,24 @@ func (s *supervisor) branchDisks(target *checkpoint.Meta, id string) error {
 	return s.sb.saveActiveDisks(next)
 }
 
-// newOverlays makes an empty qcow2 layer over each of layers (in
-// parallel), named for id, and returns them.
+// newOverlays makes an empty layer over each of layers (in parallel),
+// named for id, and returns them.
 func (sb *Sandbox) newOverlays(layers map[string]checkpoint.Disk, id string) (map[string]checkpoint.Disk, error) {
+	dl, err := sb.diskLayers()
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(sb.Path(disksDir), 0o700); err != nil {
 		return nil, err
 	}
 	next := map[string]checkpoint.Disk{}
 	errs := make(chan error, len(layers))
 	for diskID, d := range layers {
-		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
-		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
-		go func() { errs <- newOverlay(sb.Path(overlay), sb.Path(d.Path), d.Format) }()
+		overlay := filepath.Join(disksDir, id+"-"+diskID+"."+dl.Format())
+		next[diskID] = checkpoint.Disk{Path: overlay, Format: dl.Format()}
+		go func() {
+			errs <- dl.Create(context.Background(), sb.Path(overlay), sb.Path(d.Path), d.Format, 0)
+		}()
 	}
 	var first error
 	for range layers {
@@ -289,50 +289,6 @@ func (sb *Sandbox) newOverlays(layers map[string]checkpoint.Disk, id string) (ma
 		}
 	}
 	return next, first
-}
-
-// newOverlay makes an empty qcow2 layer over backing. The size is read
-// from backing here, so qemu-img need not open the backing chain (-u):
-// that open was most of the time a rewind spent on its disks.
-func newOverlay(path, backing, backingFormat string) error {
-	size, err := virtualSize(backing, backingFormat)
-	if err != nil {
-		return fmt.Errorf("new disk layer over %s: %w", backing, err)
-	}
-	out, err := exec.Command("qemu-img", "create", "-q", "-u", "-f", "qcow2",
-		"-o", "backing_file="+backing+",backing_fmt="+backingFormat+",lazy_refcounts=on",
-		path, strconv.FormatInt(size, 10)).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("new disk layer: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// virtualSize is the size the guest sees of a raw or qcow2 disk file.
-func virtualSize(path, format string) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	switch format {
-	case "raw":
-		st, err := f.Stat()
-		if err != nil {
-			return 0, err
-		}
-		return st.Size(), nil
-	case "qcow2":
-		var h [32]byte
-		if _, err := io.ReadFull(f, h[:]); err != nil {
-			return 0, fmt.Errorf("read qcow2 header: %w", err)
-		}
-		if string(h[:4]) != "QFI\xfb" {
-			return 0, fmt.Errorf("not a qcow2 file")
-		}
-		return int64(binary.BigEndian.Uint64(h[24:32])), nil
-	}
-	return 0, fmt.Errorf("unknown disk format %q", format)
 }
 
 // Deadlines of a checkpoint's steps. A guest or QEMU that does not answer
@@ -576,18 +532,22 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	}()
 	frozen := s.sb.activeDisks()
 	next := map[string]checkpoint.Disk{}
+	dl, err := s.sb.diskLayers() // the machine's own format: the same backend's
+	if err != nil {
+		return nil, nil, err
+	}
 	if err := os.MkdirAll(s.sb.Path(disksDir), 0o700); err != nil {
 		return nil, nil, err
 	}
 	for diskID := range frozen {
-		overlay := filepath.Join(disksDir, id+"-"+diskID+".qcow2")
+		overlay := filepath.Join(disksDir, id+"-"+diskID+"."+dl.Format())
 		sctx, cancel := withTimeout(ctx, vmCallTimeout)
 		err := m.SnapshotDisk(sctx, diskID, s.sb.Path(overlay))
 		cancel()
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot disk %s: %w", diskID, err)
 		}
-		next[diskID] = checkpoint.Disk{Path: overlay, Format: "qcow2"}
+		next[diskID] = checkpoint.Disk{Path: overlay, Format: dl.Format()}
 		// Recorded at once: a crash after this point must restart on the
 		// new layer, which holds every write from now on.
 		cur := s.sb.activeDisks()
@@ -899,8 +859,12 @@ func gcDisks(sb *Sandbox) error {
 			roots = append(roots, sb.Path(d.Path))
 		}
 	}
+	dl, err := sb.diskLayers()
+	if err != nil {
+		return err
+	}
 	for _, r := range roots {
-		chain, err := backingChain(r)
+		chain, err := dl.Chain(context.Background(), r)
 		if err != nil {
 			return err // unsure what is used: delete nothing
 		}
@@ -915,25 +879,6 @@ func gcDisks(sb *Sandbox) error {
 		}
 	}
 	return nil
-}
-
-// backingChain lists a disk file and the files it is built on.
-func backingChain(path string) ([]string, error) {
-	out, err := exec.Command("qemu-img", "info", "-U", "--backing-chain", "--output=json", path).Output()
-	if err != nil {
-		return nil, fmt.Errorf("qemu-img info %s: %w", path, err)
-	}
-	var infos []struct {
-		Filename string `json:"filename"`
-	}
-	if err := json.Unmarshal(out, &infos); err != nil {
-		return nil, err
-	}
-	var chain []string
-	for _, i := range infos {
-		chain = append(chain, i.Filename)
-	}
-	return chain, nil
 }
 
 // DefaultMaxCheckpoints is how many checkpoints a sandbox keeps unless told.

@@ -1,7 +1,9 @@
 package sandbox
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -21,6 +23,29 @@ func TestNoDriverDependency(t *testing.T) {
 	for _, dep := range strings.Fields(string(out)) {
 		if strings.HasPrefix(dep, "github.com/kosa8/kosa8/internal/vmm/") {
 			t.Errorf("internal/sandbox depends on %s", dep)
+		}
+	}
+}
+
+// Disk layers are the driver's business too: nothing here runs qemu-img
+// or reads a qcow2 header (vmm.DiskLayers does, in internal/vmm/qemu).
+func TestNoDiskFormatCode(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []string{`"qemu-img"`, `QFI\xfb`} {
+			if strings.Contains(string(b), bad) {
+				t.Errorf("%s has %s", f, bad)
+			}
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
 )
 
 func TestValidateName(t *testing.T) {
@@ -93,7 +94,7 @@ func newManager(t *testing.T) *Manager {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
 		t.Skip("qemu-img not installed (qemu-utils): creating a sandbox needs it")
 	}
-	return &Manager{Paths: Paths{Home: t.TempDir(), Cache: t.TempDir(), Config: t.TempDir()}}
+	return &Manager{Paths: Paths{Home: t.TempDir(), Cache: t.TempDir(), Config: t.TempDir()}, Disks: qemu.Layers{}}
 }
 
 func TestCreateOpenListRemove(t *testing.T) {

@@ -23,16 +23,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/secrets"
+	"github.com/kosa8/kosa8/internal/vmm"
 )
 
 var (
@@ -44,12 +43,26 @@ var (
 // Manager finds, creates and removes sandboxes.
 type Manager struct {
 	Paths Paths
+	// Disks makes the sandboxes' disk layers: the VMM's format, handed in
+	// by the caller (qemu.Layers) as the supervisor's driver is.
+	Disks vmm.DiskLayers
 }
 
 // Sandbox is one sandbox's directory and settings.
 type Sandbox struct {
 	Dir    string
 	Config Config
+	// Disks makes its disk layers (the Manager's); nil fails what needs
+	// them (a checkpoint, a rewind, deleting a checkpoint) with a clear error.
+	Disks vmm.DiskLayers
+}
+
+// diskLayers is sb.Disks, or the error that says none were given.
+func (sb *Sandbox) diskLayers() (vmm.DiskLayers, error) {
+	if sb.Disks == nil {
+		return nil, errors.New("internal error: this sandbox was opened without a disk layer driver (sandbox.Manager.Disks)")
+	}
+	return sb.Disks, nil
 }
 
 func (m *Manager) dir(name string) string { return filepath.Join(m.Paths.SandboxesDir(), name) }
@@ -67,9 +80,8 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 	if _, err := os.Lstat(final); err == nil {
 		return nil, fmt.Errorf("%w: %s (pick another --name, or 'kosa8 rm %s')", ErrExists, cfg.Name, cfg.Name)
 	}
-	qemuImg, err := exec.LookPath("qemu-img")
-	if err != nil {
-		return nil, fmt.Errorf("qemu-img not found: run 'kosa8 setup' or install qemu-utils")
+	if m.Disks == nil {
+		return nil, errors.New("internal error: sandbox.Manager has no disk layer driver (Disks)")
 	}
 	sweepStaging(root)
 	stage, err := os.MkdirTemp(root, ".staging-"+cfg.Name+"-")
@@ -89,11 +101,8 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 	cfg.Created = time.Now().UTC()
 	cfg.ImageDir = img.Dir
 	disk := filepath.Join(stage, RootDisk)
-	out, err := exec.CommandContext(ctx, qemuImg, "create", "-q", "-f", "qcow2",
-		"-o", "backing_file="+img.RootFS()+",backing_fmt=raw,lazy_refcounts=on",
-		disk, strconv.Itoa(cfg.DiskGiB)+"G").CombinedOutput()
-	if err != nil {
-		return nil, fmt.Errorf("create root disk: %v: %s", err, strings.TrimSpace(string(out)))
+	if err := m.Disks.Create(ctx, disk, img.RootFS(), "raw", int64(cfg.DiskGiB)<<30); err != nil {
+		return nil, fmt.Errorf("create root disk: %w", err)
 	}
 	if cfg.Workspace != nil {
 		if err := createWorkspaceDisk(ctx, filepath.Join(stage, WorkspaceDisk), cfg.DiskGiB, cfg.UID, cfg.GID); err != nil {
@@ -120,7 +129,7 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	ok = true
-	return &Sandbox{Dir: final, Config: cfg}, nil
+	return &Sandbox{Dir: final, Config: cfg, Disks: m.Disks}, nil
 }
 
 // sweepStaging removes staging and trash directories left by a kill -9,
@@ -149,7 +158,7 @@ func (m *Manager) Open(name string) (*Sandbox, error) {
 		}
 		return nil, err
 	}
-	return &Sandbox{Dir: d, Config: cfg}, nil
+	return &Sandbox{Dir: d, Config: cfg, Disks: m.Disks}, nil
 }
 
 // List returns every sandbox, by name.

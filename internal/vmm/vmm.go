@@ -7,6 +7,7 @@ package vmm
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 
@@ -140,4 +141,23 @@ type Machine interface {
 	Done() <-chan struct{}
 	// Kill stops the machine at once.
 	Kill() error
+}
+
+// DiskLayers makes and reads the copy-on-write layers a sandbox's disks
+// are made of: its root disk over the image, and the layer each
+// checkpoint freezes and each rewind branches from. They are the VMM's
+// format (qcow2 for QEMU), so the driver's package knows them; the rest of
+// kosa8 only names their files.
+type DiskLayers interface {
+	// Format is the layers' format name ("qcow2"), as checkpoints record it.
+	Format() string
+	// Create makes an empty layer at path over backing, a file of the
+	// format backingFormat ("raw" or Format()), of size bytes; 0: the
+	// size the guest sees of backing.
+	Create(ctx context.Context, path, backing, backingFormat string, size int64) error
+	// Chain lists path and every layer under it, path first.
+	Chain(ctx context.Context, path string) ([]string, error)
+	// Flatten writes the disk the guest sees at path, its layers merged,
+	// to dst as a raw file; the tool's own messages go to log.
+	Flatten(ctx context.Context, path, dst string, log io.Writer) error
 }

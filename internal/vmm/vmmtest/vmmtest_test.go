@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kosa8/kosa8/internal/vmm"
@@ -114,5 +115,27 @@ func TestFailOnceAndExit(t *testing.T) {
 	}
 	if _, err := m.Agent().Write([]byte("x")); err == nil {
 		t.Error("the agent channel outlived the machine")
+	}
+}
+
+func TestLayersChain(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "rootfs.ext4")
+	os.WriteFile(base, []byte("raw"), 0o600)
+	l := Layers{}
+	ctx := context.Background()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	if err := l.Create(ctx, a, base, "raw", 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Create(ctx, b, a, l.Format(), 0); err != nil {
+		t.Fatal(err)
+	}
+	chain, err := l.Chain(ctx, b)
+	if err != nil || strings.Join(chain, " ") != b+" "+a+" "+base {
+		t.Fatalf("chain %v %v", chain, err)
+	}
+	if err := l.Create(ctx, filepath.Join(dir, "c"), filepath.Join(dir, "missing"), "raw", 0); err == nil {
+		t.Fatal("a layer over a missing file")
 	}
 }
