@@ -168,6 +168,14 @@ func (a *Agent) handleAttach(s net.Conn, id string) {
 	a.mu.Lock()
 	p := a.procs[id]
 	a.mu.Unlock()
+	// A process whose exit was delivered is gone, though the goroutine
+	// that delivered it may not have forgotten it yet (the host, which
+	// read the exit, can attach first). done is set under p.mu in the
+	// same hold as the write of the exit frame, so this sees it.
+	if p != nil && p.delivered() {
+		a.forget(p)
+		p = nil
+	}
 	if p == nil {
 		a.respondError(s, fmt.Errorf("attach: no process %q", id))
 		return
