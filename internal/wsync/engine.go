@@ -141,8 +141,9 @@ type Engine struct {
 	gitRuns   gitRunSet         // paths a host git config names (hooksPath, includes, commands), to the config
 	used      Quota
 	errs      []string
-	passErrs  []string // this pass's failures (the first few)
-	passFails int      // how many paths failed this pass
+	passErrs  []string       // this pass's failures (the first few)
+	passFails int            // how many paths failed this pass
+	stale     map[string]int // paths whose change was stale, passes in a row
 	lastSync  time.Time
 	onChange  func(map[string]*Entry)
 }
@@ -177,7 +178,17 @@ func NewEngine(host, guest Side, manifest map[string]*Entry, opts Options, save 
 
 // Excluded reports whether p stays on its side.
 // Git's lock files are always: they belong to a git process at work.
-func (e *Engine) Excluded(p string) bool { return isGitLock(p) || matchAny(p, e.opts.Exclude) }
+func (e *Engine) Excluded(p string) bool {
+	return isGitLock(p) || lostFound(p) || matchAny(p, e.opts.Exclude)
+}
+
+// lostFound tells whether p is the folder's top-level lost+found or in
+// it. The guest's workspace file system has its own (its agent leaves it
+// out of scans), so the host's would look deleted by the guest on every
+// full pass: it stays on the host, never synced.
+func lostFound(p string) bool {
+	return p == "lost+found" || strings.HasPrefix(p, "lost+found/")
+}
 
 // under reports whether p is one of roots or below one (nil roots: all).
 func under(p string, roots []string) bool {
@@ -326,6 +337,7 @@ func (e *Engine) manifestCopy() map[string]*Entry {
 // coming back from a checkpoint, through the gate like any other.
 func (e *Engine) setManifest(p string, ent *Entry, origin string) {
 	defer e.relink(p)
+	delete(e.stale, p)
 	if old := e.manifest[p]; old != nil {
 		e.account(old, -1)
 		if old.Type == 'l' {
@@ -392,11 +404,23 @@ func (e *Engine) account(ent *Entry, sign int) {
 	}
 }
 
+// staleReport is how many passes in a row a path may be stale before it
+// is reported.
+const staleReport = 3
+
 // fail records what kept p out of step. A side that changed after the
 // pass looked (ErrStale) is no failure: that change brings the next pass.
+// Unless it is every pass: a file written all the time, or one the scan
+// cannot read but is there, is reported from the staleReport-th on.
 func (e *Engine) fail(p string, err error) {
 	if errors.Is(err, ErrStale) {
-		return
+		if e.stale == nil {
+			e.stale = map[string]int{}
+		}
+		if e.stale[p]++; e.stale[p] < staleReport {
+			return
+		}
+		err = fmt.Errorf("%w, %d passes in a row (a file changed all the time, or one this sync cannot read)", err, e.stale[p])
 	}
 	msg := p + ": " + err.Error()
 	e.passFails++
@@ -451,18 +475,30 @@ func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
 		e.fail(p, err)
 		return nil
 	}
+	c := *g
+	c.Path = cp
 	if g.Type != 'd' {
 		if err := e.guestCopy(ctx, p, cp, g); err != nil {
 			e.fail(p, err)
 			return nil
 		}
-		c := *g
-		c.Path = cp
-		e.gate(ctx, hostWrite{via: viaConflict, path: cp, src: p, kind: "added", want: &c})
 	}
+	// The host's version goes in first: should the guest's p change
+	// meanwhile (stale), its copy goes again and the next pass starts
+	// over, so a file the agent keeps writing never leaves a trail of
+	// copies on the host.
 	if err := e.putGuest(ctx, p, g, h); err != nil {
+		if g.Type != 'd' {
+			if rerr := e.guest.Remove(ctx, cp, &c); rerr != nil {
+				e.fail(cp, rerr)
+			}
+		}
 		e.fail(p, err)
 		return nil
+	}
+	if g.Type != 'd' {
+		// Read from the guest's copy: p holds the host's version now.
+		e.gate(ctx, hostWrite{via: viaConflict, path: cp, src: p, from: cp, kind: "added", want: &c})
 	}
 	e.setManifest(p, h, "host")
 	e.conflicts = append(e.conflicts, Conflict{Path: p, Copy: cp, Time: e.opts.Now().UTC()})
@@ -534,10 +570,19 @@ const (
 type hostWrite struct {
 	via  via
 	path string // where on the host
-	src  string // the guest's path of the content (a conflict copy's differs)
+	src  string // the guest's path the content is of (a conflict copy's differs)
+	from string // where in the guest to read it, if not src (a conflict's copy there)
 	kind string // added, modified, deleted: for held and pending records
 	cur  *Entry // the host's entry at path now
 	want *Entry // the guest's entry; nil deletes path
+}
+
+// readFrom is where in the guest w's content is read.
+func (w hostWrite) readFrom() string {
+	if w.from != "" {
+		return w.from
+	}
+	return w.src
 }
 
 // gate is the one way guest data reaches the host folder: sync passes,
@@ -666,7 +711,7 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 			}
 			r = bytes.NewReader(content)
 		} else {
-			rc, err := e.guest.Read(ctx, w.src)
+			rc, err := e.guest.Read(ctx, w.readFrom())
 			if err != nil {
 				return err
 			}
@@ -738,7 +783,7 @@ func (e *Engine) gitConfigCheck(ctx context.Context, w hostWrite) ([]byte, strin
 	if err != nil {
 		return nil, "git config change (host version unreadable: " + err.Error() + ")"
 	}
-	new, err := readAll(ctx, e.guest.Read, w.src)
+	new, err := readAll(ctx, e.guest.Read, w.readFrom())
 	if err != nil {
 		return nil, "git config change (guest version unreadable: " + err.Error() + ")"
 	}

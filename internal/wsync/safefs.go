@@ -131,6 +131,12 @@ func (r *Root) stat(rel string, hash bool) (*Entry, error) {
 		return nil, err
 	}
 	defer unix.Close(pfd)
+	return r.statAt(pfd, name, rel, hash)
+}
+
+// statAt is stat of name in the open directory pfd (rel names it for the
+// hash cache and errors).
+func (r *Root) statAt(pfd int, name, rel string, hash bool) (*Entry, error) {
 	var st unix.Stat_t
 	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if err == unix.ENOENT {
@@ -149,7 +155,7 @@ func (r *Root) stat(rel string, hash bool) (*Entry, error) {
 		if !hash {
 			break
 		}
-		h, err := r.hashFile(rel, &st)
+		h, err := r.hashFile(pfd, name, rel, &st)
 		if err != nil {
 			return nil, err
 		}
@@ -170,15 +176,24 @@ func (r *Root) stat(rel string, hash bool) (*Entry, error) {
 	return e, nil
 }
 
-func (r *Root) hashFile(rel string, st *unix.Stat_t) (string, error) {
+// hashFile hashes name in the open directory pfd, st its Fstatat, never
+// through a link and only a regular file.
+func (r *Root) hashFile(pfd int, name, rel string, st *unix.Stat_t) (string, error) {
 	key := keyOf(st)
 	if h, ok := r.hash.get(rel, key); ok {
 		return h, nil
 	}
-	f, err := r.Open(rel)
+	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", err
+		return "", &fs.PathError{Op: "open", Path: rel, Err: err}
 	}
+	var fst unix.Stat_t
+	if err := unix.Fstat(fd, &fst); err != nil || fst.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return "", fmt.Errorf("%s: not a regular file", rel)
+	}
+	_ = unix.SetNonblock(fd, false)
+	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
@@ -276,17 +291,33 @@ var Anything = &Entry{Type: '*'}
 // the change itself brings another pass, which decides again.
 var ErrStale = errors.New("changed there since the sync looked")
 
-// still returns ErrStale unless rel is was (see WriteFile).
-func (r *Root) still(rel string, was *Entry) error {
+// still returns ErrStale unless name in the open directory pfd (rel) is
+// was (see WriteFile): the directory the change lands in, not whatever
+// rel's parent is by now.
+func (r *Root) still(pfd int, name, rel string, was *Entry) error {
 	if was == Anything {
 		return nil
 	}
-	cur, err := r.stat(rel, was != nil && was.Type == 'f' && !was.Big)
+	// Size first: a file that grew is stale without being read.
+	var st unix.Stat_t
+	err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	switch {
+	case err == unix.ENOENT:
+		if was == nil {
+			return nil
+		}
+		return ErrStale
+	case err != nil:
+		return &fs.PathError{Op: "stat", Path: rel, Err: err}
+	case was == nil || (was.Type == 'f' && (st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != was.Size)):
+		return ErrStale
+	}
+	cur, err := r.statAt(pfd, name, rel, was.Type == 'f' && !was.Big)
 	if err != nil {
 		return err
 	}
 	if !cur.Same(was) {
-		return fmt.Errorf("%s: %w", rel, ErrStale)
+		return ErrStale
 	}
 	return nil
 }
@@ -351,7 +382,7 @@ func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64,
 	if err := f.Close(); err != nil {
 		return "", err
 	}
-	if err := r.still(rel, was); err != nil {
+	if err := r.still(pfd, name, rel, was); err != nil {
 		return "", err
 	}
 	if err := unix.Renameat(pfd, tmp, pfd, name); err != nil {
@@ -377,7 +408,7 @@ func (r *Root) Symlink(rel, target string, was *Entry) error {
 	if err := unix.Symlinkat(target, pfd, tmp); err != nil {
 		return &fs.PathError{Op: "symlink", Path: rel, Err: err}
 	}
-	if err := r.still(rel, was); err != nil {
+	if err := r.still(pfd, name, rel, was); err != nil {
 		_ = unix.Unlinkat(pfd, tmp, 0)
 		return err
 	}
@@ -423,7 +454,7 @@ func (r *Root) RemoveLocked(rel string, was *Entry) error {
 	}
 	unix.Close(fd)
 	defer unix.Unlinkat(pfd, lock, 0)
-	if err := r.still(rel, was); err != nil {
+	if err := r.still(pfd, name, rel, was); err != nil {
 		return err
 	}
 	if err := unix.Unlinkat(pfd, name, 0); err != nil && err != unix.ENOENT {
@@ -443,7 +474,7 @@ func (r *Root) Remove(rel string, was *Entry) error {
 		return err
 	}
 	defer unix.Close(pfd)
-	if err := r.still(rel, was); err != nil {
+	if err := r.still(pfd, name, rel, was); err != nil {
 		return err
 	}
 	err = unix.Unlinkat(pfd, name, 0)

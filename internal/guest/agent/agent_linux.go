@@ -336,7 +336,7 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 	}
 	if req.Was != nil {
 		rel, err := filepath.Rel(req.Root, p)
-		if err == nil && (req.Root == "" || rel == "." || strings.HasPrefix(rel, "..")) {
+		if err == nil && (req.Root == "" || rel == "." || outside(rel)) {
 			err = fmt.Errorf("write: %s is not in the workspace %q", p, req.Root)
 		}
 		if err == nil {
@@ -355,7 +355,7 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 	if req.Hash != "" && req.Root != "" {
 		// The host knows what it sent: remember the hash so the next scan
 		// does not read the file again.
-		if rel, err := filepath.Rel(req.Root, p); err == nil && !strings.HasPrefix(rel, "..") {
+		if rel, err := filepath.Rel(req.Root, p); err == nil && !outside(rel) {
 			var st unix.Stat_t
 			if unix.Lstat(p, &st) == nil {
 				c := a.wsCache()
@@ -366,6 +366,12 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 		}
 	}
 	a.respond(s, guest.Response{})
+}
+
+// outside tells whether rel, from filepath.Rel, leaves its base: ".." or
+// "../…", not a name that starts with two dots ("..notes").
+func outside(rel string) bool {
+	return rel == ".." || strings.HasPrefix(rel, "../")
 }
 
 // mkdirAllOwned creates dir and missing parents, the new ones owned by u.

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"net"
 	"os"
 	"path"
@@ -125,8 +124,10 @@ func (a *Agent) wsStill(root, rel string, was *guest.WSEntry) error {
 	if was == nil {
 		return nil
 	}
-	var limit int64 = math.MaxInt64
-	if was.Big {
+	// Hashed only at was's size: a file grown meanwhile (a sparse 4 GiB
+	// one, say) is stale without being read.
+	limit := was.Size
+	if was.Big || was.Type != 'f' {
 		limit = -1 // size and type only, as the host compares one
 	}
 	cur, err := a.wsEntry(root, rel, limit)
@@ -403,7 +404,7 @@ func (a *Agent) handleWSWatch(ctx context.Context, s net.Conn, req *guest.Reques
 				return
 			}
 			rel, err := filepath.Rel(root, ev.Name)
-			if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+			if err != nil || rel == "." || outside(rel) {
 				continue
 			}
 			dirty[filepath.ToSlash(rel)] = true
