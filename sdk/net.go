@@ -52,16 +52,7 @@ func (s *Sandbox) allow(ctx context.Context, rules []string, broad bool) ([]stri
 	if s.sb.Alive() {
 		return sandbox.NewClient(s.sb).Allow(ctx, rules, broad)
 	}
-	return s.editPolicy(func(p *netpolicy.Policy) error {
-		for _, a := range rules {
-			r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: broad})
-			if err != nil {
-				return err
-			}
-			p.Add(r)
-		}
-		return nil
-	})
+	return stopped(sandbox.AllowStopped(s.sb, rules, broad))
 }
 
 // Deny adds deny rules for hosts, wildcards or ranges: a deny rule wins
@@ -70,43 +61,22 @@ func (s *Sandbox) Deny(ctx context.Context, targets ...string) ([]string, error)
 	if s.sb.Alive() {
 		return sandbox.NewClient(s.sb).Deny(ctx, targets)
 	}
-	return s.editPolicy(func(p *netpolicy.Policy) error { return sandbox.AddDenyRules(p, targets) })
+	return stopped(sandbox.DenyStopped(s.sb, targets))
 }
 
 // Remove takes away the rules (allow or deny, the latter written
 // deny:TARGET) for hosts, wildcards or ranges and returns the rules left.
-// A target no rule has is an error.
+// A target no rule has is an error, and then nothing is removed.
 func (s *Sandbox) Remove(ctx context.Context, targets ...string) ([]string, error) {
 	if s.sb.Alive() {
 		return sandbox.NewClient(s.sb).RemoveRules(ctx, targets)
 	}
-	return s.editPolicy(func(p *netpolicy.Policy) error {
-		for _, t := range targets {
-			n, err := p.Remove(t)
-			if err != nil {
-				return err
-			}
-			if n == 0 {
-				return fmt.Errorf("no rule for %s", t)
-			}
-		}
-		return nil
-	})
+	return stopped(sandbox.RemoveStopped(s.sb, targets))
 }
 
-func (s *Sandbox) editPolicy(f func(*netpolicy.Policy) error) ([]string, error) {
-	// A supervisor that started meanwhile would not see a file edit.
-	p, err := s.sb.LoadPolicy()
+// stopped is the rules a stopped sandbox's edit left.
+func stopped(p *netpolicy.Policy, err error) ([]string, error) {
 	if err != nil {
-		return nil, err
-	}
-	if err := f(p); err != nil {
-		return nil, err
-	}
-	if s.sb.Alive() {
-		return nil, fmt.Errorf("%s started while its rules were being changed: try again", s.Name())
-	}
-	if err := s.sb.SavePolicy(p); err != nil {
 		return nil, err
 	}
 	return ruleTexts(p), nil
@@ -206,16 +176,7 @@ func (s *Sandbox) AddPort(ctx context.Context, p Port) error {
 		_, err := sandbox.NewClient(s.sb).AddPort(ctx, pf)
 		return err
 	}
-	ports, err := s.sb.LoadPorts()
-	if err != nil {
-		return err
-	}
-	for _, q := range ports {
-		if q.HostPort == pf.HostPort {
-			return fmt.Errorf("host port %d is forwarded already", pf.HostPort)
-		}
-	}
-	return s.sb.SavePorts(append(ports, pf))
+	return sandbox.AddPortStopped(s.sb, pf)
 }
 
 // RemovePort stops forwarding a host port.
@@ -224,17 +185,7 @@ func (s *Sandbox) RemovePort(ctx context.Context, hostPort uint16) error {
 		_, err := sandbox.NewClient(s.sb).RemovePort(ctx, hostPort)
 		return err
 	}
-	ports, err := s.sb.LoadPorts()
-	if err != nil {
-		return err
-	}
-	var keep []sandbox.PortForward
-	for _, p := range ports {
-		if p.HostPort != hostPort {
-			keep = append(keep, p)
-		}
-	}
-	return s.sb.SavePorts(keep)
+	return sandbox.RemovePortStopped(s.sb, hostPort)
 }
 
 // SyncStatus is the state of the workspace sync.

@@ -412,7 +412,9 @@ func TestStoppedSandbox(t *testing.T) {
 	if bl, _ := sb.Blocked(ctx); len(bl) != 0 {
 		t.Fatalf("still blocked after allow: %+v", bl)
 	}
-	if log, _ := sb.NetLog(ctx); len(log) != 1 || log[0].Decision != "deny" {
+	// The rule change of a stopped sandbox is in its log, as a running
+	// one's is.
+	if log, _ := sb.NetLog(ctx); len(log) != 2 || log[0].Decision != "deny" || log[1].Kind != "policy" || log[1].Decision != "allow" || log[1].Rule != "evil.example" {
 		t.Fatalf("net log: %+v", log)
 	}
 }

@@ -64,17 +64,16 @@ func checkpointCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			s, err := sdkSandbox(args[0])
+			if err != nil {
+				return err
+			}
 			for _, ref := range args[1:] {
 				id, err := resolveCheckpoint(sb, ref, false)
 				if err != nil {
 					return err
 				}
-				if sb.Alive() {
-					err = sandbox.NewClient(sb).DeleteCheckpoint(cmd.Context(), id)
-				} else {
-					err = sandbox.DeleteCheckpoint(sb, id)
-				}
-				if err != nil {
+				if err := s.DeleteCheckpoint(cmd.Context(), id); err != nil {
 					return err
 				}
 				fmt.Println(id)

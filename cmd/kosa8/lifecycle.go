@@ -23,6 +23,7 @@ import (
 	"github.com/kosa8/kosa8/internal/secrets"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
+	"github.com/kosa8/kosa8/sdk"
 )
 
 // createFlags are shared by create and run.
@@ -418,6 +419,17 @@ func openSandbox(name string) (*sandbox.Sandbox, error) {
 		return nil, err
 	}
 	return m.Open(name)
+}
+
+// sdkSandbox opens a sandbox through the SDK (the same directories as
+// manager's): the CLI's commands that change a sandbox, running or
+// stopped, are the SDK's calls.
+func sdkSandbox(name string) (*sdk.Sandbox, error) {
+	c, err := sdk.New()
+	if err != nil {
+		return nil, err
+	}
+	return c.Open(name)
 }
 
 // runningSandbox opens a sandbox that must be running.

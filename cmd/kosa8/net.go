@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kosa8/kosa8/internal/audit"
-	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/sdk"
 )
 
 func netCmd() *cobra.Command {
@@ -35,25 +35,15 @@ running or not.`,
 		Example: "  kosa8 net allow dev github.com:22 '*.npmjs.org'",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := openSandbox(args[0])
+			s, err := sdkSandbox(args[0])
 			if err != nil {
 				return err
 			}
-			var rules []string
-			if sb.Alive() {
-				rules, err = sandbox.NewClient(sb).Allow(cmd.Context(), args[1:], broad)
-			} else {
-				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error {
-					for _, a := range args[1:] {
-						r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: broad})
-						if err != nil {
-							return err
-						}
-						p.Add(r)
-					}
-					return nil
-				})
+			allow := s.Allow
+			if broad {
+				allow = s.AllowBroad
 			}
+			rules, err := allow(cmd.Context(), args[1:]...)
 			if err != nil {
 				return err
 			}
@@ -72,16 +62,11 @@ of exactly the same target does too.`,
 		Example: "  kosa8 net deny dev other.example.com '*.ads.example.com' 10.0.0.0/8",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := openSandbox(args[0])
+			s, err := sdkSandbox(args[0])
 			if err != nil {
 				return err
 			}
-			var rules []string
-			if sb.Alive() {
-				rules, err = sandbox.NewClient(sb).Deny(cmd.Context(), args[1:])
-			} else {
-				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error { return sandbox.AddDenyRules(p, args[1:]) })
-			}
+			rules, err := s.Deny(cmd.Context(), args[1:]...)
 			if err != nil {
 				return err
 			}
@@ -97,16 +82,11 @@ error, and then nothing is removed.`,
 		Example: "  kosa8 net rm dev github.com deny:other.example.com",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := openSandbox(args[0])
+			s, err := sdkSandbox(args[0])
 			if err != nil {
 				return err
 			}
-			var rules []string
-			if sb.Alive() {
-				rules, err = sandbox.NewClient(sb).RemoveRules(cmd.Context(), args[1:])
-			} else {
-				rules, err = editPolicy(sb, func(p *netpolicy.Policy) error { return sandbox.RemoveRules(p, args[1:]) })
-			}
+			rules, err := s.Remove(cmd.Context(), args[1:]...)
 			if err != nil {
 				return err
 			}
@@ -218,24 +198,6 @@ own prompt and runs 'kosa8 net allow NAME RULE'. Ctrl-C ends it.`,
 	approve.Flags().BoolVar(&asJSON, "json", false, "print refused hosts as JSON lines and ask nothing")
 	cmd.AddCommand(allow, deny, rm, ls, logc, blocked, approve)
 	return cmd
-}
-
-func editPolicy(sb *sandbox.Sandbox, f func(*netpolicy.Policy) error) ([]string, error) {
-	p, err := sb.LoadPolicy()
-	if err != nil {
-		return nil, err
-	}
-	if err := f(p); err != nil {
-		return nil, err
-	}
-	if err := sb.SavePolicy(p); err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, r := range p.Rules {
-		out = append(out, r.Text)
-	}
-	return out, nil
 }
 
 func printRules(rules []string, asJSON bool) error {
@@ -367,7 +329,7 @@ func portCmd() *cobra.Command {
 		Example: "  kosa8 port dev 3000\n  kosa8 port dev 8080:80\n  kosa8 port ls dev",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := openSandbox(args[0])
+			s, err := sdkSandbox(args[0])
 			if err != nil {
 				return err
 			}
@@ -375,20 +337,12 @@ func portCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if !sb.Alive() {
-				ports, err := sb.LoadPorts()
-				if err != nil {
-					return err
-				}
-				ports = append(ports, pf)
-				if err := sb.SavePorts(ports); err != nil {
-					return err
-				}
+			if err := s.AddPort(cmd.Context(), sdk.Port(pf)); err != nil {
+				return err
+			}
+			if s.Info().State != sdk.Running {
 				fmt.Printf("%s (from the next start)\n", pf)
 				return nil
-			}
-			if _, err := sandbox.NewClient(sb).AddPort(cmd.Context(), pf); err != nil {
-				return err
 			}
 			fmt.Println(pf)
 			return nil
@@ -431,29 +385,15 @@ func portCmd() *cobra.Command {
 		Short: "Stop forwarding a host port",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := openSandbox(args[0])
+			s, err := sdkSandbox(args[0])
 			if err != nil {
 				return err
 			}
 			p, err := strconv.ParseUint(args[1], 10, 16)
-			if err != nil {
-				return fmt.Errorf("invalid port %q", args[1])
+			if err != nil || p == 0 {
+				return fmt.Errorf("invalid port %q: a number from 1 to 65535", args[1])
 			}
-			if sb.Alive() {
-				_, err = sandbox.NewClient(sb).RemovePort(cmd.Context(), uint16(p))
-				return err
-			}
-			ports, err := sb.LoadPorts()
-			if err != nil {
-				return err
-			}
-			var keep []sandbox.PortForward
-			for _, pf := range ports {
-				if pf.HostPort != uint16(p) {
-					keep = append(keep, pf)
-				}
-			}
-			return sb.SavePorts(keep)
+			return s.RemovePort(cmd.Context(), uint16(p))
 		},
 	}
 	cmd.AddCommand(ls, rm)

@@ -166,7 +166,7 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 	})
 	mux.HandleFunc("DELETE /v1/checkpoints/{id}", func(w http.ResponseWriter, r *http.Request) {
 		s.cpMu.Lock()
-		err := DeleteCheckpoint(s.sb, r.PathValue("id"))
+		err := deleteCheckpoint(s.sb, r.PathValue("id"))
 		s.cpMu.Unlock()
 		if err != nil {
 			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})

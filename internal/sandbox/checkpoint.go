@@ -833,9 +833,22 @@ func (s *supervisor) expectExit(m vmm.Machine) {
 	s.replacing.Store(m)
 }
 
-// DeleteCheckpoint removes a checkpoint and the disk layers nothing uses
-// any more.
+// DeleteCheckpoint removes a stopped sandbox's checkpoint and the disk
+// layers nothing uses any more, under the supervisor's lock: a start
+// meanwhile could build on a layer being deleted. A running sandbox's
+// supervisor does it (Client.DeleteCheckpoint); here that is ErrRunning.
 func DeleteCheckpoint(sb *Sandbox, id string) error {
+	lock, err := lockSupervisor(sb.Dir)
+	if err != nil {
+		return fmt.Errorf("%w: %s started meanwhile: try again", err, sb.Config.Name)
+	}
+	defer lock.Close()
+	return deleteCheckpoint(sb, id)
+}
+
+// deleteCheckpoint is DeleteCheckpoint by whoever holds the supervisor's
+// lock.
+func deleteCheckpoint(sb *Sandbox, id string) error {
 	if err := sb.Checkpoints().Delete(id); err != nil {
 		return err
 	}

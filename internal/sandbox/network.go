@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -306,18 +307,14 @@ func (n *network) allow(rules []string, broad bool) (*netpolicy.Policy, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	p := n.gw.Policy().Clone()
-	for _, s := range rules {
-		r, err := netpolicy.ParseRule(s, netpolicy.ParseOptions{AllowBroad: broad})
-		if err != nil {
-			return nil, err
-		}
-		p.Add(r)
+	if err := AddAllowRules(p, rules, broad); err != nil {
+		return nil, err
 	}
 	if err := n.sb.SavePolicy(p); err != nil {
 		return nil, err
 	}
 	n.gw.SetPolicy(p)
-	n.audit.Add(audit.Event{Kind: "policy", Decision: "allow", Rule: strings.Join(rules, " ")})
+	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: "allow", Rule: strings.Join(rules, " ")})
 	return p, nil
 }
 
@@ -352,6 +349,105 @@ func (n *network) remove(targets []string) (*netpolicy.Policy, error) {
 	n.gw.SetPolicy(p)
 	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: "remove", Rule: strings.Join(targets, " ")})
 	return p, nil
+}
+
+// AddAllowRules adds an allow rule for each of rules; broad accepts rules
+// that match a whole public suffix or everything.
+func AddAllowRules(p *netpolicy.Policy, rules []string, broad bool) error {
+	for _, s := range rules {
+		r, err := netpolicy.ParseRule(s, netpolicy.ParseOptions{AllowBroad: broad})
+		if err != nil {
+			return err
+		}
+		p.Add(r)
+	}
+	return nil
+}
+
+// AllowStopped, DenyStopped and RemoveStopped are the rule changes of a
+// stopped sandbox: the running one's (allow, deny, remove), made under the
+// supervisor's lock, so that no start begins meanwhile (one that did
+// would not see a file edit), and written to the audit log as the
+// running one writes them. A sandbox that is running, or starting, is
+// ErrRunning: its supervisor makes the change (Client).
+func AllowStopped(sb *Sandbox, rules []string, broad bool) (*netpolicy.Policy, error) {
+	return editStopped(sb, "allow", rules, func(p *netpolicy.Policy) error { return AddAllowRules(p, rules, broad) })
+}
+
+// DenyStopped: see AllowStopped.
+func DenyStopped(sb *Sandbox, targets []string) (*netpolicy.Policy, error) {
+	return editStopped(sb, "deny", targets, func(p *netpolicy.Policy) error { return AddDenyRules(p, targets) })
+}
+
+// RemoveStopped: see AllowStopped.
+func RemoveStopped(sb *Sandbox, targets []string) (*netpolicy.Policy, error) {
+	return editStopped(sb, "remove", targets, func(p *netpolicy.Policy) error { return RemoveRules(p, targets) })
+}
+
+func editStopped(sb *Sandbox, decision string, args []string, f func(*netpolicy.Policy) error) (*netpolicy.Policy, error) {
+	lock, err := lockSupervisor(sb.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s started while its rules were being changed: try again", err, sb.Config.Name)
+	}
+	defer lock.Close()
+	p, err := sb.LoadPolicy()
+	if err != nil {
+		return nil, err
+	}
+	if err := f(p); err != nil {
+		return nil, err
+	}
+	al, err := audit.Open(sb.Path(AuditLog), 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the audit log: %w", err)
+	}
+	defer al.Close()
+	if err := sb.SavePolicy(p); err != nil {
+		return nil, err
+	}
+	al.Add(audit.Event{Kind: audit.KindPolicy, Decision: decision, Rule: strings.Join(args, " ")})
+	return p, nil
+}
+
+// AddPortStopped and RemovePortStopped change a stopped sandbox's port
+// forwards for its next start, under the supervisor's lock (see
+// AllowStopped).
+func AddPortStopped(sb *Sandbox, pf PortForward) error {
+	return editPortsStopped(sb, func(ports []PortForward) ([]PortForward, error) {
+		for _, q := range ports {
+			if q.HostPort == pf.HostPort {
+				return nil, fmt.Errorf("%w: %d is already forwarded", ErrPortInUse, pf.HostPort)
+			}
+		}
+		return append(ports, pf), nil
+	})
+}
+
+// RemovePortStopped: see AddPortStopped. A port not forwarded is an error.
+func RemovePortStopped(sb *Sandbox, hostPort uint16) error {
+	return editPortsStopped(sb, func(ports []PortForward) ([]PortForward, error) {
+		keep := slices.DeleteFunc(slices.Clone(ports), func(p PortForward) bool { return p.HostPort == hostPort })
+		if len(keep) == len(ports) {
+			return nil, fmt.Errorf("host port %d is not forwarded: 'kosa8 port ls %s' lists the forwards", hostPort, sb.Config.Name)
+		}
+		return keep, nil
+	})
+}
+
+func editPortsStopped(sb *Sandbox, f func([]PortForward) ([]PortForward, error)) error {
+	lock, err := lockSupervisor(sb.Dir)
+	if err != nil {
+		return fmt.Errorf("%w: %s started while its ports were being changed: try again", err, sb.Config.Name)
+	}
+	defer lock.Close()
+	ports, err := sb.LoadPorts()
+	if err != nil {
+		return err
+	}
+	if ports, err = f(ports); err != nil {
+		return err
+	}
+	return sb.SavePorts(ports)
 }
 
 // AddDenyRules adds a deny rule for each target ("other.example.com",

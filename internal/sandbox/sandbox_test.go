@@ -254,3 +254,43 @@ func TestRefusedHost(t *testing.T) {
 		}
 	}
 }
+
+// A stopped sandbox's rules, ports and checkpoints change under the
+// supervisor's lock: while a supervisor holds it (a start under way), the
+// change is refused, not written where the supervisor would not see it.
+func TestStoppedEditsTakeTheSupervisorLock(t *testing.T) {
+	sb := &Sandbox{Dir: t.TempDir(), Config: validConfig("stopped")}
+	if _, err := AllowStopped(sb, []string{"example.com"}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := AddPortStopped(sb, PortForward{HostPort: 3000, GuestPort: 3000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := AddPortStopped(sb, PortForward{HostPort: 3000, GuestPort: 80}); err == nil {
+		t.Fatal("a host port forwarded twice")
+	}
+	events, err := audit.Read(sb.Path(AuditLog))
+	if err != nil || len(events) != 1 || events[0].Kind != audit.KindPolicy || events[0].Rule != "example.com" {
+		t.Fatalf("the stopped sandbox's rule change is not in its audit log: %+v %v", events, err)
+	}
+	lock, err := lockSupervisor(sb.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	for what, err := range map[string]error{
+		"allow":             func() error { _, err := AllowStopped(sb, []string{"other.example"}, false); return err }(),
+		"deny":              func() error { _, err := DenyStopped(sb, []string{"other.example"}); return err }(),
+		"remove":            func() error { _, err := RemoveStopped(sb, []string{"example.com"}); return err }(),
+		"add a port":        AddPortStopped(sb, PortForward{HostPort: 4000, GuestPort: 4000}),
+		"remove a port":     RemovePortStopped(sb, 3000),
+		"delete checkpoint": DeleteCheckpoint(sb, "20261201-000000-0000"),
+	} {
+		if !errors.Is(err, ErrRunning) {
+			t.Errorf("%s while the supervisor's lock is held: %v", what, err)
+		}
+	}
+	if p, _ := sb.LoadPolicy(); len(p.Rules) != 1 {
+		t.Fatalf("rules changed under the lock: %v", p.Rules)
+	}
+}
