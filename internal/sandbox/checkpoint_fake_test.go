@@ -256,38 +256,62 @@ func TestCheckpointFailureResumesAndLeavesNothing(t *testing.T) {
 		// how to end it.
 		{fail: "Resume", wantCalls: []string{"Start", "Pause", "SnapshotDisk(root)", "SaveDevices", "Resume"}, wantPaused: true},
 	} {
-		t.Run(tc.fail, func(t *testing.T) {
-			s, m, g := fakeSupervisor(t)
-			injected := errors.New("injected " + tc.fail + " failure")
-			m.Fail(tc.fail, injected)
-			_, err := s.checkpoint(context.Background(), "doomed", "manual")
-			if !errors.Is(err, injected) {
-				t.Fatalf("checkpoint: %v, want the injected error", err)
+		for _, final := range []bool{false, true} {
+			if final && tc.fail == "Resume" {
+				continue // a final checkpoint resumes only after a failure
 			}
-			if got := m.CallNames(); !slices.Equal(got, tc.wantCalls) {
-				t.Errorf("machine calls %v, want %v", got, tc.wantCalls)
+			name := tc.fail
+			if final {
+				name += " (final, a rewind's)"
 			}
-			pausedBetween(t, m.Calls())
-			if m.Paused() != tc.wantPaused {
-				t.Errorf("paused %v after the failed checkpoint, want %v", m.Paused(), tc.wantPaused)
-			}
-			if tc.wantPaused && !strings.Contains(err.Error(), "kosa8 stop --kill") {
-				t.Errorf("the error does not say how to end the machine: %v", err)
-			}
-			if ops := g.Ops(); len(ops) == 0 || ops[len(ops)-1] != guest.OpThaw {
-				t.Errorf("guest asked %v, want thaw last", ops)
-			}
-			list, err := s.sb.Checkpoints().List()
-			if err != nil || len(list) != 0 {
-				t.Errorf("checkpoints after a failed one: %v (%v)", list, err)
-			}
-			if half, _ := filepath.Glob(filepath.Join(s.sb.Path(checkpointsDir), ".tmp-*")); len(half) > 0 {
-				t.Errorf("half-written checkpoint left: %v", half)
-			}
-			if st := s.getStatus(); st.Checkpoint != "" {
-				t.Errorf("status names checkpoint %q after a failed one", st.Checkpoint)
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				testCheckpointFailure(t, tc.fail, final, tc.wantCalls, tc.wantPaused)
+			})
+		}
+	}
+}
+
+// testCheckpointFailure takes a checkpoint (final: a rewind's) whose
+// machine call fail fails, and checks what is left.
+func testCheckpointFailure(t *testing.T, fail string, final bool, wantCalls []string, wantPaused bool) {
+	s, m, g := fakeSupervisor(t)
+	injected := errors.New("injected " + fail + " failure")
+	m.Fail(fail, injected)
+	var err error
+	if final {
+		var finish func() error
+		_, finish, err = s.checkpointFinal(context.Background(), "doomed", "pre-rewind", true)
+		if finish != nil {
+			t.Fatal("a failed final checkpoint handed over a finish")
+		}
+	} else {
+		_, err = s.checkpoint(context.Background(), "doomed", "manual")
+	}
+	if !errors.Is(err, injected) {
+		t.Fatalf("checkpoint: %v, want the injected error", err)
+	}
+	if got := m.CallNames(); !slices.Equal(got, wantCalls) {
+		t.Errorf("machine calls %v, want %v", got, wantCalls)
+	}
+	pausedBetween(t, m.Calls())
+	if m.Paused() != wantPaused {
+		t.Errorf("paused %v after the failed checkpoint, want %v", m.Paused(), wantPaused)
+	}
+	if wantPaused && !strings.Contains(err.Error(), "kosa8 stop --kill") {
+		t.Errorf("the error does not say how to end the machine: %v", err)
+	}
+	if ops := g.Ops(); len(ops) == 0 || ops[len(ops)-1] != guest.OpThaw {
+		t.Errorf("guest asked %v, want thaw last", ops)
+	}
+	list, err := s.sb.Checkpoints().List()
+	if err != nil || len(list) != 0 {
+		t.Errorf("checkpoints after a failed one: %v (%v)", list, err)
+	}
+	if half, _ := filepath.Glob(filepath.Join(s.sb.Path(checkpointsDir), ".tmp-*")); len(half) > 0 {
+		t.Errorf("half-written checkpoint left: %v", half)
+	}
+	if st := s.getStatus(); st.Checkpoint != "" {
+		t.Errorf("status names checkpoint %q after a failed one", st.Checkpoint)
 	}
 }
 

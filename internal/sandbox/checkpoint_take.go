@@ -1,0 +1,415 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/audit"
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/vmm"
+)
+
+// takeCheckpoint saves the machine. With final set the machine is not
+// resumed (a rewind replaces it): the RAM is not copied during the pause;
+// the returned finish writes it out and commits the checkpoint, and must
+// be called once QEMU is gone (it holds its own descriptor of the RAM).
+//
+// It runs named steps (cpJob's methods, in order below); each step that
+// takes something (a directory, the guest's frozen workloads, the paused
+// VM) pushes what gives it back on the job's undo stack, which runs, last
+// in first out, whatever the outcome, as the job ends.
+func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, final bool) (meta *checkpoint.Meta, finish func() error, err error) {
+	ctx, cancel := withTimeout(ctx, checkpointTimeout)
+	defer cancel()
+	j := &cpJob{s: s, message: message, kind: kind, final: final, start: time.Now()}
+	defer func() { err = j.undo.run(err) }()
+	steps := []cpStep{
+		{"begin", j.begin},
+		{"quiesce", j.quiesce},
+		{"open files", j.openFiles},
+		{"pause", j.pause},
+		{"snapshot disks", j.snapshotDisks},
+		{"save devices", j.saveDevices},
+	}
+	if final {
+		steps = append(steps, cpStep{"hand over", j.handOver})
+	} else {
+		steps = append(steps,
+			cpStep{"save RAM", j.saveRAM},
+			cpStep{"resume", j.resume},
+			cpStep{"free holes", j.freeHoles},
+			cpStep{"commit", j.commitStep},
+		)
+	}
+	for _, st := range steps {
+		if err := st.run(ctx); err != nil {
+			s.log.Debug("checkpoint step failed", "step", st.name, "err", err)
+			return nil, nil, err
+		}
+	}
+	return j.meta, j.finish, nil
+}
+
+// cpStep is one named step of a checkpoint.
+type cpStep struct {
+	name string
+	run  func(context.Context) error
+}
+
+// undoStack holds what gives back what a job took. Each function gets the
+// job's error and returns it, joined with its own where it failed too.
+type undoStack []func(err error) error
+
+func (u *undoStack) push(f func(err error) error) { *u = append(*u, f) }
+
+// run empties the stack, last pushed first.
+func (u *undoStack) run(err error) error {
+	for i := len(*u) - 1; i >= 0; i-- {
+		err = (*u)[i](err)
+	}
+	*u = nil
+	return err
+}
+
+// cpJob is one checkpoint under way.
+type cpJob struct {
+	s              *supervisor
+	message, kind  string
+	final          bool
+	undo           undoStack
+	start, paused  time.Time
+	tDisks, tSaved time.Time
+
+	id    string
+	store checkpoint.Store
+	tmp   string // the checkpoint's directory until it is committed
+	// handedOver: finish owns tmp, ram and the RAM copy; the machine
+	// (final) ends paused and frozen.
+	handedOver bool
+
+	client    *guest.Client
+	dev, ram  *os.File
+	spare     bool   // ram is a spare: preallocated, maybe holding base's RAM
+	spareBase string // the checkpoint whose RAM the spare holds, if any
+	mach      vmm.Machine
+	m         vmm.Snapshotter
+	resumed   bool
+
+	meta   *checkpoint.Meta
+	saved  *checkpoint.SaveResult // by saveRAM, for the next checkpoint
+	finish func() error           // final: writes the RAM out and commits
+}
+
+// begin checks that the machine answers and opens the checkpoint's
+// directory, removed again unless the checkpoint is committed or handed
+// over.
+func (j *cpJob) begin(ctx context.Context) error {
+	if err := j.s.responsive(ctx); err != nil {
+		return fmt.Errorf("no checkpoint taken: %w", err)
+	}
+	j.store = j.s.sb.Checkpoints()
+	j.store.Sweep()
+	j.id = checkpoint.NewID()
+	tmp, err := j.store.Begin(j.id)
+	if err != nil {
+		return err
+	}
+	j.tmp = tmp
+	j.undo.push(func(err error) error {
+		if !j.handedOver {
+			j.store.Abort(tmp)
+		}
+		return err
+	})
+	return nil
+}
+
+// quiesce sends out everything the guest wrote so far and holds the sync
+// still, then freezes the guest's workloads (thawed as the job ends,
+// unless the machine ends here).
+func (j *cpJob) quiesce(ctx context.Context) error {
+	s := j.s
+	if s.ws != nil && s.ws.engine != nil {
+		sctx, cancel := withTimeout(ctx, preSyncTimeout)
+		s.ws.syncNow(sctx, nil)
+		cancel()
+		resume := s.ws.Pause()
+		j.undo.push(func(err error) error { resume(); return err })
+	}
+	j.client = s.currentClient()
+	fctx, cancel := withTimeout(ctx, guestCallTimeout)
+	if err := within(fctx, j.client.Freeze); err != nil {
+		s.log.Warn("freeze workloads", "err", err)
+	}
+	cancel()
+	j.undo.push(j.thaw)
+	return nil
+}
+
+// thaw lets the guest's workloads run again. Its failure fails a
+// checkpoint that failed anyway; one that succeeded stands, and the audit
+// log says the guest stayed frozen.
+func (j *cpJob) thaw(err error) error {
+	if j.final && j.handedOver {
+		return err // the machine ends frozen: a rewind replaces it
+	}
+	// Its own deadline: ctx may be over (that may be why we are here).
+	tctx, cancel := withTimeout(context.Background(), guestCallTimeout)
+	defer cancel()
+	terr := within(tctx, j.client.Thaw)
+	if terr == nil {
+		return err
+	}
+	s := j.s
+	s.log.Error("thaw workloads", "err", terr)
+	terr = fmt.Errorf("the guest did not thaw its workloads (%w): processes in the sandbox stay stopped; 'kosa8 stop %s' and start it again", terr, s.sb.Config.Name)
+	if err != nil {
+		return errors.Join(err, terr)
+	}
+	s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "thaw-failed", Name: j.meta.ID, Reason: terr.Error()})
+	return nil
+}
+
+// openFiles creates the device state and RAM files in the checkpoint's
+// directory; the RAM file is a spare when one is ready.
+func (j *cpJob) openFiles(context.Context) error {
+	dev, err := os.OpenFile(filepath.Join(j.tmp, checkpoint.DevicesFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	j.dev = dev
+	j.undo.push(func(err error) error { dev.Close(); return err })
+	ramPath := filepath.Join(j.tmp, checkpoint.RAMFile)
+	j.spare, j.spareBase = j.s.takeSpare(ramPath)
+	ram, err := os.OpenFile(ramPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	j.ram = ram
+	j.undo.push(func(err error) error {
+		if !j.handedOver {
+			ram.Close()
+		}
+		return err
+	})
+	return nil
+}
+
+// pause stops the VM; the job ends with it running again, unless the
+// machine ends here. One that does not resume stays paused and the error
+// says how to end it.
+func (j *cpJob) pause(ctx context.Context) error {
+	j.mach = j.s.currentMachine()
+	m, err := snapshotter(j.mach)
+	if err != nil {
+		return err
+	}
+	j.m = m
+	j.paused = time.Now()
+	pctx, cancel := withTimeout(ctx, vmCallTimeout)
+	err = m.Pause(pctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("pause the VM: %w", err)
+	}
+	j.undo.push(func(err error) error {
+		// On failure, final or not, the machine runs on.
+		if rerr := j.resume(context.Background()); rerr != nil {
+			j.s.log.Error("resume after a failed checkpoint", "err", rerr)
+			return errors.Join(err, rerr)
+		}
+		return err
+	})
+	return nil
+}
+
+// resume runs the paused VM again (once; never a final one handed over).
+func (j *cpJob) resume(context.Context) error {
+	if j.resumed || j.final && j.handedOver {
+		return nil
+	}
+	j.resumed = true
+	// Its own deadline: ctx may be over (that may be why we are here).
+	rctx, cancel := withTimeout(context.Background(), vmCallTimeout)
+	defer cancel()
+	if err := j.m.Resume(rctx); err != nil {
+		return fmt.Errorf("the VM did not resume (%w): 'kosa8 stop --kill %s' ends it", err, j.s.sb.Config.Name)
+	}
+	if j.meta != nil {
+		j.meta.PauseMillis = msSince(j.paused)
+	}
+	return nil
+}
+
+// snapshotDisks freezes each disk's layer: the checkpoint keeps it, and
+// the machine writes to a new one on top, recorded at once (a crash after
+// this must restart on the new layer, which holds every write from now on).
+func (j *cpJob) snapshotDisks(ctx context.Context) error {
+	sb := j.s.sb
+	frozen := sb.activeDisks()
+	dl, err := sb.diskLayers() // the machine's own format: the same backend's
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(sb.Path(disksDir), 0o700); err != nil {
+		return err
+	}
+	for diskID := range frozen {
+		overlay := filepath.Join(disksDir, j.id+"-"+diskID+"."+dl.Format())
+		sctx, cancel := withTimeout(ctx, vmCallTimeout)
+		err := j.m.SnapshotDisk(sctx, diskID, sb.Path(overlay))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("snapshot disk %s: %w", diskID, err)
+		}
+		cur := sb.activeDisks()
+		cur[diskID] = checkpoint.Disk{Path: overlay, Format: dl.Format()}
+		if err := sb.saveActiveDisks(cur); err != nil {
+			return err
+		}
+	}
+	j.tDisks = time.Now()
+	j.meta = &checkpoint.Meta{
+		ID: j.id, Parent: j.s.getStatus().Checkpoint, Message: j.message, Kind: j.kind,
+		QEMU: j.s.qemuVersion, Firmware: j.s.qemuFirmware, Arch: sb.Config.Arch, MemoryMiB: sb.Config.MemoryMiB,
+		Disks: frozen,
+	}
+	return nil
+}
+
+// saveDevices writes the VM's device state, without its RAM.
+func (j *cpJob) saveDevices(ctx context.Context) error {
+	if err := j.m.SaveDevices(ctx, j.dev); err != nil {
+		return fmt.Errorf("save device state: %w", err)
+	}
+	j.tSaved = time.Now()
+	j.meta.Created = j.tSaved.UTC()
+	if fi, err := j.dev.Stat(); err == nil {
+		j.meta.DeviceBytes = fi.Size()
+	}
+	return nil
+}
+
+// handOver ends a final checkpoint's pause: the machine stays paused (a
+// rewind replaces it) and finish, called once QEMU is gone, copies its RAM
+// from a descriptor of our own and commits.
+func (j *cpJob) handOver(context.Context) error {
+	src, err := dupFile(j.m.RAM())
+	if err != nil {
+		return err
+	}
+	if err := j.writeManifest(); err != nil {
+		src.Close()
+		return err
+	}
+	j.meta.PauseMillis = msSince(j.paused)
+	j.meta.TotalMillis = msSince(j.start)
+	j.handedOver = true
+	j.finish = func() error {
+		defer j.ram.Close()
+		err := j.copyRAM(src)
+		src.Close()
+		if err == nil {
+			err = j.commit()
+		}
+		if err != nil {
+			j.store.Abort(j.tmp)
+			j.s.log.Error("write out checkpoint", "id", j.id, "err", err)
+			j.s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "failed", Name: j.id, Reason: err.Error()})
+		}
+		return err
+	}
+	return nil
+}
+
+// copyRAM fills the checkpoint's RAM file from src, whole, and leaves it
+// sparse.
+func (j *cpJob) copyRAM(src *os.File) error {
+	var extents []checkpoint.Extent
+	var err error
+	if j.spare {
+		extents, j.meta.RAMBytes, err = checkpoint.CopyData(j.ram, src)
+	} else {
+		j.meta.RAMBytes, err = checkpoint.CopySparse(j.ram, src)
+	}
+	if err != nil {
+		return fmt.Errorf("copy guest RAM: %w", err)
+	}
+	if j.spare {
+		// Back to a sparse file: the spare was all zeros where the guest
+		// had none, or (spareBase set) an older checkpoint's RAM, which
+		// must go.
+		if err := checkpoint.PunchHoles(j.ram, extents, int64(j.s.sb.Config.MemoryMiB)<<20); err != nil {
+			if j.spareBase != "" {
+				return fmt.Errorf("clear the spare's older RAM: %w", err)
+			}
+			j.s.log.Warn("punch holes in the checkpoint's RAM", "err", err)
+		}
+	}
+	return nil
+}
+
+// saveRAM copies the guest's RAM while the VM is paused: only what it wrote
+// since the last checkpoint, when that is known for sure
+// (checkpoint_undo.go).
+func (j *cpJob) saveRAM(context.Context) error {
+	saved, err := j.s.saveRAM(j.ram, j.mach, j.m, j.meta, j.spare, j.spareBase)
+	if err != nil {
+		return err
+	}
+	j.saved = saved
+	j.s.log.Info("checkpoint pause", "disks_ms", msBetween(j.paused, j.tDisks), "devices_ms", msBetween(j.tDisks, j.tSaved),
+		"ram_ms", msBetween(j.tSaved, time.Now()), "spare", j.spare, "spare_base", j.spareBase)
+	return nil
+}
+
+// freeHoles gives back the checkpoint RAM file's unused pages, after the
+// pause.
+func (j *cpJob) freeHoles(context.Context) error {
+	if err := j.s.ramSaver().FreeHoles(j.ram, j.saved); err != nil {
+		return fmt.Errorf("free the checkpoint's unused RAM pages: %w", err)
+	}
+	return nil
+}
+
+// commitStep writes the sync's manifest beside the checkpoint, commits it
+// and makes it the one the machine descends from.
+func (j *cpJob) commitStep(context.Context) error {
+	if err := j.writeManifest(); err != nil {
+		return err
+	}
+	j.meta.TotalMillis = msSince(j.start)
+	if err := j.commit(); err != nil {
+		return err
+	}
+	j.s.setStatus(func(st *Status) { st.Checkpoint = j.id })
+	return nil
+}
+
+// writeManifest keeps the sync's manifest with the checkpoint: a rewind
+// tells the agent's changes from the user's by it.
+func (j *cpJob) writeManifest() error {
+	s := j.s
+	if s.ws == nil || s.ws.engine == nil {
+		return nil
+	}
+	return writeJSONAtomic(filepath.Join(j.tmp, checkpoint.ManifestFile), s.ws.engine.Manifest())
+}
+
+// commit makes the checkpoint visible, complete.
+func (j *cpJob) commit() error {
+	s, meta := j.s, j.meta
+	if err := j.store.Commit(j.tmp, meta); err != nil {
+		return err
+	}
+	s.ramCommitted(j.id, j.saved)
+	s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "saved", Name: j.id, Reason: j.message})
+	s.log.Info("checkpoint", "id", j.id, "kind", j.kind, "pause_ms", meta.PauseMillis, "total_ms", meta.TotalMillis, "ram_mib", meta.RAMBytes>>20,
+		"incremental", meta.Incremental, "copied_mib", meta.RAMCopiedBytes>>20, "full_copy_reason", meta.FullCopyReason, "verify", meta.Verify)
+	return nil
+}
