@@ -160,7 +160,6 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 		s.failedStart(err)
 		return err
 	}
-	defer s.net.close()
 	s.setStatus(func(st *Status) {
 		st.State = Running
 		st.QEMUPID = s.machine.Pid()
@@ -169,9 +168,10 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 	})
 	srv, err := s.serveAPI()
 	if err != nil {
-		s.failedStart(err)
+		s.failedStart(err) // closes the network too
 		return err
 	}
+	defer s.net.close()
 	go s.prepareSpare()
 	if every := time.Duration(sb.Config.CheckpointEvery); every > 0 {
 		actx, cancel := context.WithCancel(ctx)
