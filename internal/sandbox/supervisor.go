@@ -372,6 +372,16 @@ func Cmdline(c *Config) string {
 }
 
 func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) error {
+	// Each step's time goes to the log ("boot steps"): where a start's
+	// time beyond the guest's own boot goes.
+	var steps []any
+	last := time.Now()
+	mark := func(step string) {
+		now := time.Now()
+		steps = append(steps, step+"_ms", msBetween(last, now))
+		last = now
+	}
+	defer func() { s.log.Info("boot steps", steps...) }()
 	cfg := &s.sb.Config
 	img, err := image.Store{Dir: m.Paths.Cache}.Open(cfg.ImageDir)
 	if err != nil {
@@ -384,6 +394,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if err != nil {
 		return err
 	}
+	mark("image")
 	if o.NewDriver == nil {
 		return errors.New("no VMM driver: the supervisor was started without one")
 	}
@@ -414,9 +425,11 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		}
 		s.log.Warn(vmm.IsolationWarning)
 	}
+	mark("driver")
 	if s.net, err = startNetwork(s.sb, m.Paths.Config, s.log); err != nil {
 		return err
 	}
+	mark("network")
 	s.qemuVersion = vinfo.Version
 	s.qemuFirmware = vinfo.Firmware
 	if vinfo.Version != "" && !vinfo.Tested {
@@ -447,6 +460,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if err := s.launchFirst(bootCtx, restore, forced); err != nil {
 		return err
 	}
+	mark("machine") // QEMU started, the guest booted, its agent answering
 	info, err := s.currentClient().Info(bootCtx)
 	if err != nil {
 		return err
@@ -455,6 +469,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if err := s.installCA(bootCtx); err != nil {
 		return fmt.Errorf("install the sandbox CA in the guest: %w", err)
 	}
+	mark("guest_setup")
 	if cfg.Workspace != nil {
 		if s.ws, err = openWorkspace(s.sb, m.Paths.Home, s.log); err != nil {
 			return fmt.Errorf("workspace: %w", err)
@@ -470,6 +485,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.loadManifest(), o.Restore != "" && o.Rewind); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
+		mark("workspace")
 	}
 	ports, err := s.sb.LoadPorts()
 	if err != nil {
