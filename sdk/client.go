@@ -13,9 +13,8 @@ import (
 
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/image"
-	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/project"
 	"github.com/kosa8/kosa8/internal/sandbox"
-	"github.com/kosa8/kosa8/internal/secrets"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
@@ -246,124 +245,30 @@ func (c *Client) config(o CreateOptions) (sandbox.Config, error) {
 	if err != nil {
 		return sandbox.Config{}, fmt.Errorf("Arch: %w", err)
 	}
-	cfg := sandbox.Config{
-		Name: o.Name, Arch: string(arch),
-		CPUs: sandbox.DefaultCPUs, MemoryMiB: sandbox.DefaultMemoryMiB, DiskGiB: sandbox.DefaultDiskGiB,
-		Ephemeral: o.Ephemeral, Accel: o.Accel,
+	if o.Accel == "" {
+		o.Accel = os.Getenv("KOSA8_ACCEL")
 	}
-	if cfg.Accel == "" {
-		cfg.Accel = os.Getenv("KOSA8_ACCEL")
+	po := project.Options{
+		Name: o.Name, Arch: arch, Accel: o.Accel,
+		CPUs: o.CPUs, Memory: o.Memory, Disk: o.Disk, Ephemeral: o.Ephemeral,
+		Review: o.Review, Exclude: o.Exclude,
+		NetPreset: o.Preset, Allow: o.Allow, AllowBroad: o.AllowBroad, Ports: o.Ports,
+		Secrets: o.Secrets, Env: o.Env,
+		CheckpointEvery: o.CheckpointEvery, MaxCheckpoints: o.MaxCheckpoints,
 	}
-	cfg.User, cfg.UID, cfg.GID = sandbox.GuestUser()
-	preset, allow, ports, secretNames, exclude, env := o.Preset, o.Allow, o.Ports, o.Secrets, o.Exclude, []string(nil)
-	review := o.Review
-	var hold []string
+	var proj *config.Project
 	if o.Workspace != "" {
-		path, err := sandbox.CheckWorkspace(o.Workspace, o.Force)
+		if po.Workspace, err = sandbox.CheckWorkspace(o.Workspace, o.Force); err != nil {
+			return sandbox.Config{}, err
+		}
+		po.NameFrom = po.Workspace
+		l, err := config.Load(po.Workspace, config.NewTrustStore(c.paths.Config))
 		if err != nil {
-			return cfg, err
+			return sandbox.Config{}, err
 		}
-		l, err := config.Load(path, config.NewTrustStore(c.paths.Config))
-		if err != nil {
-			return cfg, err
-		}
-		if p := l.Project; p != nil {
-			if p.Sandbox.CPUs != 0 {
-				cfg.CPUs = p.Sandbox.CPUs
-			}
-			if p.Sandbox.Memory != "" {
-				if cfg.MemoryMiB, err = sandbox.ParseSize(p.Sandbox.Memory); err != nil {
-					return cfg, fmt.Errorf("kosa8.toml sandbox.memory: %w", err)
-				}
-			}
-			if p.Sandbox.Disk != "" {
-				mib, err := sandbox.ParseSize(p.Sandbox.Disk)
-				if err != nil {
-					return cfg, fmt.Errorf("kosa8.toml sandbox.disk: %w", err)
-				}
-				cfg.DiskGiB = (mib + 1023) >> 10
-			}
-			env = append(env, p.Sandbox.Env...)
-			if preset == "" {
-				preset = p.Network.Preset
-			}
-			allow = append(slices.Clone(p.Network.Allow), allow...)
-			ports = append(slices.Clone(p.Network.Ports), ports...)
-			secretNames = append(slices.Clone(p.Secrets.Use), secretNames...)
-			exclude = append(slices.Clone(p.Workspace.Exclude), exclude...)
-			review = review || p.Workspace.Review
-			hold = p.Workspace.Hold
-		}
-		cfg.Workspace = &sandbox.WorkspaceConfig{Path: path, Review: review, Exclude: exclude, Hold: hold}
+		proj = l.Project // nil when untrusted: then it sets nothing
 	}
-	if o.CPUs != 0 {
-		cfg.CPUs = o.CPUs
-	}
-	if o.Memory != "" {
-		if cfg.MemoryMiB, err = sandbox.ParseSize(o.Memory); err != nil {
-			return cfg, fmt.Errorf("memory: %w", err)
-		}
-	}
-	if o.Disk != "" {
-		mib, err := sandbox.ParseSize(o.Disk)
-		if err != nil {
-			return cfg, fmt.Errorf("disk: %w", err)
-		}
-		cfg.DiskGiB = (mib + 1023) >> 10
-	}
-	switch cfg.Accel {
-	case "", "kvm", "hvf", "tcg":
-	default:
-		return cfg, fmt.Errorf("accel %q: use kvm, hvf or tcg", cfg.Accel)
-	}
-	if preset != "" {
-		p, err := netpolicy.Preset(preset)
-		if err != nil {
-			return cfg, err
-		}
-		for _, r := range p.Rules {
-			cfg.Network.Rules = append(cfg.Network.Rules, r.Text)
-		}
-	}
-	for _, a := range allow {
-		r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: o.AllowBroad})
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Network.Rules = append(cfg.Network.Rules, r.Text)
-	}
-	cfg.Network.AllowBroad = o.AllowBroad
-	for _, p := range ports {
-		pf, err := sandbox.ParsePortForward(p, false)
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Network.Ports = append(cfg.Network.Ports, pf)
-	}
-	if len(secretNames) > 0 {
-		store, err := secrets.Open(c.paths.Config)
-		if err != nil {
-			return cfg, err
-		}
-		for _, name := range secretNames {
-			if _, err := store.Describe(name); err != nil {
-				return cfg, err
-			}
-			if !slices.Contains(cfg.Secrets, name) {
-				cfg.Secrets = append(cfg.Secrets, name)
-			}
-		}
-	}
-	cfg.CheckpointEvery, cfg.MaxCheckpoints = sandbox.Duration(o.CheckpointEvery), o.MaxCheckpoints
-	cfg.Env = append(env, o.Env...)
-	if cfg.Name == "" {
-		folder := ""
-		if cfg.Workspace != nil {
-			folder = cfg.Workspace.Path
-		}
-		cfg.Name = sandbox.DefaultName(folder)
-	}
-	return cfg, cfg.Validate()
+	return project.Resolve(po, proj, c.paths.Config)
 }
 
 // Create makes a stopped sandbox with the guest image that `kosa8 setup`

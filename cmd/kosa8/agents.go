@@ -24,6 +24,7 @@ import (
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/project"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/secrets"
 	"github.com/kosa8/kosa8/internal/vmspec"
@@ -138,51 +139,66 @@ func (a *agentFlags) fromArgs(args []string, dash int) ([]string, error) {
 // apply adds the preset's and the project's parts to a sandbox being made:
 // network rules, secrets (those stored; a message naming the 'kosa8 secret
 // add' line when none is), environment, and the derived image's recipe.
-func (a *agentFlags) apply(m *sandbox.Manager, proj *config.Project, f *createFlags, c *sandbox.Config) error {
-	c.NoHostCA = a.noHostCA
+// options adds the agent preset's (--agent, or kosa8.toml's [agent]) rules,
+// secrets and environment to o; a preset none of whose keys is stored is
+// an error that says how to store one.
+func (a *agentFlags) options(m *sandbox.Manager, proj *config.Project, o *project.Options) error {
+	o.NoHostCA = a.noHostCA
 	if a.name == "" && proj != nil {
 		a.name = proj.Agent.Preset
 	}
+	if a.name == "" {
+		return nil
+	}
+	p, err := agent.Get(a.name)
+	if err != nil {
+		return err
+	}
+	a.preset = p
+	// The preset's rules first: the user's own come after and add to them.
+	o.Allow = append(p.Rules(), o.Allow...)
+	store, err := secrets.Open(m.Paths.Config)
+	if err != nil {
+		return err
+	}
+	asked := slices.Clone(o.Secrets)
+	if proj != nil {
+		asked = append(asked, proj.Secrets.Use...)
+	}
+	var have []string
+	for _, s := range p.Secrets {
+		if _, err := store.Describe(s.Name); err == nil || slices.Contains(asked, s.Name) {
+			have = append(have, s.Name)
+		}
+	}
+	if len(have) == 0 {
+		var lines []string
+		for _, s := range p.Secrets {
+			lines = append(lines, "    "+s.AddCommand())
+		}
+		either := "this"
+		if len(lines) > 1 {
+			either = "one of these"
+		}
+		return fmt.Errorf("%s needs a key, kept on this machine and injected by kosa8 (the sandbox sees a placeholder); store it with %s (the value is read from stdin or a prompt):\n%s",
+			p.Name, either, strings.Join(lines, "\n"))
+	}
+	for _, s := range have {
+		if !slices.Contains(o.Secrets, s) {
+			o.Secrets = append(o.Secrets, s)
+		}
+	}
+	o.PresetEnv = p.EnvList()
+	return nil
+}
+
+// recipeFor settles, once the sandbox's settings are known, the derived image
+// its preset and kosa8.toml's [image] need (built by image) and the folder
+// its kept agent home belongs to.
+func (a *agentFlags) recipeFor(m *sandbox.Manager, proj *config.Project, c *sandbox.Config) error {
 	var pkgs, setup []string
 	if proj != nil {
 		pkgs, setup = proj.Image.Packages, proj.Image.Setup
-	}
-	if a.name != "" {
-		p, err := agent.Get(a.name)
-		if err != nil {
-			return err
-		}
-		a.preset = p
-		// The preset's rules first: the user's own come after and add to them.
-		f.allow = append(p.Rules(), f.allow...)
-		store, err := secrets.Open(m.Paths.Config)
-		if err != nil {
-			return err
-		}
-		var have []string
-		for _, s := range p.Secrets {
-			if _, err := store.Describe(s.Name); err == nil || slices.Contains(f.secrets, s.Name) {
-				have = append(have, s.Name)
-			}
-		}
-		if len(have) == 0 {
-			var lines []string
-			for _, s := range p.Secrets {
-				lines = append(lines, "    "+s.AddCommand())
-			}
-			either := "this"
-			if len(lines) > 1 {
-				either = "one of these"
-			}
-			return fmt.Errorf("%s needs a key, kept on this machine and injected by kosa8 (the sandbox sees a placeholder); store it with %s (the value is read from stdin or a prompt):\n%s",
-				p.Name, either, strings.Join(lines, "\n"))
-		}
-		for _, s := range have {
-			if !slices.Contains(f.secrets, s) {
-				f.secrets = append(f.secrets, s)
-			}
-		}
-		c.Env = append(c.Env, p.EnvList()...)
 	}
 	if a.preset != nil || len(pkgs) > 0 || len(setup) > 0 {
 		base, err := baseImage(m, vmspec.Arch(c.Arch))

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -19,8 +18,8 @@ import (
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/project"
 	"github.com/kosa8/kosa8/internal/sandbox"
-	"github.com/kosa8/kosa8/internal/secrets"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 	"github.com/kosa8/kosa8/sdk"
@@ -157,145 +156,53 @@ func projectConfig(m *sandbox.Manager) (*config.Project, error) {
 	return l.Project, nil
 }
 
-// sandboxConfig combines flags, kosa8.toml and defaults, in that order.
+// sandboxConfig combines defaults, kosa8.toml (from the current folder)
+// and the flags, in that order (project.Resolve).
 func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) {
 	arch, err := guestArch(f.arch)
 	if err != nil {
 		return sandbox.Config{}, err
 	}
-	c := sandbox.Config{
-		Name: f.name, Arch: string(arch),
-		CPUs: sandbox.DefaultCPUs, MemoryMiB: sandbox.DefaultMemoryMiB, DiskGiB: sandbox.DefaultDiskGiB,
-		Ephemeral: f.rm, Accel: f.accel,
-	}
-	c.User, c.UID, c.GID = sandbox.GuestUser()
 	proj, err := projectConfig(m)
 	if err != nil {
-		return c, err
+		return sandbox.Config{}, err
 	}
-	var env []string
-	if proj != nil {
-		s := proj.Sandbox
-		if s.CPUs != 0 {
-			c.CPUs = s.CPUs
-		}
-		if s.Memory != "" {
-			if c.MemoryMiB, err = sandbox.ParseSize(s.Memory); err != nil {
-				return c, fmt.Errorf("kosa8.toml sandbox.memory: %w", err)
-			}
-		}
-		if s.Disk != "" {
-			mib, err := sandbox.ParseSize(s.Disk)
-			if err != nil {
-				return c, fmt.Errorf("kosa8.toml sandbox.disk: %w", err)
-			}
-			c.DiskGiB = (mib + 1023) >> 10
-		}
-		env = append(env, s.Env...)
-		if proj.Network.Preset != "" && f.preset == "" {
-			f.preset = proj.Network.Preset
-		}
-		f.allow = append(append([]string(nil), proj.Network.Allow...), f.allow...)
-		f.publish = append(append([]string(nil), proj.Network.Ports...), f.publish...)
-		f.secrets = append(append([]string(nil), proj.Secrets.Use...), f.secrets...)
-		f.exclude = append(append([]string(nil), proj.Workspace.Exclude...), f.exclude...)
-		f.review = f.review || proj.Workspace.Review
+	wd, err := os.Getwd()
+	if err != nil {
+		return sandbox.Config{}, err
 	}
-	if err := f.ag.apply(m, proj, f, &c); err != nil {
-		return c, err
+	env, err := resolveEnv(f.env)
+	if err != nil {
+		return sandbox.Config{}, err
+	}
+	o := project.Options{
+		Name: f.name, NameFrom: wd, Arch: arch, Accel: f.accel,
+		CPUs: f.cpus, Memory: f.memory, Disk: f.disk, Ephemeral: f.rm,
+		Review: f.review, Exclude: f.exclude,
+		NetPreset: f.preset, Allow: f.allow, AllowBroad: f.allowBroad,
+		Ports: f.publish, PublishAll: f.publishAll, Secrets: f.secrets, Env: env,
+		CheckpointEvery: f.cpEvery, MaxCheckpoints: f.maxCP,
+	}
+	for _, a := range f.allowRead {
+		o.Allow = append(o.Allow, "read:"+a)
 	}
 	if !f.noWS {
 		dir := f.workspace
 		if dir == "" {
-			var err error
-			if dir, err = os.Getwd(); err != nil {
-				return c, err
-			}
+			dir = wd
 		}
-		path, err := sandbox.CheckWorkspace(dir, f.force)
-		if err != nil {
-			return c, err
-		}
-		var hold []string
-		if proj != nil {
-			hold = proj.Workspace.Hold
-		}
-		c.Workspace = &sandbox.WorkspaceConfig{Path: path, Review: f.review, Exclude: f.exclude, Hold: hold}
-	}
-	if f.cpus != 0 {
-		c.CPUs = f.cpus
-	}
-	if f.memory != "" {
-		if c.MemoryMiB, err = sandbox.ParseSize(f.memory); err != nil {
-			return c, fmt.Errorf("--memory: %w", err)
+		if o.Workspace, err = sandbox.CheckWorkspace(dir, f.force); err != nil {
+			return sandbox.Config{}, err
 		}
 	}
-	if f.disk != "" {
-		mib, err := sandbox.ParseSize(f.disk)
-		if err != nil {
-			return c, fmt.Errorf("--disk: %w", err)
-		}
-		c.DiskGiB = (mib + 1023) >> 10
+	if err := f.ag.options(m, proj, &o); err != nil {
+		return sandbox.Config{}, err
 	}
-	switch vmm.Accel(c.Accel) {
-	case "", vmm.KVM, vmm.HVF, vmm.TCG:
-	default:
-		return c, fmt.Errorf("--accel %q: use kvm, hvf or tcg", c.Accel)
-	}
-	if f.preset != "" {
-		p, err := netpolicy.Preset(f.preset)
-		if err != nil {
-			return c, err
-		}
-		for _, r := range p.Rules {
-			c.Network.Rules = append(c.Network.Rules, r.Text)
-		}
-	}
-	for _, a := range f.allowRead {
-		f.allow = append(f.allow, "read:"+a)
-	}
-	for _, a := range f.allow {
-		r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: f.allowBroad})
-		if err != nil {
-			return c, err
-		}
-		c.Network.Rules = append(c.Network.Rules, r.Text)
-	}
-	c.Network.AllowBroad = f.allowBroad
-	for _, p := range f.publish {
-		pf, err := sandbox.ParsePortForward(p, f.publishAll)
-		if err != nil {
-			return c, err
-		}
-		c.Network.Ports = append(c.Network.Ports, pf)
-	}
-	if len(f.secrets) > 0 {
-		store, err := secrets.Open(m.Paths.Config)
-		if err != nil {
-			return c, err
-		}
-		for _, name := range f.secrets {
-			if _, err := store.Describe(name); err != nil {
-				return c, err
-			}
-			if !slices.Contains(c.Secrets, name) {
-				c.Secrets = append(c.Secrets, name)
-			}
-		}
-	}
-	c.CheckpointEvery, c.MaxCheckpoints = sandbox.Duration(f.cpEvery), f.maxCP
-	flagEnv, err := resolveEnv(f.env)
+	c, err := project.Resolve(o, proj, m.Paths.Config)
 	if err != nil {
 		return c, err
 	}
-	// The preset's environment (already in c.Env), then the project's,
-	// then -e: later entries win.
-	c.Env = append(append(c.Env, env...), flagEnv...)
-	if c.Name == "" {
-		wd, _ := os.Getwd()
-		c.Name = sandbox.DefaultName(wd)
-	}
-	return c, c.Validate()
+	return c, f.ag.recipeFor(m, proj, &c)
 }
 
 func createSandbox(ctx context.Context, m *sandbox.Manager, f *createFlags) (*sandbox.Sandbox, error) {
