@@ -124,29 +124,48 @@ func newMCPServer(c *sdk.Client, log *slog.Logger, roots ...string) *mcp.Server 
 	mcp.AddTool(srv, &mcp.Tool{Name: "sandbox_create_or_pick", Description: "Pick the sandbox of a project folder, starting it if needed, or create and start one. The other tools act on it afterwards. Network rules come from the user (kosa8.toml they trusted, or 'kosa8 net allow'), never from this call.",
 		Annotations: &mcp.ToolAnnotations{Title: "Create or pick a sandbox", DestructiveHint: &no, IdempotentHint: true, OpenWorldHint: &no}}, s.createOrPick)
 	mcp.AddTool(srv, &mcp.Tool{Name: "run", Description: "Run a shell command (bash -lc) in the sandbox and return its exit code and output (the end of each stream when long). The command starts in the project folder and is killed after timeout_seconds (default 120).",
-		Annotations: &mcp.ToolAnnotations{Title: "Run a command", OpenWorldHint: &no}}, s.run)
+		Annotations: &mcp.ToolAnnotations{Title: "Run a command", OpenWorldHint: &no}}, onSandbox(s, s.run))
 	mcp.AddTool(srv, &mcp.Tool{Name: "read_file", Description: "Read a file in the sandbox (at most 1 MiB; a relative path is relative to the project folder). Text comes back as is, other content as base64.",
-		Annotations: &mcp.ToolAnnotations{Title: "Read a file", ReadOnlyHint: true, OpenWorldHint: &no}}, s.readFile)
+		Annotations: &mcp.ToolAnnotations{Title: "Read a file", ReadOnlyHint: true, OpenWorldHint: &no}}, onSandbox(s, s.readFile))
 	mcp.AddTool(srv, &mcp.Tool{Name: "write_file", Description: "Create or replace a file in the sandbox, with its parent folders. Files in the project folder reach the user's folder through the sync.",
-		Annotations: &mcp.ToolAnnotations{Title: "Write a file", IdempotentHint: true, OpenWorldHint: &no}}, s.writeFile)
+		Annotations: &mcp.ToolAnnotations{Title: "Write a file", IdempotentHint: true, OpenWorldHint: &no}}, onSandbox(s, s.writeFile))
 	mcp.AddTool(srv, &mcp.Tool{Name: "list_dir", Description: "List a folder in the sandbox (default: the project folder).",
-		Annotations: &mcp.ToolAnnotations{Title: "List a folder", ReadOnlyHint: true, OpenWorldHint: &no}}, s.listDir)
+		Annotations: &mcp.ToolAnnotations{Title: "List a folder", ReadOnlyHint: true, OpenWorldHint: &no}}, onSandbox(s, s.listDir))
 	mcp.AddTool(srv, &mcp.Tool{Name: "checkpoint", Description: "Save the whole running machine (memory, processes, disks, project folder) to rewind to later. Cheap: take one before anything risky.",
-		Annotations: &mcp.ToolAnnotations{Title: "Checkpoint", DestructiveHint: &no, OpenWorldHint: &no}}, s.checkpoint)
+		Annotations: &mcp.ToolAnnotations{Title: "Checkpoint", DestructiveHint: &no, OpenWorldHint: &no}}, onSandbox(s, s.checkpoint))
 	mcp.AddTool(srv, &mcp.Tool{Name: "rewind", Description: "Return the machine and the project folder to a checkpoint. The state just before is saved as a checkpoint, so a rewind can be undone. Edits the user made in their folder meanwhile are kept.",
-		Annotations: &mcp.ToolAnnotations{Title: "Rewind", OpenWorldHint: &no}}, s.rewind)
+		Annotations: &mcp.ToolAnnotations{Title: "Rewind", OpenWorldHint: &no}}, onSandbox(s, s.rewind))
 	mcp.AddTool(srv, &mcp.Tool{Name: "checkpoints", Description: "List the sandbox's checkpoints (a tree: each has a parent), oldest first.",
-		Annotations: &mcp.ToolAnnotations{Title: "List checkpoints", ReadOnlyHint: true, OpenWorldHint: &no}}, s.checkpoints)
+		Annotations: &mcp.ToolAnnotations{Title: "List checkpoints", ReadOnlyHint: true, OpenWorldHint: &no}}, onSandbox(s, s.checkpoints))
 	mcp.AddTool(srv, &mcp.Tool{Name: "net_blocked", Description: "List the hosts the sandbox asked for and the network refused, with the rule that would allow each, and the rules in force.",
-		Annotations: &mcp.ToolAnnotations{Title: "What the network refused", ReadOnlyHint: true, OpenWorldHint: &no}}, s.netBlocked)
+		Annotations: &mcp.ToolAnnotations{Title: "What the network refused", ReadOnlyHint: true, OpenWorldHint: &no}}, onSandbox(s, s.netBlocked))
 	mcp.AddTool(srv, &mcp.Tool{Name: "net_request_approval", Description: "Ask the user to allow a host for the sandbox. This never allows anything by itself: the request is recorded and shown to the user, who decides and runs the command this returns. Tell the user why you need the host.",
-		Annotations: &mcp.ToolAnnotations{Title: "Ask the user to allow a host", DestructiveHint: &no, OpenWorldHint: &no}}, s.netRequestApproval)
+		Annotations: &mcp.ToolAnnotations{Title: "Ask the user to allow a host", DestructiveHint: &no, OpenWorldHint: &no}}, onSandbox(s, s.netRequestApproval))
 	return srv
 }
 
 // SandboxArg names the sandbox a tool acts on.
 type SandboxArg struct {
 	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox's name (default: the one sandbox_create_or_pick returned)"`
+}
+
+func (a SandboxArg) sandboxName() string { return a.Sandbox }
+
+// named is a tool input with a SandboxArg.
+type named interface{ sandboxName() string }
+
+// onSandbox adapts a tool that acts on one sandbox to the SDK's handler:
+// the input's sandbox, or the one picked, is opened first.
+func onSandbox[In named, Out any](s *mcpServer, f func(context.Context, *sdk.Sandbox, In) (Out, error)) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, _ *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		sb, err := s.sandbox(in.sandboxName())
+		if err != nil {
+			var zero Out
+			return nil, zero, err
+		}
+		out, err := f(ctx, sb, in)
+		return nil, out, err
+	}
 }
 
 // sandbox opens the named sandbox, or the one picked.
@@ -250,14 +269,10 @@ type RunOut struct {
 // mcpOutput bounds what run returns of each stream: a model reads it all.
 const mcpOutput = 48 << 10
 
-func (s *mcpServer) run(ctx context.Context, _ *mcp.CallToolRequest, in RunIn) (*mcp.CallToolResult, RunOut, error) {
+func (s *mcpServer) run(ctx context.Context, sb *sdk.Sandbox, in RunIn) (RunOut, error) {
 	var out RunOut
-	sb, err := s.sandbox(in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
 	if strings.TrimSpace(in.Command) == "" {
-		return nil, out, errors.New("no command given")
+		return out, errors.New("no command given")
 	}
 	timeout := time.Duration(in.TimeoutSeconds) * time.Second
 	switch {
@@ -269,11 +284,11 @@ func (s *mcpServer) run(ctx context.Context, _ *mcp.CallToolRequest, in RunIn) (
 	stdout, stderr := newHeadTail(mcpOutput), newHeadTail(mcpOutput)
 	res, err := sb.Exec(ctx, sdk.Cmd{Args: []string{"bash", "-lc", in.Command}, Dir: in.Workdir, Stdout: stdout, Stderr: stderr, Timeout: timeout})
 	if err != nil {
-		return nil, out, err
+		return out, err
 	}
 	out = RunOut{ExitCode: res.ExitCode, Stdout: stdout.String(), Stderr: stderr.String(), TimedOut: res.TimedOut, Signal: res.Signal,
 		Truncated: stdout.cut > 0 || stderr.cut > 0, Millis: res.Duration.Milliseconds()}
-	return nil, out, nil
+	return out, nil
 }
 
 // headTail keeps the first and the last bytes of a stream, and counts
@@ -326,24 +341,20 @@ type ReadOut struct {
 // mcpMaxRead bounds read_file: the content goes into the model's context.
 const mcpMaxRead = 1 << 20
 
-func (s *mcpServer) readFile(ctx context.Context, _ *mcp.CallToolRequest, in PathIn) (*mcp.CallToolResult, ReadOut, error) {
+func (s *mcpServer) readFile(ctx context.Context, sb *sdk.Sandbox, in PathIn) (ReadOut, error) {
 	var out ReadOut
-	sb, err := s.sandbox(in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
 	b, err := sb.ReadFile(ctx, in.Path)
 	if err != nil {
-		return nil, out, err
+		return out, err
 	}
 	if len(b) > mcpMaxRead {
-		return nil, out, fmt.Errorf("%s is %d bytes, more than read_file returns (1 MiB): use run with head, tail, sed or grep", in.Path, len(b))
+		return out, fmt.Errorf("%s is %d bytes, more than read_file returns (1 MiB): use run with head, tail, sed or grep", in.Path, len(b))
 	}
 	out = ReadOut{Path: in.Path, Size: len(b), Encoding: "utf-8", Content: string(b)}
 	if !utf8.Valid(b) {
 		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(b)
 	}
-	return nil, out, nil
+	return out, nil
 }
 
 // WriteIn is write_file's input.
@@ -361,16 +372,13 @@ type WriteOut struct {
 	Bytes int    `json:"bytes"`
 }
 
-func (s *mcpServer) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteIn) (*mcp.CallToolResult, WriteOut, error) {
+func (s *mcpServer) writeFile(ctx context.Context, sb *sdk.Sandbox, in WriteIn) (WriteOut, error) {
 	var out WriteOut
-	sb, err := s.sandbox(in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
 	data := []byte(in.Content)
 	if in.Base64 {
+		var err error
 		if data, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
-			return nil, out, fmt.Errorf("content is not base64: %w", err)
+			return out, fmt.Errorf("content is not base64: %w", err)
 		}
 	}
 	perm := os.FileMode(0o644)
@@ -378,9 +386,9 @@ func (s *mcpServer) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in Wr
 		perm = 0o755
 	}
 	if err := sb.WriteFile(ctx, in.Path, data, perm); err != nil {
-		return nil, out, err
+		return out, err
 	}
-	return nil, WriteOut{Path: in.Path, Bytes: len(data)}, nil
+	return WriteOut{Path: in.Path, Bytes: len(data)}, nil
 }
 
 // ListIn is list_dir's input.
@@ -395,20 +403,16 @@ type ListOut struct {
 	Entries []sdk.FileInfo `json:"entries"`
 }
 
-func (s *mcpServer) listDir(ctx context.Context, _ *mcp.CallToolRequest, in ListIn) (*mcp.CallToolResult, ListOut, error) {
+func (s *mcpServer) listDir(ctx context.Context, sb *sdk.Sandbox, in ListIn) (ListOut, error) {
 	var out ListOut
-	sb, err := s.sandbox(in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
 	if in.Path == "" {
 		in.Path = "."
 	}
 	list, err := sb.ListDir(ctx, in.Path)
 	if err != nil {
-		return nil, out, err
+		return out, err
 	}
-	return nil, ListOut{Path: in.Path, Entries: list}, nil
+	return ListOut{Path: in.Path, Entries: list}, nil
 }
 
 // CheckpointIn is checkpoint's input.
@@ -417,13 +421,8 @@ type CheckpointIn struct {
 	Message string `json:"message,omitempty" jsonschema:"what this checkpoint is, e.g. before the migration"`
 }
 
-func (s *mcpServer) checkpoint(ctx context.Context, _ *mcp.CallToolRequest, in CheckpointIn) (*mcp.CallToolResult, *sdk.Checkpoint, error) {
-	sb, err := s.sandbox(in.Sandbox)
-	if err != nil {
-		return nil, nil, err
-	}
-	cp, err := sb.Checkpoint(ctx, in.Message)
-	return nil, cp, err
+func (s *mcpServer) checkpoint(ctx context.Context, sb *sdk.Sandbox, in CheckpointIn) (*sdk.Checkpoint, error) {
+	return sb.Checkpoint(ctx, in.Message)
 }
 
 // RewindIn is rewind's input.
@@ -432,13 +431,8 @@ type RewindIn struct {
 	ID string `json:"id" jsonschema:"the checkpoint's id"`
 }
 
-func (s *mcpServer) rewind(ctx context.Context, _ *mcp.CallToolRequest, in RewindIn) (*mcp.CallToolResult, *sdk.RewindResult, error) {
-	sb, err := s.sandbox(in.Sandbox)
-	if err != nil {
-		return nil, nil, err
-	}
-	res, err := sb.Rewind(ctx, in.ID)
-	return nil, res, err
+func (s *mcpServer) rewind(ctx context.Context, sb *sdk.Sandbox, in RewindIn) (*sdk.RewindResult, error) {
+	return sb.Rewind(ctx, in.ID)
 }
 
 // CheckpointsOut lists checkpoints.
@@ -446,13 +440,9 @@ type CheckpointsOut struct {
 	Checkpoints []sdk.Checkpoint `json:"checkpoints"`
 }
 
-func (s *mcpServer) checkpoints(ctx context.Context, _ *mcp.CallToolRequest, in SandboxArg) (*mcp.CallToolResult, CheckpointsOut, error) {
-	sb, err := s.sandbox(in.Sandbox)
-	if err != nil {
-		return nil, CheckpointsOut{}, err
-	}
+func (s *mcpServer) checkpoints(ctx context.Context, sb *sdk.Sandbox, in SandboxArg) (CheckpointsOut, error) {
 	list, err := sb.Checkpoints(ctx)
-	return nil, CheckpointsOut{Checkpoints: list}, err
+	return CheckpointsOut{Checkpoints: list}, err
 }
 
 // BlockedOut is what the network refused.
@@ -461,17 +451,14 @@ type BlockedOut struct {
 	Rules   []string      `json:"rules_in_force"`
 }
 
-func (s *mcpServer) netBlocked(ctx context.Context, _ *mcp.CallToolRequest, in SandboxArg) (*mcp.CallToolResult, BlockedOut, error) {
+func (s *mcpServer) netBlocked(ctx context.Context, sb *sdk.Sandbox, in SandboxArg) (BlockedOut, error) {
 	var out BlockedOut
-	sb, err := s.sandbox(in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
+	var err error
 	if out.Blocked, err = sb.Blocked(ctx); err != nil {
-		return nil, out, err
+		return out, err
 	}
 	out.Rules, err = sb.Rules(ctx)
-	return nil, out, err
+	return out, err
 }
 
 // ApprovalIn is net_request_approval's input.
@@ -489,15 +476,11 @@ type ApprovalOut struct {
 	Message  string `json:"message"`
 }
 
-func (s *mcpServer) netRequestApproval(ctx context.Context, _ *mcp.CallToolRequest, in ApprovalIn) (*mcp.CallToolResult, ApprovalOut, error) {
+func (s *mcpServer) netRequestApproval(ctx context.Context, sb *sdk.Sandbox, in ApprovalIn) (ApprovalOut, error) {
 	var out ApprovalOut
-	sb, err := s.sandbox(in.Sandbox)
-	if err != nil {
-		return nil, out, err
-	}
 	req, err := sb.RequestNetAccess(ctx, in.Host, in.Reason)
 	if err != nil {
-		return nil, out, err
+		return out, err
 	}
 	// The user sees this in the client's MCP log; the request is also kept
 	// in the sandbox's state directory.
@@ -505,5 +488,5 @@ func (s *mcpServer) netRequestApproval(ctx context.Context, _ *mcp.CallToolReque
 		req.Rule, sb.Name(), sanitize(in.Reason, false), req.Command)
 	out = ApprovalOut{Rule: req.Rule, Command: req.Command,
 		Message: "Not approved: this tool cannot allow hosts. The request is recorded for the user. Ask the user to review it and, if they agree, to run: " + req.Command + " — then try again."}
-	return nil, out, nil
+	return out, nil
 }
