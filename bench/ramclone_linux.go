@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,6 +51,17 @@ func benchRAMClone() {
 	if os.Geteuid() != 0 {
 		must(errors.New("bench ramclone makes file systems on loop devices: run it as root"))
 	}
+	// A failure, or a SIGBUS from a write through a mapping, panics: the
+	// deferred unmounts and removals run before the benchmark exits.
+	debug.SetPanicOnFault(true)
+	defer func() {
+		if r := recover(); r != nil {
+			if f, ok := r.(interface{ Addr() uintptr }); ok {
+				must(fmt.Errorf("a write through a RAM file's mapping failed at %#x (SIGBUS: is its file system full?)", f.Addr()))
+			}
+			must(fmt.Errorf("%v", r))
+		}
+	}()
 	start := hostContext()
 	var rows []rcRow
 	for _, s := range strings.Split(*rcSizes, ",") {
@@ -84,10 +96,10 @@ func benchRAMClone() {
 // the rewind a copy of the checkpoint into fresh tmpfs.
 func rcTmpfs(label string, size int64) []rcRow {
 	shm, err := os.MkdirTemp("/dev/shm", "kosa8-bench-")
-	must(err)
+	check(err)
 	defer os.RemoveAll(shm)
 	disk, err := os.MkdirTemp("", "kosa8-bench-")
-	must(err)
+	check(err)
 	defer os.RemoveAll(disk)
 	diskFS := fsType(disk)
 
@@ -101,33 +113,33 @@ func rcTmpfs(label string, size int64) []rcRow {
 	defer spare.Close()
 	t0 := time.Now()
 	_, copied, err := checkpoint.CopyData(spare, ram)
-	must(err)
+	check(err)
 	toShm := time.Since(t0)
 
 	onDisk := rcSpare(filepath.Join(disk, "spare"), size)
 	defer onDisk.Close()
 	t0 = time.Now()
 	_, _, err = checkpoint.CopyData(onDisk, ram)
-	must(err)
+	check(err)
 	toDisk := time.Since(t0)
 
 	written, tw := rcScatter(mem, size/2, rcBigWrite, rng)
 	t0 = time.Now()
 	_, incCopied, err := checkpoint.CopyIncremental(spare, ram, size, written)
-	must(err)
+	check(err)
 	inc := time.Since(t0)
 
 	// Rewind: the checkpoint (on the host disk, where kosa8 keeps them,
 	// its pages cached since it was just written) copied into fresh tmpfs
 	// before the guest runs; its pages are then in memory.
 	fresh, err := os.OpenFile(filepath.Join(shm, "rewound"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	must(err)
+	check(err)
 	defer fresh.Close()
 	t0 = time.Now()
 	_, err = checkpoint.CopySparse(fresh, onDisk)
-	must(err)
+	check(err)
 	rmem, err := unix.Mmap(int(fresh.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	must(err)
+	check(err)
 	defer unix.Munmap(rmem)
 	first := time.Since(t0)
 	rcRead(rmem, size/2)
@@ -150,7 +162,12 @@ func rcTmpfs(label string, size int64) []rcRow {
 // reads reach a disk), each checkpoint a clone of it, the rewind a clone
 // of the checkpoint that the guest then faults in.
 func rcClone(label, fs string, size int64, background bool) ([]rcRow, error) {
-	lfs, err := newLoopFS(fs, 3*size+(1<<30))
+	// Room for the worst case: on XFS a checkpoint after scattered
+	// writes can cost a new block for nearly every in-use page (see the
+	// bytes each clone wrote back), so 12 checkpoints and a rewind take
+	// about 6.5 times the RAM file. A write through the mapping that finds
+	// no free block is a SIGBUS, in QEMU as here.
+	lfs, err := newLoopFS(fs, 8*size+(1<<30))
 	if err != nil {
 		return nil, err
 	}
@@ -175,15 +192,17 @@ func rcClone(label, fs string, size int64, background bool) ([]rcRow, error) {
 	clone := func(name string) (time.Duration, int64) {
 		w0 := lfs.written()
 		t0 := time.Now()
-		must(checkpoint.CloneOpen(filepath.Join(dir, name), ram))
+		check(checkpoint.CloneOpen(filepath.Join(dir, name), ram))
 		return time.Since(t0), lfs.written() - w0
 	}
 	c1, w1 := clone("cp1")
+	lfs.mustHave(size / 2)
 	_, tw := rcScatter(mem, size/2, rcBigWrite, rng)
 	c2, w2 := clone("cp2")
 	var tens []time.Duration
 	var tenW int64
 	for i := range 10 {
+		lfs.mustHave(size / 2)
 		rcScatter(mem, size/2, rcSmallWrite, rng)
 		time.Sleep(time.Second)
 		d, w := clone(fmt.Sprintf("cp%d", i+3))
@@ -209,12 +228,12 @@ func rcClone(label, fs string, size int64, background bool) ([]rcRow, error) {
 	// as QEMU maps it; its pages come from the disk as the guest touches
 	// them (a new inode: nothing of it is in the page cache).
 	t0 := time.Now()
-	must(checkpoint.CloneFile(filepath.Join(dir, "rewound"), filepath.Join(dir, "cp1")))
+	check(checkpoint.CloneFile(filepath.Join(dir, "rewound"), filepath.Join(dir, "cp1")))
 	rf, err := os.OpenFile(filepath.Join(dir, "rewound"), os.O_RDWR, 0)
-	must(err)
+	check(err)
 	defer rf.Close()
 	rmem, err := unix.Mmap(int(rf.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	must(err)
+	check(err)
 	defer unix.Munmap(rmem)
 	_ = rmem[0]
 	first := time.Since(t0)
@@ -227,6 +246,7 @@ func rcClone(label, fs string, size int64, background bool) ([]rcRow, error) {
 		rmem[off+9] ^= 1
 	}
 	cow := time.Since(t1)
+	lfs.mustHave(size / 2)
 	rows = append(rows,
 		rcRow{label, "rewind: RAM ready (first page)", dur(first), m + ": FICLONE of the checkpoint + mmap + one fault"},
 		rcRow{label, "rewind: all in-use pages touched", dur(all), fmt.Sprintf("%s: reading every in-use page in order (readahead helps; %s read from the device)", m, sizeName(rd))},
@@ -245,11 +265,16 @@ func rcClone(label, fs string, size int64, background bool) ([]rcRow, error) {
 func rcBackground(label, m string, lfs *loopFS, mem []byte, size int64) []rcRow {
 	fmt.Fprintf(os.Stderr, "ramclone %s: guest writing %d MiB/s for %s after a warm-up...\n", label, *rcBGMiB, *rcBG)
 	var stop atomic.Bool
-	done := make(chan int64)
+	type result struct {
+		n     int64
+		fault any // a panic of the writer (a SIGBUS: no space)
+	}
+	done := make(chan result, 1)
 	go func() {
 		rng := rand.New(rand.NewPCG(3, 4))
 		perTick := int64(*rcBGMiB<<20) / 10
 		var n int64
+		defer func() { done <- result{n, recover()} }()
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for !stop.Load() {
@@ -257,7 +282,6 @@ func rcBackground(label, m string, lfs *loopFS, mem []byte, size int64) []rcRow 
 			rcScatter(mem, size/2, perTick, rng)
 			n += perTick
 		}
-		done <- n
 	}()
 	// Pages dirtied at the start are written back only once they are
 	// dirty_expire old: measure after that, in the steady state.
@@ -270,7 +294,11 @@ func rcBackground(label, m string, lfs *loopFS, mem []byte, size int64) []rcRow 
 	time.Sleep(*rcBG)
 	w := lfs.written() - w0
 	stop.Store(true)
-	n := <-done
+	res := <-done
+	if res.fault != nil {
+		panic(res.fault)
+	}
+	n := res.n
 	secs := rcBG.Seconds()
 	return []rcRow{{label, fmt.Sprintf("background write-back while the guest writes %d MiB/s of scattered pages", *rcBGMiB),
 		fmt.Sprintf("%s/s", sizeName(int64(float64(w)/secs))),
@@ -280,18 +308,18 @@ func rcBackground(label, m string, lfs *loopFS, mem []byte, size int64) []rcRow 
 // rcRAM makes a RAM file of size at path, mapped shared as QEMU maps it.
 func rcRAM(path string, size int64) (*os.File, []byte) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	must(err)
-	must(f.Truncate(size))
+	check(err)
+	check(f.Truncate(size))
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	must(err)
+	check(err)
 	return f, mem
 }
 
 // rcSpare is a spare as checkpoint.Spares prepares one: zeros, resident.
 func rcSpare(path string, size int64) *os.File {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	must(err)
-	must(checkpoint.WriteZeros(f, size))
+	check(err)
+	check(checkpoint.WriteZeros(f, size))
 	return f
 }
 
@@ -397,19 +425,29 @@ func (l *loopFS) close() {
 // in 512-byte sectors.
 func (l *loopFS) stat(i int) int64 {
 	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(l.dev), "stat"))
-	must(err)
+	check(err)
 	f := strings.Fields(string(b))
 	n, err := strconv.ParseInt(f[i], 10, 64)
-	must(err)
+	check(err)
 	return n * 512
 }
 
 func (l *loopFS) written() int64 { return l.stat(6) }
 func (l *loopFS) read() int64    { return l.stat(2) }
 
+// mustHave stops the benchmark, rather than a write through a mapping
+// with a SIGBUS, when the file system has less than n bytes free.
+func (l *loopFS) mustHave(n int64) {
+	var sf unix.Statfs_t
+	check(unix.Statfs(l.mnt, &sf))
+	if free := int64(sf.Bavail) * sf.Bsize; free < n {
+		check(fmt.Errorf("%s on %s has %s free, less than the %s the next writes may need", filepath.Base(l.dev), l.mnt, sizeName(free), sizeName(n)))
+	}
+}
+
 func (l *loopFS) used() int64 {
 	var sf unix.Statfs_t
-	must(unix.Statfs(l.mnt, &sf))
+	check(unix.Statfs(l.mnt, &sf))
 	return int64(sf.Blocks-sf.Bfree) * sf.Bsize
 }
 
@@ -445,7 +483,7 @@ func parseSize(s string) int64 {
 		mult, s = 1<<20, strings.TrimSuffix(s, "M")
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	must(err)
+	check(err)
 	return n * mult
 }
 
@@ -465,6 +503,14 @@ func dur(d time.Duration) string {
 		return fmt.Sprintf("%.1f s", d.Seconds())
 	}
 	return ms(d)
+}
+
+// check panics on err, so that the loop devices and files made so far
+// are removed (must exits at once).
+func check(err error) {
+	if err != nil {
+		panic(err)
+	}
 }
 
 func hostContext() string {
