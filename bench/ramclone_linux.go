@@ -132,6 +132,7 @@ func rcTmpfs(label string, size int64) []rcRow {
 	// Rewind: the checkpoint (on the host disk, where kosa8 keeps them,
 	// its pages cached since it was just written) copied into fresh tmpfs
 	// before the guest runs; its pages are then in memory.
+	cached := resident(onDisk.Name())
 	fresh, err := os.OpenFile(filepath.Join(shm, "rewound"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	check(err)
 	defer fresh.Close()
@@ -152,7 +153,7 @@ func rcTmpfs(label string, size int64) []rcRow {
 		{label, "checkpoint pause: copy into a spare on " + diskFS, dur(toDisk), m + ": as kosa8 keeps spares today, in the sandbox's directory on the host disk (" + diskFS + "), pages resident"},
 		{label, "guest writes 64 MiB of scattered 4 KiB pages", dur(tw), m + ": pages already present"},
 		{label, "checkpoint pause after those 64 MiB: incremental copy", dur(inc), fmt.Sprintf("%s: CopyIncremental of %s into the spare (page set given; the pagemap walk is extra, see BenchmarkIncrementalSave2GiB)", m, sizeName(incCopied))},
-		{label, "rewind: RAM ready (first page)", dur(first), m + ": CopySparse from the checkpoint on " + diskFS + " (cached) into fresh tmpfs"},
+		{label, "rewind: RAM ready (first page)", dur(first), fmt.Sprintf("%s: CopySparse from the checkpoint on %s (%s of it in the page cache) into fresh tmpfs", m, diskFS, cached)},
 		{label, "rewind: all in-use pages touched", dur(all), m + ": then reading every in-use page (in memory)"},
 	}
 }
@@ -197,7 +198,9 @@ func rcClone(label, fs string, size int64, background bool) ([]rcRow, error) {
 	}
 	c1, w1 := clone("cp1")
 	lfs.mustHave(size / 2)
+	wb0 := lfs.written()
 	_, tw := rcScatter(mem, size/2, rcBigWrite, rng)
+	wb := lfs.written() - wb0
 	c2, w2 := clone("cp2")
 	var tens []time.Duration
 	var tenW int64
@@ -216,7 +219,7 @@ func rcClone(label, fs string, size int64, background bool) ([]rcRow, error) {
 	rows := []rcRow{
 		{label, "guest touches half its pages (first writes)", dur(touch), m + ": page cache + delayed allocation at page_mkwrite"},
 		{label, "checkpoint pause: first clone, all touched pages dirty", dur(c1), fmt.Sprintf("%s: FICLONE, which first wrote back %s", m, sizeName(w1))},
-		{label, "guest writes 64 MiB of scattered 4 KiB pages after the clone", dur(tw), m + ": every first write faults (write-protected after write-back) and reserves a copy-on-write block"},
+		{label, "guest writes 64 MiB of scattered 4 KiB pages after the clone", dur(tw), fmt.Sprintf("%s: every first write faults (write-protected after write-back) and reserves a copy-on-write block; %s written back meanwhile", m, sizeName(wb))},
 		{label, "checkpoint pause after those 64 MiB: clone", dur(c2), fmt.Sprintf("%s: FICLONE, which first wrote back %s", m, sizeName(w2))},
 		{label, "10 checkpoints 1 s apart, 4 MiB written before each: pause min/median/max",
 			fmt.Sprintf("%s / %s / %s", dur(tens[0]), dur((tens[4]+tens[5])/2), dur(tens[9])),
@@ -457,6 +460,19 @@ func fsType(dir string) string {
 		return "?"
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// resident is how much of the file at path is in the page cache.
+func resident(path string) string {
+	out, err := exec.Command("fincore", "--bytes", "--noheadings", "-o", "RES", path).Output()
+	if err != nil {
+		return "?"
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		return "?"
+	}
+	return sizeName(n)
 }
 
 func fileExtents(path string) string {
