@@ -60,8 +60,10 @@ func main() {
 		benchSoak()
 	case "agents":
 		benchAgents()
+	case "ramclone":
+		benchRAMClone()
 	default:
-		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp, soak or agents", flag.Arg(0)))
+		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp, soak, agents or ramclone", flag.Arg(0)))
 	}
 }
 
