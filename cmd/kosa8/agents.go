@@ -155,8 +155,9 @@ func (a *agentFlags) options(m *sandbox.Manager, proj *config.Project, o *projec
 		return err
 	}
 	a.preset = p
-	// The preset's rules first: the user's own come after and add to them.
-	o.Allow = append(p.Rules(), o.Allow...)
+	// The preset's rules first: the user's own (kosa8.toml's, the flags')
+	// come after and add to them, or deny what they allow.
+	o.PresetAllow = p.Rules()
 	store, err := secrets.Open(m.Paths.Config)
 	if err != nil {
 		return err
@@ -217,11 +218,13 @@ func (a *agentFlags) recipeFor(m *sandbox.Manager, proj *config.Project, c *sand
 			return fmt.Errorf("kosa8.toml: %w", err)
 		}
 	}
-	if c.Workspace != nil {
-		a.project = c.Workspace.Path
-	} else if wd, err := os.Getwd(); err == nil {
-		a.project = wd
+	// The kept agent home is the current folder's, as it always was (the
+	// key of its archive must not change under a user's feet).
+	wd, err := os.Getwd()
+	if err != nil {
+		return err
 	}
+	a.project = wd
 	return nil
 }
 

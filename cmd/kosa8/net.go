@@ -340,11 +340,12 @@ func portCmd() *cobra.Command {
 			if err := s.AddPort(cmd.Context(), sdk.Port(pf)); err != nil {
 				return err
 			}
-			if s.Info().State != sdk.Running {
+			switch s.Info().State {
+			case sdk.Running, sdk.Starting, sdk.Stopping: // its supervisor forwards it now
+				fmt.Println(pf)
+			default:
 				fmt.Printf("%s (from the next start)\n", pf)
-				return nil
 			}
-			fmt.Println(pf)
 			return nil
 		},
 	}

@@ -35,12 +35,16 @@ type Options struct {
 	Review    bool
 	Exclude   []string
 
-	NetPreset  string   // a network preset: netpolicy.PresetNames
-	Allow      []string // rules, after the preset's and kosa8.toml's
-	AllowBroad bool
-	Ports      []string // HOSTPORT[:GUESTPORT]
-	PublishAll bool     // ports listen on all host interfaces
-	Secrets    []string // secret names, after kosa8.toml's; each must exist
+	NetPreset string // a network preset: netpolicy.PresetNames
+	// PresetAllow are an agent preset's rules, after the network preset's
+	// and before kosa8.toml's: a deny in kosa8.toml must win over them
+	// (an allow rule after a deny for the same target replaces it).
+	PresetAllow []string
+	Allow       []string // the caller's rules, after kosa8.toml's
+	AllowBroad  bool
+	Ports       []string // HOSTPORT[:GUESTPORT]
+	PublishAll  bool     // ports listen on all host interfaces
+	Secrets     []string // secret names, after kosa8.toml's; each must exist
 
 	// PresetEnv is an agent preset's environment (before kosa8.toml's),
 	// Env the caller's own KEY=VALUE entries (after it).
@@ -125,7 +129,7 @@ func Resolve(o Options, proj *config.Project, configDir string) (sandbox.Config,
 			c.Network.Rules = append(c.Network.Rules, r.Text)
 		}
 	}
-	for _, a := range concat(proj.Network.Allow, o.Allow) {
+	for _, a := range concat(concat(o.PresetAllow, proj.Network.Allow), o.Allow) {
 		r, err := netpolicy.ParseRule(a, netpolicy.ParseOptions{AllowBroad: o.AllowBroad})
 		if err != nil {
 			return c, err

@@ -36,7 +36,7 @@ func TestResolveOrder(t *testing.T) {
 
 	c, err := Resolve(Options{
 		Name: "ordered", Workspace: dir, Memory: "2G",
-		Allow: []string{"caller.example.com"}, Ports: []string{"8080:80"},
+		PresetAllow: []string{"preset.example.com"}, Allow: []string{"caller.example.com"}, Ports: []string{"8080:80"},
 		Secrets: []string{"FROM_CALLER", "FROM_TOML"}, Exclude: []string{"target"},
 		PresetEnv: []string{"A=preset"}, Env: []string{"B=caller"},
 	}, proj, dir)
@@ -50,9 +50,9 @@ func TestResolveOrder(t *testing.T) {
 		t.Errorf("env %q: the preset's, the toml's, the caller's (later wins)", got)
 	}
 	rules := c.Network.Rules
-	ti, ci := slices.Index(rules, "toml.example.com"), slices.Index(rules, "caller.example.com")
-	if ti < 1 || ci != ti+1 || ci != len(rules)-1 {
-		t.Errorf("rules %v: the dev preset's, then the toml's, then the caller's", rules)
+	pi, ti, ci := slices.Index(rules, "preset.example.com"), slices.Index(rules, "toml.example.com"), slices.Index(rules, "caller.example.com")
+	if pi < 1 || ti != pi+1 || ci != ti+1 || ci != len(rules)-1 {
+		t.Errorf("rules %v: the dev preset's, the agent preset's, the toml's, then the caller's", rules)
 	}
 	if len(c.Network.Ports) != 2 || c.Network.Ports[0].HostPort != 3000 || c.Network.Ports[1].GuestPort != 80 {
 		t.Errorf("ports %v", c.Network.Ports)

@@ -428,12 +428,12 @@ func diskFull(err error, dir string) bool {
 // older checkpoint loses nothing. Its layers are frozen; the next start
 // writes to new ones on top.
 func SaveDisks(sb *Sandbox, message string) (*checkpoint.Meta, error) {
-	// The supervisor's lock: no start can begin meanwhile.
-	lock, err := lockSupervisor(sb.Dir)
+	// No start can begin meanwhile.
+	release, err := lockStopped(sb.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s", err, sb.Config.Name)
 	}
-	defer lock.Close()
+	defer release()
 	store := sb.Checkpoints()
 	store.Sweep()
 	id := checkpoint.NewID()
@@ -595,11 +595,11 @@ func (s *supervisor) expectExit(m vmm.Machine) {
 // meanwhile could build on a layer being deleted. A running sandbox's
 // supervisor does it (Client.DeleteCheckpoint); here that is ErrRunning.
 func DeleteCheckpoint(sb *Sandbox, id string) error {
-	lock, err := lockSupervisor(sb.Dir)
+	release, err := lockStopped(sb.Dir)
 	if err != nil {
 		return fmt.Errorf("%w: %s started meanwhile: try again", err, sb.Config.Name)
 	}
-	defer lock.Close()
+	defer release()
 	return deleteCheckpoint(sb, id)
 }
 

@@ -385,11 +385,11 @@ func RemoveStopped(sb *Sandbox, targets []string) (*netpolicy.Policy, error) {
 }
 
 func editStopped(sb *Sandbox, decision string, args []string, f func(*netpolicy.Policy) error) (*netpolicy.Policy, error) {
-	lock, err := lockSupervisor(sb.Dir)
+	release, err := lockStopped(sb.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s started while its rules were being changed: try again", err, sb.Config.Name)
 	}
-	defer lock.Close()
+	defer release()
 	p, err := sb.LoadPolicy()
 	if err != nil {
 		return nil, err
@@ -435,11 +435,11 @@ func RemovePortStopped(sb *Sandbox, hostPort uint16) error {
 }
 
 func editPortsStopped(sb *Sandbox, f func([]PortForward) ([]PortForward, error)) error {
-	lock, err := lockSupervisor(sb.Dir)
+	release, err := lockStopped(sb.Dir)
 	if err != nil {
 		return fmt.Errorf("%w: %s started while its ports were being changed: try again", err, sb.Config.Name)
 	}
-	defer lock.Close()
+	defer release()
 	ports, err := sb.LoadPorts()
 	if err != nil {
 		return err

@@ -126,6 +126,55 @@ func supervisorAlive(dir string) bool {
 	return false
 }
 
+// editLockFile serialises the changes made to a stopped sandbox.
+const editLockFile = "edit.lock"
+
+// maxEditWait bounds how long a change to a stopped sandbox waits for
+// another one to finish.
+const maxEditWait = 30 * time.Second
+
+// lockStopped is what a change to a stopped sandbox holds (its rules,
+// ports, checkpoints): a shared lock on the supervisor's lock file, so no
+// supervisor starts meanwhile (it takes that lock exclusively) while the
+// sandbox does not look alive (supervisorAlive probes for an exclusive
+// holder), and an exclusive one on edit.lock, so changes run one at a
+// time. A running (or starting) sandbox is ErrRunning: its supervisor
+// makes the change.
+func lockStopped(dir string) (release func(), err error) {
+	ef, err := os.OpenFile(filepath.Join(dir, editLockFile), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for deadline := time.Now().Add(maxEditWait); ; {
+		err = syscall.Flock(int(ef.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			ef.Close()
+			return nil, fmt.Errorf("another change to this sandbox has not finished after %s: %w", maxEditWait, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	sf, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		ef.Close()
+		return nil, err
+	}
+	for i := 0; ; i++ {
+		err = syscall.Flock(int(sf.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+		if err == nil {
+			return func() { sf.Close(); ef.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || i >= 20 {
+			sf.Close()
+			ef.Close()
+			return nil, ErrRunning
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // lockSupervisor takes the sandbox's supervisor lock for the life of the
 // process, or fails if another supervisor holds it.
 func lockSupervisor(dir string) (*os.File, error) {
