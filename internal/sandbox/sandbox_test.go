@@ -294,3 +294,28 @@ func TestStoppedEditsTakeTheSupervisorLock(t *testing.T) {
 		t.Fatalf("rules changed under the lock: %v", p.Rules)
 	}
 }
+
+// A start that comes while a stopped sandbox's edit holds the lock waits
+// for it, rather than failing as "already running".
+func TestStartWaitsForAStoppedEdit(t *testing.T) {
+	dir := t.TempDir()
+	release, err := lockStopped(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if supervisorAlive(dir) {
+		t.Fatal("a stopped sandbox's edit makes it look alive")
+	}
+	go func() {
+		time.Sleep(400 * time.Millisecond) // past the 200 ms a real supervisor gets
+		release()
+	}()
+	lock, err := lockSupervisor(dir)
+	if err != nil {
+		t.Fatalf("the start did not wait for the edit: %v", err)
+	}
+	defer lock.Close()
+	if _, err := lockStopped(dir); !errors.Is(err, ErrRunning) {
+		t.Fatalf("an edit while the supervisor runs: %v", err)
+	}
+}

@@ -182,13 +182,17 @@ func lockSupervisor(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	// ls probes with a shared lock for an instant; retry briefly past it.
+	// Shared holders are ls's probe (an instant) and a stopped sandbox's
+	// edit (lockStopped): wait for them, bounded; an exclusive holder is
+	// another supervisor.
+	start := time.Now()
 	for i := 0; ; i++ {
 		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
 			return f, nil
 		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || i >= 20 {
+		shared := !supervisorAlive(dir)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || (!shared && i >= 20) || time.Since(start) > maxEditWait {
 			f.Close()
 			return nil, ErrRunning
 		}
