@@ -151,6 +151,11 @@ func kosa8Cmd(ctx context.Context, args ...string) *exec.Cmd {
 		cmd.Dir = dir
 	}
 	cmd.Env = append(os.Environ(), "KOSA8_HOME="+home, "KOSA8_CONFIG="+filepath.Join(home, "config"))
+	// Once ctx ends and the command is killed, its output pipes close
+	// within this even if a child of it still holds them (a shell loop's
+	// kosa8 run waiting on a guest whose kernel oopsed): the test fails
+	// then, instead of waiting for the suite's timeout.
+	cmd.WaitDelay = 15 * time.Second
 	return cmd
 }
 
