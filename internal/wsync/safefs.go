@@ -187,13 +187,10 @@ func (r *Root) hashFile(pfd int, name, rel string, st *unix.Stat_t) (string, err
 	if err != nil {
 		return "", &fs.PathError{Op: "open", Path: rel, Err: err}
 	}
-	var fst unix.Stat_t
-	if err := unix.Fstat(fd, &fst); err != nil || fst.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
-		return "", fmt.Errorf("%s: not a regular file", rel)
+	f, err := regularFile(fd, rel, rel)
+	if err != nil {
+		return "", err
 	}
-	_ = unix.SetNonblock(fd, false)
-	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
@@ -212,13 +209,20 @@ func (r *Root) Open(rel string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	return regularFile(fd, rel, path.Join(r.dir, rel))
+}
+
+// regularFile makes fd, opened O_NONBLOCK (a FIFO must not block the
+// open), a blocking *os.File named name, if it is a regular file; else it
+// closes fd.
+func regularFile(fd int, rel, name string) (*os.File, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%s: not a regular file", rel)
 	}
 	_ = unix.SetNonblock(fd, false)
-	return os.NewFile(uintptr(fd), path.Join(r.dir, rel)), nil
+	return os.NewFile(uintptr(fd), name), nil
 }
 
 // List returns the names in directory rel ("." for the root).
