@@ -334,13 +334,17 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 		a.respondError(s, err)
 		return
 	}
-	if req.Was != nil {
-		rel, err := filepath.Rel(req.Root, p)
-		if err == nil && (req.Root == "" || rel == "." || outside(rel)) {
-			err = fmt.Errorf("write: %s is not in the workspace %q", p, req.Root)
+	// p's path in the workspace req.Root; "" when it is in none.
+	var wsPath string
+	if req.Root != "" {
+		if rel, err := filepath.Rel(req.Root, p); err == nil && rel != "." && !outside(rel) {
+			wsPath = filepath.ToSlash(rel)
 		}
-		if err == nil {
-			err = a.wsStill(req.Root, filepath.ToSlash(rel), req.Was)
+	}
+	if req.Was != nil {
+		err := fmt.Errorf("write: %s is not in the workspace %q", p, req.Root)
+		if wsPath != "" {
+			err = a.wsStill(req.Root, wsPath, req.Was)
 		}
 		if err != nil {
 			a.respondError(s, err)
@@ -352,18 +356,9 @@ func (a *Agent) handleWriteFile(s net.Conn, req *guest.Request) {
 		return
 	}
 	ok = true
-	if req.Hash != "" && req.Root != "" {
-		// The host knows what it sent: remember the hash so the next scan
-		// does not read the file again.
-		if rel, err := filepath.Rel(req.Root, p); err == nil && !outside(rel) {
-			var st unix.Stat_t
-			if unix.Lstat(p, &st) == nil {
-				c := a.wsCache()
-				c.mu.Lock()
-				c.m[filepath.ToSlash(rel)] = wsHash{ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), hash: req.Hash}
-				c.mu.Unlock()
-			}
-		}
+	if req.Hash != "" && wsPath != "" {
+		// The host knows what it sent: the next scan need not read it.
+		a.wsCache().remember(wsPath, p, req.Hash)
 	}
 	a.respond(s, guest.Response{})
 }

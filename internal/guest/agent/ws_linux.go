@@ -39,6 +39,18 @@ type wsHash struct {
 	hash         string
 }
 
+// remember records hash as the content of the workspace's rel, the file
+// full the host just wrote, as it stands now.
+func (c *wsHashes) remember(rel, full, hash string) {
+	var st unix.Stat_t
+	if unix.Lstat(full, &st) != nil {
+		return
+	}
+	c.mu.Lock()
+	c.m[rel] = wsHash{ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), hash: hash}
+	c.mu.Unlock()
+}
+
 func (a *Agent) wsCache() *wsHashes {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -539,12 +551,7 @@ func (a *Agent) handleWSPut(s net.Conn, req *guest.Request) {
 				}
 			}
 			if perr == nil && it.Hash != "" {
-				var st unix.Stat_t
-				if unix.Lstat(full, &st) == nil {
-					cache.mu.Lock()
-					cache.m[it.Path] = wsHash{ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), hash: it.Hash}
-					cache.mu.Unlock()
-				}
+				cache.remember(it.Path, full, it.Hash)
 			}
 		default:
 			perr = fmt.Errorf("unknown entry type %q", it.Type)
