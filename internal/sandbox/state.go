@@ -141,35 +141,41 @@ const maxEditWait = 30 * time.Second
 // time. A running (or starting) sandbox is ErrRunning: its supervisor
 // makes the change.
 func lockStopped(dir string) (release func(), err error) {
-	ef, err := os.OpenFile(filepath.Join(dir, editLockFile), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	ef, err := openLock(dir, editLockFile)
 	if err != nil {
 		return nil, err
 	}
-	for deadline := time.Now().Add(maxEditWait); ; {
-		err = syscall.Flock(int(ef.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
-			ef.Close()
-			return nil, fmt.Errorf("another change to this sandbox has not finished after %s: %w", maxEditWait, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	deadline := time.Now().Add(maxEditWait)
+	if err := flockPolling(ef, syscall.LOCK_EX, func(int) bool { return time.Now().Before(deadline) }); err != nil {
+		ef.Close()
+		return nil, fmt.Errorf("another change to this sandbox has not finished after %s: %w", maxEditWait, err)
 	}
-	sf, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	sf, err := openLock(dir, lockFile)
 	if err != nil {
 		ef.Close()
 		return nil, err
 	}
+	if err := flockPolling(sf, syscall.LOCK_SH, func(tries int) bool { return tries < 20 }); err != nil {
+		sf.Close()
+		ef.Close()
+		return nil, ErrRunning
+	}
+	return func() { sf.Close(); ef.Close() }, nil
+}
+
+// openLock opens (creating it) the lock file name in dir.
+func openLock(dir, name string) (*os.File, error) {
+	return os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+}
+
+// flockPolling takes the lock how (LOCK_EX, LOCK_SH) on f, trying again
+// every 10 ms while another holds it and keepTrying(tries so far) says so.
+// It returns the last error: EWOULDBLOCK when it gave up.
+func flockPolling(f *os.File, how int, keepTrying func(tries int) bool) error {
 	for i := 0; ; i++ {
-		err = syscall.Flock(int(sf.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
-		if err == nil {
-			return func() { sf.Close(); ef.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || i >= 20 {
-			sf.Close()
-			ef.Close()
-			return nil, ErrRunning
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
+		if err == nil || !errors.Is(err, syscall.EWOULDBLOCK) || !keepTrying(i) {
+			return err
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -178,7 +184,7 @@ func lockStopped(dir string) (release func(), err error) {
 // lockSupervisor takes the sandbox's supervisor lock for the life of the
 // process, or fails if another supervisor holds it.
 func lockSupervisor(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	f, err := openLock(dir, lockFile)
 	if err != nil {
 		return nil, err
 	}
@@ -186,16 +192,12 @@ func lockSupervisor(dir string) (*os.File, error) {
 	// edit (lockStopped): wait for them, bounded; an exclusive holder is
 	// another supervisor.
 	start := time.Now()
-	for i := 0; ; i++ {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return f, nil
-		}
-		shared := !supervisorAlive(dir)
-		if !errors.Is(err, syscall.EWOULDBLOCK) || (!shared && i >= 20) || time.Since(start) > maxEditWait {
-			f.Close()
-			return nil, ErrRunning
-		}
-		time.Sleep(10 * time.Millisecond)
+	err = flockPolling(f, syscall.LOCK_EX, func(tries int) bool {
+		return time.Since(start) <= maxEditWait && (tries < 20 || !supervisorAlive(dir))
+	})
+	if err != nil {
+		f.Close()
+		return nil, ErrRunning
 	}
+	return f, nil
 }
