@@ -62,9 +62,12 @@ func forEachData(src *os.File, size int64, f func(off, end int64) error) error {
 	return nil
 }
 
-// copyRange copies [off, end) of src to the same offsets of dst through
-// buf and returns the bytes copied.
+// copyRange copies [off, end) of src to the same offsets of dst (in the
+// kernel where it can, else through buf) and returns the bytes copied.
 func copyRange(dst, src *os.File, off, end int64, buf []byte) (int64, error) {
+	if n, ok, err := sendRange(dst, src, off, end); ok {
+		return n, err
+	}
 	var total int64
 	for pos := off; pos < end; {
 		n := int(min(int64(len(buf)), end-pos))
