@@ -167,6 +167,9 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 	mux.HandleFunc("DELETE /v1/checkpoints/{id}", func(w http.ResponseWriter, r *http.Request) {
 		s.cpMu.Lock()
 		err := deleteCheckpoint(s.sb, r.PathValue("id"))
+		if err == nil {
+			s.dropRewindRAM(r.PathValue("id"))
+		}
 		s.cpMu.Unlock()
 		if err != nil {
 			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})

@@ -69,8 +69,14 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err 
 	spec.Disks = s.disks()
 	opts := vmm.StartOptions{Stderr: logWriter{s.log}, Net: netEnd}
 	var ramSrc *os.File
+	var ramCopy string // how the restore's RAM copy went, for the log
 	if restore != nil {
 		opts.Incoming = true
+		if opts.RAM = s.takeRewindRAM(restore.ID); opts.RAM != nil {
+			ramCopy = "prepared"
+		}
+	}
+	if restore != nil && opts.RAM == nil {
 		ramSrc, err = os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.RAMFile))
 		if err != nil {
 			netEnd.Close()
@@ -81,7 +87,9 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err 
 			// Copied into fresh shared memory rather than mapped
 			// copy-on-write: the next checkpoint can then skip RAM in the
 			// migration stream again (x-ignore-shared).
-			_, err := checkpoint.CopySparse(ram, ramSrc)
+			t := time.Now()
+			n, err := checkpoint.CopySparse(ram, ramSrc)
+			ramCopy = fmt.Sprintf("%d MiB in %.0f ms", n>>20, msBetween(t, time.Now()))
 			return err
 		}
 	}
@@ -171,7 +179,7 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err 
 		if err := client.Restored(lctx, entropy, time.Now()); err != nil {
 			return fmt.Errorf("restored guest: %w", err)
 		}
-		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", msBetween(t0, tStarted),
+		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", msBetween(t0, tStarted), "ram_copy", ramCopy,
 			"devices_ms", msBetween(tStarted, tLoaded), "agent_ms", msBetween(tLoaded, tConnected), "reseed_ms", msBetween(tConnected, time.Now()))
 	} else if err := client.SetTime(lctx, time.Now()); err != nil {
 		s.log.Warn("set guest clock", "err", err)
@@ -571,6 +579,11 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 		"restore_ms", msBetween(tBranched, tLaunched), "workspace_ms", msBetween(tLaunched, time.Now()))
 	s.setStatus(func(st *Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
 	res.Millis = msSince(start)
+	if restore != nil {
+		// Once the state before is out: the likeliest next rewind is
+		// to the same checkpoint again.
+		defer s.prepareRewind(id)
+	}
 	if err := flush(); err != nil {
 		res.Saved = nil
 		res.Warning = "the state before the rewind could not be saved: " + err.Error()
@@ -673,6 +686,7 @@ func (s *supervisor) enforceRetention() {
 			continue
 		}
 		if err := s.sb.Checkpoints().Delete(list[i].ID); err == nil {
+			s.dropRewindRAM(list[i].ID)
 			s.log.Info("checkpoint removed (retention)", "id", list[i].ID)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/checkpoint"
@@ -129,6 +130,9 @@ func newFakeRig(t *testing.T, netstack bool) *fakeRig {
 	// there). Every checkpoint here copies into a new file.
 	s.ramSaver().Spares.Close()
 	t.Cleanup(func() {
+		if rr := s.rewindRAM(); rr != nil {
+			rr.Close()
+		}
 		if c := s.currentClient(); c != nil {
 			c.Close()
 		}
@@ -467,6 +471,74 @@ func TestRewindReplacesTheMachine(t *testing.T) {
 	}
 	if st := s.getStatus(); st.Checkpoint != cp.ID {
 		t.Errorf("status names checkpoint %q, want %q", st.Checkpoint, cp.ID)
+	}
+}
+
+// A rewind to the last checkpoint hands the new machine the RAM prepared
+// for it in the background (no copy while the user waits); a rewind to
+// another checkpoint copies that one's RAM. Either way the machine gets
+// the checkpoint's RAM exactly.
+func TestRewindUsesPreparedRAM(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed (qemu-utils): a rewind's new disk layers need it")
+	}
+	r := newFakeRig(t, true)
+	s := r.s
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", s.sb.Path(RootDisk), "16M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v: %s", err, out)
+	}
+	ctx := context.Background()
+	write := func(b []byte) {
+		t.Helper()
+		if _, err := s.currentMachine().(*vmmtest.Machine).RAM().WriteAt(b, guestPatternAt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ready := func(id string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); s.rewindRAM().Holds() != id; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("RAM for %s never got ready (holds %q)", id, s.rewindRAM().Holds())
+			}
+		}
+	}
+	first := []byte("first checkpoint")
+	second := []byte("second checkpoint")
+	write(first)
+	cp1, err := s.checkpoint(ctx, "one", "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready(cp1.ID)
+	write(second)
+	cp2, err := s.checkpoint(ctx, "two", "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready(cp2.ID)
+	write([]byte("after both........"))
+
+	rewindTo := func(cp *checkpoint.Meta, want []byte, prepared bool) {
+		t.Helper()
+		if _, err := s.rewind(ctx, cp.ID); err != nil {
+			t.Fatal(err)
+		}
+		m := s.currentMachine().(*vmmtest.Machine)
+		if m.Prepared != prepared {
+			t.Errorf("rewind to %s: prepared RAM used %v, want %v", cp.Message, m.Prepared, prepared)
+		}
+		if got := readAt(t, m.RAM(), guestPatternAt, len(want)); !bytes.Equal(got, want) {
+			t.Errorf("rewind to %s: the machine's RAM holds %q, want %q", cp.Message, got, want)
+		}
+	}
+	rewindTo(cp2, second, true)
+	// The same one again is prepared again once the rewind is done.
+	ready(cp2.ID)
+	write([]byte("changed after the rewind"))
+	rewindTo(cp2, second, true)
+	rewindTo(cp1, first, false)
+	if n := r.drv.RAMFilesAhead(); n < 2 {
+		t.Errorf("%d RAM files made ahead, want one per handover at least", n)
 	}
 }
 

@@ -388,6 +388,9 @@ func (j *cpJob) commitStep(context.Context) error {
 		return err
 	}
 	j.s.setStatus(func(st *Status) { st.Checkpoint = j.id })
+	if j.kind != "pause" { // a paused sandbox stops now
+		j.s.prepareRewind(j.id)
+	}
 	return nil
 }
 

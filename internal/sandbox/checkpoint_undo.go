@@ -68,3 +68,51 @@ func (sb *Sandbox) spareFiles() []string {
 	m, _ := filepath.Glob(filepath.Join(sb.Path(checkpointsDir), checkpoint.SpareName+"*"))
 	return m
 }
+
+// EnvRewindRAM, set to 0, turns off the RAM prepared for rewinds (it costs
+// the checkpoint's RAM in use a second time in host memory).
+const EnvRewindRAM = "KOSA8_REWIND_RAM"
+
+// rewindRAM is the RAM kept ready for a rewind to the last checkpoint
+// (checkpoint.RewindRAM), nil where the driver cannot make RAM files
+// ahead or the user turned it off.
+func (s *supervisor) rewindRAM() *checkpoint.RewindRAM {
+	s.rewindOnce.Do(func() {
+		mk, ok := s.drv.(vmm.RAMFileMaker)
+		if !ok || os.Getenv(EnvRewindRAM) == "0" {
+			return
+		}
+		spec := s.spec
+		s.rewindMem = &checkpoint.RewindRAM{
+			New:    func() (*os.File, error) { return mk.NewRAMFile(spec) },
+			Size:   int64(s.sb.Config.MemoryMiB) << 20,
+			Verify: os.Getenv(EnvVerifyCheckpoints) == "1",
+			Log:    s.log,
+		}
+	})
+	return s.rewindMem
+}
+
+// prepareRewind gets the RAM of checkpoint id ready for a rewind to it, in
+// the background.
+func (s *supervisor) prepareRewind(id string) {
+	if r := s.rewindRAM(); r != nil {
+		r.Prepare(id, filepath.Join(s.sb.Checkpoints().Path(id), checkpoint.RAMFile))
+	}
+}
+
+// takeRewindRAM returns checkpoint id's RAM, prepared, or nil.
+func (s *supervisor) takeRewindRAM(id string) *os.File {
+	r := s.rewindRAM()
+	if r == nil {
+		return nil
+	}
+	return r.Take(id, filepath.Join(s.sb.Checkpoints().Path(id), checkpoint.RAMFile))
+}
+
+// dropRewindRAM frees the RAM prepared for checkpoint id, deleted.
+func (s *supervisor) dropRewindRAM(id string) {
+	if r := s.rewindRAM(); r != nil {
+		r.Drop(id)
+	}
+}

@@ -69,6 +69,8 @@ type supervisor struct {
 	replacing   replacing
 	undoOnce    sync.Once // ramSaver (checkpoint_undo.go)
 	undo        *checkpoint.RAMSaver
+	rewindOnce  sync.Once // rewindRAM (checkpoint_undo.go)
+	rewindMem   *checkpoint.RewindRAM
 	clientMu    sync.Mutex
 	clientCh    chan struct{} // closed when s.client is replaced
 

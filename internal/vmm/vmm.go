@@ -99,6 +99,18 @@ type StartOptions struct {
 	// restore copies a checkpoint's RAM into it). With Incoming it may run
 	// while the VMM starts; Start returns only after it has finished.
 	PrepareRAM func(ram *os.File) error
+	// RAM, when set, is the guest's RAM file, made by the driver's
+	// NewRAMFile and filled already (a restore's RAM prepared ahead of
+	// time). Start takes it over, closing it if the start fails;
+	// PrepareRAM is not called.
+	RAM *os.File
+}
+
+// RAMFileMaker is a driver whose guest RAM is a file the host may make
+// ahead of a start (StartOptions.RAM): where and how the VMM wants it
+// (on Linux an unlinked file on tmpfs).
+type RAMFileMaker interface {
+	NewRAMFile(spec *vmspec.Spec) (*os.File, error)
 }
 
 // Snapshotter is a machine that can be checkpointed and restored. Guest RAM

@@ -58,3 +58,8 @@ func createRAMFile(dir, name string, size int64) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// ramAhead: not here. QEMU opens the RAM file by its name, which one
+// sandbox's second file would share; macOS's rewinds are to clone the
+// checkpoint's RAM instead (README, "Guest RAM on macOS").
+const ramAhead = false

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -89,7 +90,9 @@ func createRAMFile(dir, name string, size int64) (*os.File, error) {
 		return nil, fmt.Errorf("not enough memory: the sandbox needs %d MiB of shared memory, %s has %d MiB free: use --memory with less, or stop other sandboxes", size>>20, filepath.Dir(dir), free>>20)
 	}
 	sweepRAMFiles(dir)
-	p := filepath.Join(dir, fmt.Sprintf("%s.%d.ram", name, os.Getpid()))
+	// Unique in this process: a RAM file made ahead (NewRAMFile) may be
+	// created while a start makes its own.
+	p := filepath.Join(dir, fmt.Sprintf("%s-%d.%d.ram", name, ramSeq.Add(1), os.Getpid()))
 	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create RAM file: %w", err)
@@ -121,3 +124,9 @@ func sweepRAMFiles(dir string) {
 		}
 	}
 }
+
+var ramSeq atomic.Int64
+
+// ramAhead: a RAM file may be made ahead of its start (NewRAMFile): it is
+// unlinked, so two of one sandbox never meet by name.
+const ramAhead = true

@@ -272,6 +272,28 @@ func (m *Machine) RunState(ctx context.Context) (string, bool, error) {
 // Stderr returns the last of what QEMU printed.
 func (m *Machine) Stderr() string { return m.stderr.String() }
 
+// NewRAMFile makes a guest RAM file for spec ahead of its start
+// (vmm.RAMFileMaker): where Start would make one, with the same checks.
+func (d *Driver) NewRAMFile(spec *vmspec.Spec) (*os.File, error) {
+	if !ramAhead {
+		return nil, errors.New("RAM files are not made ahead of a start on this system")
+	}
+	return createRAMFile(d.ramDir, spec.Name, int64(spec.MemoryMiB)<<20)
+}
+
+// checkRAMFile refuses a RAM file handed to Start that is not guest RAM
+// of this size.
+func checkRAMFile(f *os.File, size int64) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() != size {
+		return fmt.Errorf("prepared RAM file: %d bytes (%v), the guest has %d", fi.Size(), fi.Mode(), size)
+	}
+	return nil
+}
+
 // Start starts QEMU for spec. ctx bounds the start only; the machine runs
 // until it exits or is killed, and dies with this process.
 func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOptions) (vmm.Machine, error) {
@@ -282,9 +304,18 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		}
 		return nil, err
 	}
-	ram, err := createRAMFile(d.ramDir, spec.Name, int64(spec.MemoryMiB)<<20)
-	if err != nil {
-		return fail(err)
+	ram := opts.RAM
+	if ram != nil {
+		opts.PrepareRAM = nil
+		if err := checkRAMFile(ram, int64(spec.MemoryMiB)<<20); err != nil {
+			ram.Close()
+			return fail(err)
+		}
+	} else {
+		var err error
+		if ram, err = createRAMFile(d.ramDir, spec.Name, int64(spec.MemoryMiB)<<20); err != nil {
+			return fail(err)
+		}
 	}
 	cleanup = append(cleanup, func() { ram.Close() })
 	plan, err := planConfinement(d.confine, d.binary, d.ramDir, spec, d.accel)

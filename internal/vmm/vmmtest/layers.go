@@ -24,7 +24,10 @@ type Layers struct{}
 
 var _ vmm.DiskLayers = Layers{}
 
-func (Layers) Format() string { return "fake" }
+// Format names the fake layers qcow2, the format a checkpoint's metadata
+// accepts for a frozen layer (so that tests take checkpoints of
+// checkpoints); no VMM ever opens them.
+func (Layers) Format() string { return "qcow2" }
 
 // Create implements vmm.DiskLayers; the backing file must exist.
 func (Layers) Create(_ context.Context, path, backing, backingFormat string, size int64) error {

@@ -37,11 +37,14 @@ type Driver struct {
 	OnStart func(m *Machine)
 	// StartErr, when set, fails Start.
 	StartErr error
+	// NoRAMAhead makes NewRAMFile fail.
+	NoRAMAhead bool
 
 	mu       sync.Mutex
 	machines []*Machine
 	opts     []vmm.DriverOptions
 	failures []string
+	ramAhead int
 }
 
 // RecordFailure notes "accel: reason" (vmm.FailureRecorder).
@@ -110,15 +113,23 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	if d.StartErr != nil {
 		return nil, d.StartErr
 	}
-	m, err := NewMachine(int64(spec.MemoryMiB) << 20)
-	if err != nil {
+	var m *Machine
+	var err error
+	if opts.RAM != nil {
+		if fi, err := opts.RAM.Stat(); err != nil || fi.Size() != int64(spec.MemoryMiB)<<20 {
+			opts.RAM.Close()
+			return nil, fmt.Errorf("vmmtest: prepared RAM file of the wrong size (%v)", err)
+		}
+		m = newMachine(opts.RAM)
+		m.Prepared = true
+	} else if m, err = NewMachine(int64(spec.MemoryMiB) << 20); err != nil {
 		return nil, err
 	}
 	m.spec = spec
 	if opts.Incoming {
 		m.paused, m.state = true, "inmigrate"
 	}
-	if opts.PrepareRAM != nil {
+	if opts.PrepareRAM != nil && opts.RAM == nil {
 		if err := opts.PrepareRAM(m.ram); err != nil {
 			m.Kill()
 			return nil, fmt.Errorf("prepare guest RAM: %w", err)
@@ -155,6 +166,9 @@ func (c Call) String() string {
 
 // Machine is a fake running VM.
 type Machine struct {
+	// Prepared: Start was handed the RAM file (StartOptions.RAM).
+	Prepared bool
+
 	spec  *vmspec.Spec
 	ram   *os.File
 	host  net.Conn // Agent
@@ -185,9 +199,41 @@ func NewMachine(ram int64) (*Machine, error) {
 		f.Close()
 		return nil, err
 	}
+	return newMachine(f), nil
+}
+
+func newMachine(ram *os.File) *Machine {
 	host, guest := net.Pipe()
-	return &Machine{ram: f, host: host, guest: guest, state: "running", fail: map[string]error{},
-		disks: map[string]string{}, done: make(chan struct{})}, nil
+	return &Machine{ram: ram, host: host, guest: guest, state: "running", fail: map[string]error{},
+		disks: map[string]string{}, done: make(chan struct{})}
+}
+
+// NewRAMFile makes a RAM file ahead of a start (vmm.RAMFileMaker); with
+// NoRAMAhead set it fails, as a driver that cannot.
+func (d *Driver) NewRAMFile(spec *vmspec.Spec) (*os.File, error) {
+	if d.NoRAMAhead {
+		return nil, errors.New("vmmtest: no RAM files ahead")
+	}
+	f, err := os.CreateTemp("", "vmmtest-ram-*")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(f.Name())
+	if err := f.Truncate(int64(spec.MemoryMiB) << 20); err != nil {
+		f.Close()
+		return nil, err
+	}
+	d.mu.Lock()
+	d.ramAhead++
+	d.mu.Unlock()
+	return f, nil
+}
+
+// RAMFilesAhead counts the RAM files NewRAMFile made.
+func (d *Driver) RAMFilesAhead() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ramAhead
 }
 
 // Fail makes the next call of method (a Machine method's name) fail with

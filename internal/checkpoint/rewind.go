@@ -1,0 +1,269 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// RewindRAM keeps guest RAM ready for the likeliest rewind: a RAM file
+// holding an exact copy of one checkpoint's RAM (the last one taken, or
+// the one just rewound to), filled in the background. A rewind to that
+// checkpoint hands the file to the new VMM instead of copying the RAM
+// while the user waits, which is most of a rewind (1 GiB of data: about
+// 0.5 s here); a rewind to any other checkpoint copies as before.
+//
+// It costs host memory: the checkpoint's RAM in use, a second time, while
+// the sandbox runs. Prepare does nothing when the host has too little
+// memory to spare (Room).
+type RewindRAM struct {
+	// New makes an empty RAM file of Size for the VMM (the driver's,
+	// vmm.RAMFileMaker): on tmpfs, unlinked.
+	New  func() (*os.File, error)
+	Size int64
+	// Room tells whether the host can spare need more bytes of memory; nil
+	// uses MemoryToSpare.
+	Room func(need int64) error
+	// Verify compares the file with the checkpoint before it is handed
+	// over (KOSA8_CHECKPOINT_VERIFY).
+	Verify bool
+	Log    *slog.Logger
+
+	mu     sync.Mutex
+	f      *os.File // the file, when not being filled
+	holds  string   // the checkpoint f holds, whole ("" none)
+	fill   *fillJob // the fill running, if any
+	closed bool
+}
+
+type fillJob struct {
+	id   string
+	stop atomic.Bool // stop: another fill comes, or the file is dropped
+	drop atomic.Bool // and free the file (else the next fill writes over it)
+	done chan struct{}
+}
+
+// Prepare makes the file hold checkpoint id's RAM (at ramPath), in the
+// background, replacing what it held: from now on only id is handed out.
+// A fill already running stops first and hands its file on.
+func (r *RewindRAM) Prepare(id, ramPath string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.New == nil || (r.holds == id && r.f != nil) {
+		return
+	}
+	prev := r.fill
+	if prev != nil && prev.id == id && !prev.stop.Load() {
+		return
+	}
+	job := &fillJob{id: id, done: make(chan struct{})}
+	r.fill = job
+	// The file belongs to the fill now, whatever it held.
+	f := r.f
+	r.f, r.holds = nil, ""
+	if prev != nil {
+		prev.stop.Store(true)
+	}
+	go func() {
+		defer close(job.done)
+		if prev != nil {
+			<-prev.done // its file, if it kept one, is r.f now
+			r.mu.Lock()
+			f, r.f, r.holds = r.f, nil, ""
+			r.mu.Unlock()
+		}
+		var err error
+		if job.drop.Load() {
+			err = errStopped
+		} else {
+			f, err = r.fillFrom(f, ramPath, job)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.fill == job {
+			r.fill = nil
+		}
+		switch {
+		case f == nil:
+		case r.closed || job.drop.Load() || (err != nil && !errors.Is(err, errStopped)):
+			f.Close()
+		case err != nil:
+			// Stopped halfway for another fill, which writes over it.
+			r.f, r.holds = f, ""
+		default:
+			// Stopped after the copy or not: the file is whole.
+			r.f, r.holds = f, id
+		}
+		if err != nil && !errors.Is(err, errStopped) && r.Log != nil {
+			r.Log.Info("no RAM prepared for a rewind: a rewind copies the checkpoint's RAM", "checkpoint", id, "why", err)
+		}
+	}()
+}
+
+// fillFrom copies the checkpoint's RAM at ramPath into f (a RAM file
+// holding something else, resident: written over, its other pages freed)
+// or, f nil, into a new one.
+func (r *RewindRAM) fillFrom(f *os.File, ramPath string, job *fillJob) (*os.File, error) {
+	if job.stop.Load() {
+		return f, errStopped
+	}
+	src, err := os.Open(ramPath)
+	if err != nil {
+		return f, err
+	}
+	defer src.Close()
+	st, err := src.Stat()
+	if err != nil {
+		return f, err
+	}
+	if st.Size() != r.Size {
+		return f, fmt.Errorf("the checkpoint's RAM is %d bytes, the guest's %d", st.Size(), r.Size)
+	}
+	exts, err := DataExtents(src, r.Size)
+	if err != nil {
+		return f, err
+	}
+	var data int64
+	for _, e := range exts {
+		data += e.Len
+	}
+	room := r.Room
+	if room == nil {
+		room = MemoryToSpare
+	}
+	if f == nil {
+		if err := room(data); err != nil {
+			return nil, err
+		}
+		if f, err = r.New(); err != nil {
+			return nil, err
+		}
+	} else if grow := data - allocated(f); grow > 0 {
+		// Written over: only what this checkpoint holds beyond the last.
+		if err := room(grow); err != nil {
+			return f, err
+		}
+	}
+	buf := make([]byte, 1<<20)
+	const chunk = 32 << 20 // how often a fill looks whether to stop
+	for _, e := range exts {
+		for pos, end := e.Off, e.Off+e.Len; pos < end; {
+			if job.stop.Load() {
+				return f, errStopped
+			}
+			n := min(chunk, end-pos)
+			if _, err := copyRange(f, src, pos, pos+n, buf); err != nil {
+				return f, err
+			}
+			pos += n
+		}
+	}
+	// What the file held before, outside this checkpoint's data, goes.
+	if err := PunchHoles(f, exts, r.Size); err != nil {
+		return f, err
+	}
+	return f, nil
+}
+
+// Take returns the RAM file if it holds checkpoint id's RAM, and gives it
+// up: the caller owns it. A fill of id still running is waited for (it is
+// no slower than a new copy); one of another checkpoint stops. nil: copy.
+// ramPath, with Verify, is the checkpoint's RAM to compare with.
+func (r *RewindRAM) Take(id, ramPath string) *os.File {
+	r.mu.Lock()
+	job := r.fill
+	if job != nil && job.id != id {
+		job.stop.Store(true)
+		job = nil
+	}
+	r.mu.Unlock()
+	if job != nil {
+		<-job.done
+	}
+	r.mu.Lock()
+	f := r.f
+	if f == nil || r.holds != id {
+		r.mu.Unlock()
+		return nil
+	}
+	r.f, r.holds = nil, ""
+	r.mu.Unlock()
+	if r.Verify {
+		if err := compareWith(f, ramPath, r.Size); err != nil {
+			if r.Log != nil {
+				r.Log.Error("RAM prepared for the rewind differs from the checkpoint: copying it instead", "checkpoint", id, "err", err)
+			}
+			f.Close()
+			return nil
+		}
+	}
+	return f
+}
+
+func compareWith(f *os.File, path string, size int64) error {
+	g, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	return Compare(f, g, size)
+}
+
+// Holds tells which checkpoint's RAM is ready ("" none).
+func (r *RewindRAM) Holds() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.f == nil {
+		return ""
+	}
+	return r.holds
+}
+
+// Drop frees the file if it holds (or is being filled with) checkpoint id,
+// or any with id "".
+func (r *RewindRAM) Drop(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if job := r.fill; job != nil && (id == "" || job.id == id) {
+		job.drop.Store(true) // the fill closes its file
+		job.stop.Store(true)
+	}
+	if r.f != nil && (id == "" || r.holds == id) {
+		r.f.Close()
+		r.f, r.holds = nil, ""
+	}
+}
+
+// Close frees the file and stops any fill for good.
+func (r *RewindRAM) Close() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.Drop("")
+}
+
+// Bytes is the memory the file holds now.
+func (r *RewindRAM) Bytes() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.f == nil {
+		return 0
+	}
+	return allocated(r.f)
+}
+
+// allocated is the memory or disk space f takes.
+func allocated(f *os.File) int64 {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return fi.Size()
+}

@@ -1,0 +1,185 @@
+package checkpoint
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+)
+
+// rewindRig is a RewindRAM over files in a test directory, counting the
+// RAM files it makes.
+type rewindRig struct {
+	t    *testing.T
+	dir  string
+	r    *RewindRAM
+	made atomic.Int32
+}
+
+const rewindSize = 16 << 20
+
+func newRewindRig(t *testing.T) *rewindRig {
+	g := &rewindRig{t: t, dir: t.TempDir()}
+	g.r = &RewindRAM{Size: rewindSize, Room: func(int64) error { return nil }}
+	g.r.New = func() (*os.File, error) {
+		g.made.Add(1)
+		f, err := os.CreateTemp(g.dir, "ram-*")
+		if err != nil {
+			return nil, err
+		}
+		os.Remove(f.Name())
+		return f, f.Truncate(rewindSize)
+	}
+	t.Cleanup(g.r.Close)
+	return g
+}
+
+// checkpointRAM writes a checkpoint RAM file with pages of b at offs.
+func (g *rewindRig) checkpointRAM(name string, b byte, offs ...int64) string {
+	p := filepath.Join(g.dir, name)
+	f, err := os.Create(p)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	defer f.Close()
+	f.Truncate(rewindSize)
+	for _, off := range offs {
+		f.WriteAt(bytes.Repeat([]byte{b}, int(PageSize)), off)
+	}
+	return p
+}
+
+func (g *rewindRig) equal(f *os.File, path string) {
+	g.t.Helper()
+	if f == nil {
+		g.t.Fatal("no prepared RAM")
+	}
+	if err := compareWith(f, path, rewindSize); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// wait lets the background fill end.
+func (g *rewindRig) wait() {
+	g.r.mu.Lock()
+	job := g.r.fill
+	g.r.mu.Unlock()
+	if job != nil {
+		<-job.done
+	}
+}
+
+func TestRewindRAMPreparedAndTaken(t *testing.T) {
+	g := newRewindRig(t)
+	a := g.checkpointRAM("a", 'a', 0, 5*PageSize, rewindSize-PageSize)
+	g.r.Prepare("A", a)
+	// Take waits for a fill of the same checkpoint still running.
+	f := g.r.Take("A", a)
+	g.equal(f, a)
+	f.Close()
+	if g.r.Take("A", a) != nil {
+		t.Fatal("the same file was handed out twice")
+	}
+	if g.r.Holds() != "" || g.r.Bytes() != 0 {
+		t.Fatalf("after the take it still holds %q, %d bytes", g.r.Holds(), g.r.Bytes())
+	}
+}
+
+// A fill for a newer checkpoint writes over the older one's file (no
+// second file, no second helping of memory) and leaves none of the older
+// data behind.
+func TestRewindRAMRefilledInPlace(t *testing.T) {
+	g := newRewindRig(t)
+	a := g.checkpointRAM("a", 'a', 0, 5*PageSize, 9*PageSize)
+	b := g.checkpointRAM("b", 'b', 5*PageSize, 700*PageSize)
+	g.r.Prepare("A", a)
+	g.wait()
+	if g.r.Holds() != "A" || g.r.Bytes() < 3*PageSize {
+		t.Fatalf("holds %q, %d bytes", g.r.Holds(), g.r.Bytes())
+	}
+	g.r.Prepare("B", b)
+	if f := g.r.Take("A", a); f != nil {
+		t.Fatal("handed out A's RAM while B's replaces it")
+	}
+	g.r.Prepare("B", b) // again: the take stopped the fill
+	g.wait()
+	if g.r.Holds() != "B" {
+		t.Fatalf("holds %q, want B", g.r.Holds())
+	}
+	if n := g.r.Bytes(); n > 2*PageSize+64<<10 {
+		t.Errorf("%d bytes allocated for two pages of data: A's pages were not freed", n)
+	}
+	f := g.r.Take("B", b)
+	g.equal(f, b)
+	f.Close()
+	if n := g.made.Load(); n != 1 {
+		t.Errorf("%d RAM files made, want 1 (refilled in place)", n)
+	}
+}
+
+// A take for another checkpoint stops the fill and gets nothing: the
+// rewind copies.
+func TestRewindRAMOtherCheckpoint(t *testing.T) {
+	g := newRewindRig(t)
+	a := g.checkpointRAM("a", 'a', 0)
+	b := g.checkpointRAM("b", 'b', 0)
+	g.r.Prepare("A", a)
+	if f := g.r.Take("B", b); f != nil {
+		t.Fatal("handed out A's RAM for B")
+	}
+	g.wait()
+	if h := g.r.Holds(); h != "" && h != "A" {
+		t.Fatalf("holds %q", h)
+	}
+}
+
+func TestRewindRAMNoRoom(t *testing.T) {
+	g := newRewindRig(t)
+	g.r.Room = func(need int64) error { return errors.New("no room") }
+	a := g.checkpointRAM("a", 'a', 0)
+	g.r.Prepare("A", a)
+	if f := g.r.Take("A", a); f != nil {
+		t.Fatal("prepared RAM without room for it")
+	}
+	if g.made.Load() != 0 {
+		t.Fatal("made a RAM file without room for it")
+	}
+}
+
+func TestRewindRAMDrop(t *testing.T) {
+	g := newRewindRig(t)
+	a := g.checkpointRAM("a", 'a', 0)
+	g.r.Prepare("A", a)
+	g.wait()
+	g.r.Drop("B")
+	if g.r.Holds() != "A" {
+		t.Fatal("dropping another checkpoint's RAM dropped A's")
+	}
+	g.r.Drop("A")
+	if g.r.Holds() != "" || g.r.Take("A", a) != nil {
+		t.Fatal("A's RAM is still there after its drop")
+	}
+	// Dropped while being filled: nothing left either.
+	g.r.Prepare("A", a)
+	g.r.Drop("A")
+	g.wait()
+	if g.r.Holds() != "" {
+		t.Fatal("a fill dropped halfway kept its file")
+	}
+}
+
+// With Verify, a prepared file that is not the checkpoint's RAM is not
+// handed out.
+func TestRewindRAMVerified(t *testing.T) {
+	g := newRewindRig(t)
+	g.r.Verify = true
+	a := g.checkpointRAM("a", 'a', 0, 3*PageSize)
+	g.r.Prepare("A", a)
+	g.wait()
+	g.r.f.WriteAt([]byte("changed behind its back"), 3*PageSize+100)
+	if f := g.r.Take("A", a); f != nil {
+		t.Fatal("a prepared RAM that differs from the checkpoint was handed out")
+	}
+}
