@@ -62,8 +62,10 @@ func main() {
 		benchAgents()
 	case "ramclone":
 		benchRAMClone()
+	case "mem":
+		benchMem()
 	default:
-		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp, soak, agents or ramclone", flag.Arg(0)))
+		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp, soak, agents, ramclone or mem", flag.Arg(0)))
 	}
 }
 
@@ -243,7 +245,7 @@ func bareBoot(img *image.Image, initrd string, accel vmm.Accel) time.Duration {
 	appendLine := "console=ttyS0 panic=-1 loglevel=4"
 	if accel == vmm.TCG {
 		machine += ",pit=on"
-		accelArg += ",tb-size=256"
+		accelArg += ",tb-size=" + strconv.Itoa(qemu.DefaultTBMiB)
 		appendLine += " tsc_early_khz=" + strconv.Itoa(qemu.HostTSCkHz())
 	}
 	cpu := "max"

@@ -179,8 +179,13 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 	if o.Accel == vmm.TCG {
 		// The translation cache defaults to 1 GiB and fills up as the guest
 		// runs new code: an idle sandbox's QEMU grew past 700 MiB after a few
-		// hundred execs. 256 MiB bounds it.
-		accel += ",tb-size=256"
+		// hundred execs. 64 MiB bounds it (KOSA8_TCG_TB_MIB changes it);
+		// see DefaultTBMiB.
+		tb, err := tbSizeMiB()
+		if err != nil {
+			return nil, err
+		}
+		accel += ",tb-size=" + strconv.Itoa(tb)
 		// One thread runs every vCPU in turn. With a thread per vCPU
 		// (QEMU's default for x86 on x86) the Debian kernel now and then
 		// died at boot with "Oops: int3" in code it was patching live
@@ -265,4 +270,30 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		a = append(a, "-incoming", o.Incoming)
 	}
 	return a, nil
+}
+
+// TBSizeEnv sets the TCG translation cache's size in MiB: memory against
+// speed, as a guest whose code no longer fits is translated again.
+const TBSizeEnv = "KOSA8_TCG_TB_MIB"
+
+// DefaultTBMiB is the translation cache's size unless TBSizeEnv says.
+// Measured with `go run ./bench mem` (a 1 GiB guest running ls -lR,
+// Python imports, tar and gzip, apt-cache, gcc -O2 and node, three times
+// and once more; TCG, 2 cores, QEMU 7.2): QEMU beyond guest RAM took 779 /
+// 356 / 208 / 127 MiB with 1024 / 256 / 128 / 64 MiB, and the workload ran
+// 36.6 / 37.1 / 36.7 / 36.1 s: translating again after the cache fills
+// costs less than the noise, holding what was translated once costs
+// memory.
+const DefaultTBMiB = 64
+
+func tbSizeMiB() (int, error) {
+	v := os.Getenv(TBSizeEnv)
+	if v == "" {
+		return DefaultTBMiB, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 16 || n > 2048 {
+		return 0, fmt.Errorf("%s=%q: want the TCG translation cache's size in MiB, 16 to 2048 (default %d)", TBSizeEnv, v, DefaultTBMiB)
+	}
+	return n, nil
 }

@@ -59,9 +59,9 @@ func TestArgsPerPlatform(t *testing.T) {
 		console string
 	}{
 		{"linux amd64 kvm", vmspec.AMD64, vmm.KVM, "kvm", "microvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
-		{"linux amd64 tcg", vmspec.AMD64, vmm.TCG, "tcg,tb-size=256,thread=single", "microvm,acpi=on,rtc=on,pit=on,memory-backend=ram", "max", "console=ttyS0"},
+		{"linux amd64 tcg", vmspec.AMD64, vmm.TCG, "tcg,tb-size=64,thread=single", "microvm,acpi=on,rtc=on,pit=on,memory-backend=ram", "max", "console=ttyS0"},
 		{"darwin arm64 hvf", vmspec.ARM64, vmm.HVF, "hvf", "virt,gic-version=3,memory-backend=ram", "host", "console=ttyAMA0"},
-		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "tcg,tb-size=256,thread=single", "virt,gic-version=3,memory-backend=ram", "neoverse-n1", "console=ttyAMA0"},
+		{"linux arm64 tcg", vmspec.ARM64, vmm.TCG, "tcg,tb-size=64,thread=single", "virt,gic-version=3,memory-backend=ram", "neoverse-n1", "console=ttyAMA0"},
 		{"linux arm64 kvm", vmspec.ARM64, vmm.KVM, "kvm", "virt,gic-version=host,memory-backend=ram", "host", "console=ttyAMA0"},
 		{"darwin amd64 hvf", vmspec.AMD64, vmm.HVF, "hvf", "microvm,acpi=on,rtc=on,memory-backend=ram", "host", "console=ttyS0"},
 	}
@@ -114,7 +114,7 @@ func TestTCGThreads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := value(t, args, "-accel", 0); got != "tcg,tb-size=256" {
+	if got := value(t, args, "-accel", 0); got != "tcg,tb-size=64" {
 		t.Errorf("KOSA8_TCG_THREADS=multi: -accel = %q", got)
 	}
 	t.Setenv("KOSA8_TCG_THREADS", "")
@@ -122,8 +122,33 @@ func TestTCGThreads(t *testing.T) {
 	if args, err = Args(sp, opts(vmm.TCG)); err != nil {
 		t.Fatal(err)
 	}
-	if got := value(t, args, "-accel", 0); got != "tcg,tb-size=256" {
+	if got := value(t, args, "-accel", 0); got != "tcg,tb-size=64" {
 		t.Errorf("one vCPU: -accel = %q", got)
+	}
+}
+
+// The translation cache's size comes from KOSA8_TCG_TB_MIB when set; a
+// value that is not a sane size in MiB is refused, saying what is wanted.
+func TestTCGTranslationCacheSize(t *testing.T) {
+	sp := spec(vmspec.AMD64)
+	sp.CPUs = 1
+	t.Setenv(TBSizeEnv, "64")
+	args, err := Args(sp, opts(vmm.TCG))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, args, "-accel", 0); got != "tcg,tb-size=64" {
+		t.Errorf("%s=64: -accel = %q", TBSizeEnv, got)
+	}
+	for _, bad := range []string{"lots", "0", "8", "4096", "64M", "-1"} {
+		t.Setenv(TBSizeEnv, bad)
+		if _, err := Args(sp, opts(vmm.TCG)); err == nil || !strings.Contains(err.Error(), TBSizeEnv) {
+			t.Errorf("%s=%s: error %v, want one naming the setting", TBSizeEnv, bad, err)
+		}
+	}
+	// Not a TCG setting's business under KVM.
+	if _, err := Args(sp, opts(vmm.KVM)); err != nil {
+		t.Errorf("under KVM a bad %s still failed: %v", TBSizeEnv, err)
 	}
 }
 
@@ -299,7 +324,7 @@ func TestArgsPerQEMUVersion(t *testing.T) {
 	// The whole 7.2 line, so that any change to it is seen here.
 	golden := "-name kosa8-t,debug-threads=on -nodefaults -no-user-config -display none -no-reboot" +
 		" -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny" +
-		" -bios /usr/share/qemu/qboot.rom -accel tcg,tb-size=256,thread=single -machine microvm,acpi=on,rtc=on,pit=on,memory-backend=ram" +
+		" -bios /usr/share/qemu/qboot.rom -accel tcg,tb-size=64,thread=single -machine microvm,acpi=on,rtc=on,pit=on,memory-backend=ram" +
 		" -cpu max -smp 2 -m 1024M -object memory-backend-file,id=ram,size=1024M,mem-path=/proc/self/fd/3,share=on" +
 		" -kernel /img/vmlinuz -initrd /img/initrd -append console=ttyS0 kosa8.uid=1000" +
 		" -chardev socket,id=qmp,fd=4 -mon chardev=qmp,mode=control -chardev socket,id=agent,fd=5" +
