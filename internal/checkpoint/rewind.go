@@ -73,7 +73,15 @@ func (r *RewindRAM) Prepare(id, ramPath string) {
 		if prev != nil {
 			<-prev.done // its file, if it kept one, is r.f now
 			r.mu.Lock()
-			f, r.f, r.holds = r.f, nil, ""
+			if r.f != nil {
+				// One file is enough: f, if any, was left by a fill that
+				// ended while prev had yet to take it over.
+				if f != nil {
+					f.Close()
+				}
+				f = r.f
+			}
+			r.f, r.holds = nil, ""
 			r.mu.Unlock()
 		}
 		var err error
