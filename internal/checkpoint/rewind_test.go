@@ -278,3 +278,46 @@ func TestRewindRAMStress(t *testing.T) {
 	}
 	t.Logf("%d handed out, %d files made", handed, g.made.Load())
 }
+
+// Memory the host runs short of while a fill runs (another sandbox's
+// fill, a guest growing) stops the fill and frees its file: the room is
+// looked at as it goes (every 32 MiB), not only before.
+func TestRewindRAMRoomRunsOutDuringTheFill(t *testing.T) {
+	const size = 64 << 20
+	dir := t.TempDir()
+	var made *os.File
+	var calls atomic.Int32
+	r := &RewindRAM{Size: size,
+		Room: func(int64) error {
+			if calls.Add(1) > 1 {
+				return errors.New("no room now")
+			}
+			return nil
+		},
+		New: func() (*os.File, error) {
+			f, err := os.CreateTemp(dir, "ram-*")
+			if err != nil {
+				return nil, err
+			}
+			os.Remove(f.Name())
+			made = f
+			return f, f.Truncate(size)
+		},
+	}
+	t.Cleanup(r.Close)
+	a := filepath.Join(dir, "a")
+	if err := os.WriteFile(a, bytes.Repeat([]byte{'a'}, 40<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(a, size); err != nil {
+		t.Fatal(err)
+	}
+	r.Prepare("A", a)
+	if f := r.Take("A", a); f != nil {
+		f.Close()
+		t.Fatal("the fill went on without room for it")
+	}
+	if made == nil || made.Fd() != ^uintptr(0) {
+		t.Errorf("the fill's file is not closed (made: %v)", made != nil)
+	}
+}
