@@ -18,8 +18,9 @@ import (
 // 0.5 s here); a rewind to any other checkpoint copies as before.
 //
 // It costs host memory: the checkpoint's RAM in use, a second time, while
-// the sandbox runs. Prepare does nothing when the host has too little
-// memory to spare (Room).
+// the sandbox runs. A fill stops, and frees its file, when the host has
+// too little memory to spare (Room) or the tmpfs too little room beside
+// the guests' RAM (ShmToSpare).
 type RewindRAM struct {
 	// New makes an empty RAM file of Size for the VMM (the driver's,
 	// vmm.RAMFileMaker): on tmpfs, unlinked.
@@ -73,7 +74,15 @@ func (r *RewindRAM) Prepare(id, ramPath string) {
 		if prev != nil {
 			<-prev.done // its file, if it kept one, is r.f now
 			r.mu.Lock()
-			f, r.f, r.holds = r.f, nil, ""
+			if r.f != nil {
+				// One file is enough: f, if any, was left by a fill that
+				// ended while prev had yet to take it over.
+				if f != nil {
+					f.Close()
+				}
+				f = r.f
+			}
+			r.f, r.holds = nil, ""
 			r.mu.Unlock()
 		}
 		var err error
@@ -135,6 +144,15 @@ func (r *RewindRAM) fillFrom(f *os.File, ramPath string, job *fillJob) (*os.File
 	if room == nil {
 		room = MemoryToSpare
 	}
+	// Room for need more bytes in memory and in the tmpfs f is on: looked
+	// at before the fill and again as it goes (need 0), as other
+	// sandboxes' fills and growing guests take memory meanwhile.
+	roomFor := func(f *os.File, need int64) error {
+		if err := room(need); err != nil {
+			return err
+		}
+		return ShmToSpare(f, need, r.Size)
+	}
 	if f == nil {
 		if err := room(data); err != nil {
 			return nil, err
@@ -142,24 +160,35 @@ func (r *RewindRAM) fillFrom(f *os.File, ramPath string, job *fillJob) (*os.File
 		if f, err = r.New(); err != nil {
 			return nil, err
 		}
+		if err := ShmToSpare(f, data, r.Size); err != nil {
+			return f, err
+		}
 	} else if grow := data - allocated(f); grow > 0 {
 		// Written over: only what this checkpoint holds beyond the last.
-		if err := room(grow); err != nil {
+		if err := roomFor(f, grow); err != nil {
 			return f, err
 		}
 	}
 	buf := make([]byte, 1<<20)
-	const chunk = 32 << 20 // how often a fill looks whether to stop
+	const chunk = 32 << 20 // how often a fill looks whether to stop, and at the room
+	var unchecked int64    // bytes copied since the room was looked at
 	for _, e := range exts {
 		for pos, end := e.Off, e.Off+e.Len; pos < end; {
 			if job.stop.Load() {
 				return f, errStopped
+			}
+			if unchecked >= chunk {
+				if err := roomFor(f, 0); err != nil {
+					return f, err
+				}
+				unchecked = 0
 			}
 			n := min(chunk, end-pos)
 			if _, err := copyRange(f, src, pos, pos+n, buf); err != nil {
 				return f, err
 			}
 			pos += n
+			unchecked += n
 		}
 	}
 	// What the file held before, outside this checkpoint's data, goes.

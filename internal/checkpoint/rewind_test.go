@@ -3,10 +3,13 @@ package checkpoint
 import (
 	"bytes"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // rewindRig is a RewindRAM over files in a test directory, counting the
@@ -16,6 +19,9 @@ type rewindRig struct {
 	dir  string
 	r    *RewindRAM
 	made atomic.Int32
+
+	mu    sync.Mutex
+	files []*os.File // every file made, to check none is left open
 }
 
 const rewindSize = 16 << 20
@@ -30,9 +36,24 @@ func newRewindRig(t *testing.T) *rewindRig {
 			return nil, err
 		}
 		os.Remove(f.Name())
+		g.mu.Lock()
+		g.files = append(g.files, f)
+		g.mu.Unlock()
 		return f, f.Truncate(rewindSize)
 	}
-	t.Cleanup(g.r.Close)
+	// Once closed and its fills ended, the RewindRAM holds no file open:
+	// each is closed by it or by the test, which took it.
+	t.Cleanup(func() {
+		g.r.Close()
+		g.wait()
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for i, f := range g.files {
+			if f.Fd() != ^uintptr(0) {
+				t.Errorf("RAM file %d of %d is still open: nobody owns it", i+1, len(g.files))
+			}
+		}
+	})
 	return g
 }
 
@@ -181,5 +202,122 @@ func TestRewindRAMVerified(t *testing.T) {
 	g.r.f.WriteAt([]byte("changed behind its back"), 3*PageSize+100)
 	if f := g.r.Take("A", a); f != nil {
 		t.Fatal("a prepared RAM that differs from the checkpoint was handed out")
+	}
+}
+
+// A fill asked for while the file of an ended fill waits for the next
+// one to take it over (the fill that ended put it back; the next, asked
+// for meanwhile, has not run yet) writes over that file: it is neither
+// lost, open for nobody until the garbage collector, nor doubled by a new
+// one.
+func TestRewindRAMPrepareKeepsAWaitingFile(t *testing.T) {
+	g := newRewindRig(t)
+	a := g.checkpointRAM("a", 'a', 0, 7*PageSize)
+	b := g.checkpointRAM("b", 'b', 3*PageSize)
+	g.r.Prepare("A", a)
+	g.wait()
+	// A's file is back in r.f; a fill of X, asked for after A's, has not
+	// taken it over yet (it waits here until the test lets it end, with
+	// no file of its own).
+	g.r.mu.Lock()
+	waiting := &fillJob{id: "X", done: make(chan struct{})}
+	g.r.fill = waiting
+	g.r.mu.Unlock()
+	g.r.Prepare("B", b)
+	close(waiting.done)
+	g.wait()
+	f := g.r.Take("B", b)
+	g.equal(f, b)
+	f.Close()
+	if n := g.made.Load(); n != 1 {
+		t.Errorf("%d RAM files made, want 1: the waiting one was dropped for a new one", n)
+	}
+}
+
+// Prepare, Take and Drop in any order, one at a time as the supervisor
+// calls them (under its checkpoint lock), while fills run, stop halfway
+// and hand their files on: whatever Take hands out is exactly the
+// checkpoint's RAM, and at the end no file is left open.
+func TestRewindRAMStress(t *testing.T) {
+	g := newRewindRig(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	g.r.Room = func(int64) error {
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+		return nil
+	}
+	ids := []string{"A", "B", "C"}
+	paths := map[string]string{}
+	for i, id := range ids {
+		// Scattered pages, a run of extents each: a fill looks whether to
+		// stop between them.
+		var offs []int64
+		for p := int64(i); p < rewindSize/PageSize; p += 5 + int64(i) {
+			offs = append(offs, p*PageSize)
+		}
+		paths[id] = g.checkpointRAM(id, byte('a'+i), offs...)
+	}
+	handed := 0
+	for range 400 {
+		id := ids[rng.IntN(len(ids))]
+		switch rng.IntN(4) {
+		case 0, 1:
+			g.r.Prepare(id, paths[id])
+		case 2:
+			if f := g.r.Take(id, paths[id]); f != nil {
+				g.equal(f, paths[id])
+				f.Close()
+				handed++
+			}
+		case 3:
+			g.r.Drop(id)
+		}
+		time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+	}
+	if handed == 0 {
+		t.Error("no prepared RAM was ever handed out")
+	}
+	t.Logf("%d handed out, %d files made", handed, g.made.Load())
+}
+
+// Memory the host runs short of while a fill runs (another sandbox's
+// fill, a guest growing) stops the fill and frees its file: the room is
+// looked at as it goes (every 32 MiB), not only before.
+func TestRewindRAMRoomRunsOutDuringTheFill(t *testing.T) {
+	const size = 64 << 20
+	dir := t.TempDir()
+	var made *os.File
+	var calls atomic.Int32
+	r := &RewindRAM{Size: size,
+		Room: func(int64) error {
+			if calls.Add(1) > 1 {
+				return errors.New("no room now")
+			}
+			return nil
+		},
+		New: func() (*os.File, error) {
+			f, err := os.CreateTemp(dir, "ram-*")
+			if err != nil {
+				return nil, err
+			}
+			os.Remove(f.Name())
+			made = f
+			return f, f.Truncate(size)
+		},
+	}
+	t.Cleanup(r.Close)
+	a := filepath.Join(dir, "a")
+	if err := os.WriteFile(a, bytes.Repeat([]byte{'a'}, 40<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(a, size); err != nil {
+		t.Fatal(err)
+	}
+	r.Prepare("A", a)
+	if f := r.Take("A", a); f != nil {
+		f.Close()
+		t.Fatal("the fill went on without room for it")
+	}
+	if made == nil || made.Fd() != ^uintptr(0) {
+		t.Errorf("the fill's file is not closed (made: %v)", made != nil)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // MemoryToSpare tells whether the host can hold need more bytes in memory
@@ -46,6 +48,35 @@ func roomFor(need, total, avail int64) error {
 	keep := max(total/8, 1<<30)
 	if avail-need < keep {
 		return fmt.Errorf("%d MiB of memory available, %d MiB would be needed and %d MiB kept free", avail>>20, need>>20, keep>>20)
+	}
+	return nil
+}
+
+// ShmToSpare tells whether f's file system, if it is a tmpfs with a size,
+// can take need more bytes and still keep keep free and an eighth of its
+// size beside: a tmpfs has a size of its own (/dev/shm: half the host's
+// memory unless set otherwise), guest RAM files grow in it as guests touch
+// their memory, and a guest whose page finds it full dies (SIGBUS in QEMU).
+// Memory prepared ahead for speed must never take that room.
+func ShmToSpare(f *os.File, need, keep int64) error {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if st.Type != unix.TMPFS_MAGIC {
+		return nil
+	}
+	return shmRoomFor(need, int64(st.Blocks)*st.Bsize, int64(st.Bavail)*st.Bsize, keep)
+}
+
+// shmRoomFor: size 0 is a tmpfs without one (bounded by memory only).
+func shmRoomFor(need, size, free, keep int64) error {
+	if size == 0 {
+		return nil
+	}
+	keep += size / 8
+	if free-need < keep {
+		return fmt.Errorf("%d MiB free in shared memory (a tmpfs of %d MiB), %d MiB would be needed and %d MiB kept free for guest RAM", free>>20, size>>20, need>>20, keep>>20)
 	}
 	return nil
 }

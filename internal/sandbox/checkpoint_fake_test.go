@@ -542,6 +542,42 @@ func TestRewindUsesPreparedRAM(t *testing.T) {
 	}
 }
 
+// The state before a rewind, saved with its RAM copied during the pause
+// (what a rewind does when the outgoing RAM cannot wait in shared memory),
+// leaves the RAM prepared for the last checkpoint alone: that is the
+// rewind's likeliest target, and nobody rewinds to the state before at once.
+func TestStateBeforeRewindKeepsPreparedRAM(t *testing.T) {
+	r := newFakeRig(t, false)
+	s := r.s
+	ctx := context.Background()
+	if _, err := s.currentMachine().(*vmmtest.Machine).RAM().WriteAt(guestPattern, guestPatternAt); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := s.checkpoint(ctx, "one", "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); s.rewindRAM().Holds() != cp.ID; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("RAM for %s never got ready (holds %q)", cp.ID, s.rewindRAM().Holds())
+		}
+	}
+	s.cpMu.Lock()
+	_, _, err = s.checkpointFinal(ctx, "before rewind to "+cp.ID, "pre-rewind", false)
+	s.cpMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := s.rewindRAM().Holds(); h != cp.ID {
+		t.Fatalf("after the state before the rewind was saved the prepared RAM holds %q, want %s", h, cp.ID)
+	}
+	f := s.takeRewindRAM(cp.ID)
+	if f == nil {
+		t.Fatal("no prepared RAM for the rewind's target")
+	}
+	f.Close()
+}
+
 // A first boot that fails under hardware acceleration the user did not
 // force is tried again on a TCG driver made from the same options; the
 // failure is recorded by the driver that failed and shown in the status.

@@ -388,7 +388,11 @@ func (j *cpJob) commitStep(context.Context) error {
 		return err
 	}
 	j.s.setStatus(func(st *Status) { st.Checkpoint = j.id })
-	if j.kind != "pause" { // a paused sandbox stops now
+	// Not for a paused sandbox, which stops now, nor for the state before
+	// a rewind (saved here when its RAM is copied during the pause): that
+	// would take the RAM prepared for the rewind's likeliest target, and
+	// the rewind prepares its own target's once it is done.
+	if j.kind != "pause" && j.kind != "pre-rewind" {
 		j.s.prepareRewind(j.id)
 	}
 	return nil

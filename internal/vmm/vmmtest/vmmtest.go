@@ -111,6 +111,9 @@ func (d *Driver) Machines() []*Machine {
 // and it is resumed.
 func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOptions) (vmm.Machine, error) {
 	if d.StartErr != nil {
+		if opts.RAM != nil {
+			opts.RAM.Close()
+		}
 		return nil, d.StartErr
 	}
 	var m *Machine

@@ -139,3 +139,21 @@ func TestLayersChain(t *testing.T) {
 		t.Fatal("a layer over a missing file")
 	}
 }
+
+// A start that fails closes the RAM file it was handed, as
+// vmm.StartOptions.RAM says (a real driver's RAM file is guest memory).
+func TestFailedStartClosesItsRAMFile(t *testing.T) {
+	spec := &vmspec.Spec{MemoryMiB: 1}
+	d := &Driver{StartErr: errors.New("boom")}
+	ram, err := d.NewRAMFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Start(context.Background(), spec, vmm.StartOptions{RAM: ram}); err == nil {
+		t.Fatal("Start did not fail")
+	}
+	if ram.Fd() != ^uintptr(0) {
+		ram.Close()
+		t.Error("the failed start left its RAM file open")
+	}
+}
