@@ -107,6 +107,10 @@ func (r *RewindRAM) Prepare(id, ramPath string) {
 			// Stopped after the copy or not: the file is whole.
 			r.f, r.holds = f, id
 		}
+		if errors.Is(err, errors.ErrUnsupported) {
+			// Not on this system (New says so): off for good, said once.
+			r.closed = true
+		}
 		if err != nil && !errors.Is(err, errStopped) && r.Log != nil {
 			r.Log.Info("no RAM prepared for a rewind: a rewind copies the checkpoint's RAM", "checkpoint", id, "why", err)
 		}
@@ -198,39 +202,39 @@ func (r *RewindRAM) fillFrom(f *os.File, ramPath string, job *fillJob) (*os.File
 	return f, nil
 }
 
-// Take returns the RAM file if it holds checkpoint id's RAM, and gives it
-// up: the caller owns it. A fill of id still running is waited for (it is
-// no slower than a new copy); one of another checkpoint stops. nil: copy.
-// ramPath, with Verify, is the checkpoint's RAM to compare with.
-func (r *RewindRAM) Take(id, ramPath string) *os.File {
+// Take gives up the RAM file for a rewind to checkpoint id: the caller
+// owns it. exact tells whether it holds id's RAM (a fill of id still
+// running is waited for: it is no slower than a new copy); if not, it
+// holds some other RAM and the caller copies id's over it (CopyOver),
+// which beats filling new pages and never keeps two spare copies of the
+// guest's RAM. nil: there is none. ramPath, with Verify, is id's RAM to
+// compare with before calling it exact.
+func (r *RewindRAM) Take(id, ramPath string) (f *os.File, exact bool) {
 	r.mu.Lock()
 	job := r.fill
 	if job != nil && job.id != id {
-		job.stop.Store(true)
-		job = nil
+		job.stop.Store(true) // it ends within a chunk, handing its file back
 	}
 	r.mu.Unlock()
 	if job != nil {
 		<-job.done
 	}
 	r.mu.Lock()
-	f := r.f
-	if f == nil || r.holds != id {
-		r.mu.Unlock()
-		return nil
-	}
+	f, exact = r.f, r.holds == id
 	r.f, r.holds = nil, ""
 	r.mu.Unlock()
-	if r.Verify {
+	if f == nil {
+		return nil, false
+	}
+	if exact && r.Verify {
 		if err := compareWith(f, ramPath, r.Size); err != nil {
 			if r.Log != nil {
-				r.Log.Error("RAM prepared for the rewind differs from the checkpoint: copying it instead", "checkpoint", id, "err", err)
+				r.Log.Error("RAM prepared for the rewind differs from the checkpoint: copying it over", "checkpoint", id, "err", err)
 			}
-			f.Close()
-			return nil
+			return f, false
 		}
 	}
-	return f
+	return f, exact
 }
 
 func compareWith(f *os.File, path string, size int64) error {

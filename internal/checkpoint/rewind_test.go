@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -92,15 +93,77 @@ func (g *rewindRig) wait() {
 	}
 }
 
+// takeExact is Take as a rewind to id sees it when it finds id's RAM
+// ready; a file holding something else goes back, as a rewind that copies
+// over it would leave things for the next fill.
+func (g *rewindRig) takeExact(id, path string) *os.File {
+	f, exact := g.r.Take(id, path)
+	if f != nil && !exact {
+		g.r.mu.Lock()
+		if g.r.f == nil {
+			g.r.f, g.r.holds = f, ""
+		} else {
+			f.Close()
+		}
+		g.r.mu.Unlock()
+		return nil
+	}
+	return f
+}
+
+// A rewind to another checkpoint gets the file all the same, to copy
+// that checkpoint's RAM over (CopyOver): no second file, none of the
+// older RAM left in it.
+func TestRewindRAMTakenForAnotherCheckpoint(t *testing.T) {
+	g := newRewindRig(t)
+	a := g.checkpointRAM("a", 'a', 0, 5*PageSize, 600*PageSize)
+	b := g.checkpointRAM("b", 'b', 5*PageSize)
+	g.r.Prepare("A", a)
+	g.wait()
+	f, exact := g.r.Take("B", b)
+	if f == nil || exact {
+		t.Fatalf("take for B: file %v, exact %v; want A's file, not exact", f != nil, exact)
+	}
+	src, err := os.Open(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if _, err := CopyOver(f, src); err != nil {
+		t.Fatal(err)
+	}
+	g.equal(f, b)
+	if n := allocated(f); n > PageSize+64<<10 {
+		t.Errorf("%d bytes allocated for one page of data: A's pages were not freed", n)
+	}
+	f.Close()
+	if g.r.Holds() != "" || g.made.Load() != 1 {
+		t.Errorf("after the take: holds %q, %d files made", g.r.Holds(), g.made.Load())
+	}
+	// Taken while a fill writes over the file (A's, made anew, then B's
+	// over it): the fill stops and its file comes along.
+	g.r.Prepare("A", a)
+	g.wait()
+	g.r.Prepare("B", b)
+	if f, exact := g.r.Take("C", a); f == nil || exact {
+		t.Fatalf("take for C during B's fill: file %v, exact %v", f != nil, exact)
+	} else {
+		f.Close()
+	}
+	if n := g.made.Load(); n != 2 {
+		t.Errorf("%d files made, want 2", n)
+	}
+}
+
 func TestRewindRAMPreparedAndTaken(t *testing.T) {
 	g := newRewindRig(t)
 	a := g.checkpointRAM("a", 'a', 0, 5*PageSize, rewindSize-PageSize)
 	g.r.Prepare("A", a)
 	// Take waits for a fill of the same checkpoint still running.
-	f := g.r.Take("A", a)
+	f := g.takeExact("A", a)
 	g.equal(f, a)
 	f.Close()
-	if g.r.Take("A", a) != nil {
+	if g.takeExact("A", a) != nil {
 		t.Fatal("the same file was handed out twice")
 	}
 	if g.r.Holds() != "" || g.r.Bytes() != 0 {
@@ -121,7 +184,7 @@ func TestRewindRAMRefilledInPlace(t *testing.T) {
 		t.Fatalf("holds %q, %d bytes", g.r.Holds(), g.r.Bytes())
 	}
 	g.r.Prepare("B", b)
-	if f := g.r.Take("A", a); f != nil {
+	if f := g.takeExact("A", a); f != nil {
 		t.Fatal("handed out A's RAM while B's replaces it")
 	}
 	g.r.Prepare("B", b) // again: the take stopped the fill
@@ -132,7 +195,7 @@ func TestRewindRAMRefilledInPlace(t *testing.T) {
 	if n := g.r.Bytes(); n > 2*PageSize+64<<10 {
 		t.Errorf("%d bytes allocated for two pages of data: A's pages were not freed", n)
 	}
-	f := g.r.Take("B", b)
+	f := g.takeExact("B", b)
 	g.equal(f, b)
 	f.Close()
 	if n := g.made.Load(); n != 1 {
@@ -147,7 +210,7 @@ func TestRewindRAMOtherCheckpoint(t *testing.T) {
 	a := g.checkpointRAM("a", 'a', 0)
 	b := g.checkpointRAM("b", 'b', 0)
 	g.r.Prepare("A", a)
-	if f := g.r.Take("B", b); f != nil {
+	if f := g.takeExact("B", b); f != nil {
 		t.Fatal("handed out A's RAM for B")
 	}
 	g.wait()
@@ -156,12 +219,30 @@ func TestRewindRAMOtherCheckpoint(t *testing.T) {
 	}
 }
 
+// A system whose VMM cannot have its RAM file made ahead says so once:
+// no file, no more fills.
+func TestRewindRAMUnsupported(t *testing.T) {
+	g := newRewindRig(t)
+	g.r.New = func() (*os.File, error) {
+		g.made.Add(1)
+		return nil, fmt.Errorf("RAM files made ahead: %w", errors.ErrUnsupported)
+	}
+	a := g.checkpointRAM("a", 'a', 0)
+	g.r.Prepare("A", a)
+	g.wait()
+	g.r.Prepare("B", a)
+	g.wait()
+	if f, _ := g.r.Take("B", a); f != nil || g.made.Load() != 1 {
+		t.Fatalf("file %v, %d tries to make one; want none after the first", f != nil, g.made.Load())
+	}
+}
+
 func TestRewindRAMNoRoom(t *testing.T) {
 	g := newRewindRig(t)
 	g.r.Room = func(need int64) error { return errors.New("no room") }
 	a := g.checkpointRAM("a", 'a', 0)
 	g.r.Prepare("A", a)
-	if f := g.r.Take("A", a); f != nil {
+	if f := g.takeExact("A", a); f != nil {
 		t.Fatal("prepared RAM without room for it")
 	}
 	if g.made.Load() != 0 {
@@ -179,7 +260,7 @@ func TestRewindRAMDrop(t *testing.T) {
 		t.Fatal("dropping another checkpoint's RAM dropped A's")
 	}
 	g.r.Drop("A")
-	if g.r.Holds() != "" || g.r.Take("A", a) != nil {
+	if g.r.Holds() != "" || g.takeExact("A", a) != nil {
 		t.Fatal("A's RAM is still there after its drop")
 	}
 	// Dropped while being filled: nothing left either.
@@ -200,7 +281,7 @@ func TestRewindRAMVerified(t *testing.T) {
 	g.r.Prepare("A", a)
 	g.wait()
 	g.r.f.WriteAt([]byte("changed behind its back"), 3*PageSize+100)
-	if f := g.r.Take("A", a); f != nil {
+	if f := g.takeExact("A", a); f != nil {
 		t.Fatal("a prepared RAM that differs from the checkpoint was handed out")
 	}
 }
@@ -226,7 +307,7 @@ func TestRewindRAMPrepareKeepsAWaitingFile(t *testing.T) {
 	g.r.Prepare("B", b)
 	close(waiting.done)
 	g.wait()
-	f := g.r.Take("B", b)
+	f := g.takeExact("B", b)
 	g.equal(f, b)
 	f.Close()
 	if n := g.made.Load(); n != 1 {
@@ -263,7 +344,7 @@ func TestRewindRAMStress(t *testing.T) {
 		case 0, 1:
 			g.r.Prepare(id, paths[id])
 		case 2:
-			if f := g.r.Take(id, paths[id]); f != nil {
+			if f := g.takeExact(id, paths[id]); f != nil {
 				g.equal(f, paths[id])
 				f.Close()
 				handed++
@@ -313,7 +394,7 @@ func TestRewindRAMRoomRunsOutDuringTheFill(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.Prepare("A", a)
-	if f := r.Take("A", a); f != nil {
+	if f, _ := r.Take("A", a); f != nil {
 		f.Close()
 		t.Fatal("the fill went on without room for it")
 	}

@@ -90,7 +90,7 @@ func TestRewindRAMKeepsTmpfsRoomForGuests(t *testing.T) {
 		a := g.checkpointRAM("a", 'a', offs...)
 		g.r.Prepare("A", a)
 		g.wait()
-		f := g.r.Take("A", a)
+		f := g.takeExact("A", a)
 		if (f != nil) != c.ok {
 			t.Errorf("%d MiB of checkpoint RAM in a 48 MiB tmpfs holding a 16 MiB guest: prepared %v, want %v", c.pages*PageSize>>20, f != nil, c.ok)
 		}

@@ -70,26 +70,36 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err 
 	opts := vmm.StartOptions{Stderr: logWriter{s.log}, Net: netEnd}
 	var ramSrc *os.File
 	var ramCopy string // how the restore's RAM copy went, for the log
+	exact := false
 	if restore != nil {
 		opts.Incoming = true
-		if opts.RAM = s.takeRewindRAM(restore.ID); opts.RAM != nil {
+		// The RAM kept ready: the checkpoint's (nothing to copy), or
+		// another's, resident, to copy over (faster than new pages).
+		if opts.RAM, exact = s.takeRewindRAM(restore.ID); exact {
 			ramCopy = "prepared"
 		}
 	}
-	if restore != nil && opts.RAM == nil {
+	if restore != nil && !exact {
 		ramSrc, err = os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.RAMFile))
 		if err != nil {
 			netEnd.Close()
+			if opts.RAM != nil {
+				opts.RAM.Close()
+			}
 			return err
 		}
 		defer ramSrc.Close()
+		copyFn, into := checkpoint.CopySparse, "new"
+		if opts.RAM != nil {
+			copyFn, into = checkpoint.CopyOver, "ready"
+		}
 		opts.PrepareRAM = func(ram *os.File) error {
-			// Copied into fresh shared memory rather than mapped
-			// copy-on-write: the next checkpoint can then skip RAM in the
-			// migration stream again (x-ignore-shared).
+			// Copied into shared memory rather than mapped copy-on-write:
+			// the next checkpoint can then skip RAM in the migration
+			// stream again (x-ignore-shared).
 			t := time.Now()
-			n, err := checkpoint.CopySparse(ram, ramSrc)
-			ramCopy = fmt.Sprintf("%d MiB in %.0f ms", n>>20, msBetween(t, time.Now()))
+			n, err := copyFn(ram, ramSrc)
+			ramCopy = fmt.Sprintf("%d MiB into %s pages in %.0f ms", n>>20, into, msBetween(t, time.Now()))
 			return err
 		}
 	}

@@ -518,25 +518,28 @@ func TestRewindUsesPreparedRAM(t *testing.T) {
 	ready(cp2.ID)
 	write([]byte("after both........"))
 
-	rewindTo := func(cp *checkpoint.Meta, want []byte, prepared bool) {
+	rewindTo := func(cp *checkpoint.Meta, want []byte, copied bool) {
 		t.Helper()
 		if _, err := s.rewind(ctx, cp.ID); err != nil {
 			t.Fatal(err)
 		}
 		m := s.currentMachine().(*vmmtest.Machine)
-		if m.Prepared != prepared {
-			t.Errorf("rewind to %s: prepared RAM used %v, want %v", cp.Message, m.Prepared, prepared)
+		// The RAM kept ready is always the new machine's: as it is, or
+		// with the checkpoint's RAM copied over it.
+		if !m.Prepared || m.Copied != copied {
+			t.Errorf("rewind to %s: RAM kept ready used %v, copied into %v; want true, %v", cp.Message, m.Prepared, m.Copied, copied)
 		}
 		if got := readAt(t, m.RAM(), guestPatternAt, len(want)); !bytes.Equal(got, want) {
 			t.Errorf("rewind to %s: the machine's RAM holds %q, want %q", cp.Message, got, want)
 		}
 	}
-	rewindTo(cp2, second, true)
+	rewindTo(cp2, second, false)
 	// The same one again is prepared again once the rewind is done.
 	ready(cp2.ID)
 	write([]byte("changed after the rewind"))
-	rewindTo(cp2, second, true)
-	rewindTo(cp1, first, false)
+	rewindTo(cp2, second, false)
+	ready(cp2.ID)
+	rewindTo(cp1, first, true)
 	if n := r.drv.RAMFilesAhead(); n < 2 {
 		t.Errorf("%d RAM files made ahead, want one per handover at least", n)
 	}
@@ -571,9 +574,9 @@ func TestStateBeforeRewindKeepsPreparedRAM(t *testing.T) {
 	if h := s.rewindRAM().Holds(); h != cp.ID {
 		t.Fatalf("after the state before the rewind was saved the prepared RAM holds %q, want %s", h, cp.ID)
 	}
-	f := s.takeRewindRAM(cp.ID)
-	if f == nil {
-		t.Fatal("no prepared RAM for the rewind's target")
+	f, exact := s.takeRewindRAM(cp.ID)
+	if f == nil || !exact {
+		t.Fatalf("no prepared RAM for the rewind's target (file %v, exact %v)", f != nil, exact)
 	}
 	f.Close()
 }

@@ -101,11 +101,13 @@ func (s *supervisor) prepareRewind(id string) {
 	}
 }
 
-// takeRewindRAM returns checkpoint id's RAM, prepared, or nil.
-func (s *supervisor) takeRewindRAM(id string) *os.File {
+// takeRewindRAM returns the RAM kept ready for rewinds, for a rewind to
+// checkpoint id: exact if it holds id's RAM, else to be copied over; nil
+// if there is none (see checkpoint.RewindRAM.Take).
+func (s *supervisor) takeRewindRAM(id string) (f *os.File, exact bool) {
 	r := s.rewindRAM()
 	if r == nil {
-		return nil
+		return nil, false
 	}
 	return r.Take(id, filepath.Join(s.sb.Checkpoints().Path(id), checkpoint.RAMFile))
 }

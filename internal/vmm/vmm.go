@@ -95,14 +95,14 @@ type StartOptions struct {
 	// Incoming starts the machine paused, waiting for its device state
 	// (Snapshotter.LoadDevices) instead of booting.
 	Incoming bool
-	// PrepareRAM, when set, fills the new RAM file before the guest runs (a
+	// PrepareRAM, when set, fills the RAM file before the guest runs (a
 	// restore copies a checkpoint's RAM into it). With Incoming it may run
 	// while the VMM starts; Start returns only after it has finished.
 	PrepareRAM func(ram *os.File) error
 	// RAM, when set, is the guest's RAM file, made by the driver's
-	// NewRAMFile and filled already (a restore's RAM prepared ahead of
-	// time). Start takes it over, closing it if the start fails;
-	// PrepareRAM is not called.
+	// NewRAMFile: filled already (a restore's RAM prepared ahead of time),
+	// or to be filled by PrepareRAM over whatever it holds. Start takes it
+	// over, closing it if the start fails.
 	RAM *os.File
 }
 

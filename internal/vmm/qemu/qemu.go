@@ -276,7 +276,7 @@ func (m *Machine) Stderr() string { return m.stderr.String() }
 // (vmm.RAMFileMaker): where Start would make one, with the same checks.
 func (d *Driver) NewRAMFile(spec *vmspec.Spec) (*os.File, error) {
 	if !ramAhead {
-		return nil, errors.New("RAM files are not made ahead of a start on this system")
+		return nil, fmt.Errorf("RAM files made ahead of a start: %w on this system", errors.ErrUnsupported)
 	}
 	return createRAMFile(d.ramDir, spec.Name, int64(spec.MemoryMiB)<<20)
 }
@@ -306,7 +306,6 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}
 	ram := opts.RAM
 	if ram != nil {
-		opts.PrepareRAM = nil
 		if err := checkRAMFile(ram, int64(spec.MemoryMiB)<<20); err != nil {
 			ram.Close()
 			return fail(err)

@@ -132,11 +132,12 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	if opts.Incoming {
 		m.paused, m.state = true, "inmigrate"
 	}
-	if opts.PrepareRAM != nil && opts.RAM == nil {
+	if opts.PrepareRAM != nil {
 		if err := opts.PrepareRAM(m.ram); err != nil {
 			m.Kill()
 			return nil, fmt.Errorf("prepare guest RAM: %w", err)
 		}
+		m.Copied = true
 	}
 	m.record("Start", "")
 	d.mu.Lock()
@@ -169,8 +170,9 @@ func (c Call) String() string {
 
 // Machine is a fake running VM.
 type Machine struct {
-	// Prepared: Start was handed the RAM file (StartOptions.RAM).
-	Prepared bool
+	// Prepared: Start was handed the RAM file (StartOptions.RAM); Copied:
+	// it filled the RAM file (StartOptions.PrepareRAM).
+	Prepared, Copied bool
 
 	spec  *vmspec.Spec
 	ram   *os.File
