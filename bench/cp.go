@@ -137,7 +137,7 @@ func benchCPIncremental() []row {
 		var rw rwOut
 		kosa8JSON(&rw, "rewind", name, c1.ID, "--json")
 		rows = append(rows, row{label + ": rewind, restore to running", fmt.Sprintf("%.0f ms", rw.Millis-rw.Saved.TotalMillis), accel,
-			"to the first checkpoint: its RAM copied into fresh shared memory (RAM is prepared for the last one only)"})
+			"to the first checkpoint: its RAM copied over the RAM kept ready for the last one"})
 		kosa8("rm", "-f", name)
 	}
 	return rows
@@ -185,7 +185,7 @@ func benchCPSizes() []row {
 			row{c.label + ": kosa8 checkpoint, pause", fmt.Sprintf("%.0f ms", cp.PauseMillis), accel, fmt.Sprintf("%.1fx less than plain migrate; %d MiB of RAM copied", base.PauseMillis/cp.PauseMillis, cp.RAMBytes>>20)},
 			row{c.label + ": kosa8 checkpoint, total", fmt.Sprintf("%.0f ms", cp.TotalMillis), accel, ""},
 			row{c.label + ": kosa8 rewind, restore to running, RAM copied", fmt.Sprintf("%.0f ms", copied.Millis-copied.Saved.TotalMillis), accel,
-				fmt.Sprintf("to an older checkpoint: its RAM copied into fresh shared memory; after saving the state before (%.0f ms)", copied.Saved.TotalMillis)},
+				fmt.Sprintf("to an older checkpoint: its RAM copied over the RAM kept ready for the last one; after saving the state before (%.0f ms)", copied.Saved.TotalMillis)},
 			row{c.label + ": kosa8 rewind, restore to running, RAM prepared", fmt.Sprintf("%.0f ms", prepared.Millis-prepared.Saved.TotalMillis), accel,
 				fmt.Sprintf("to the same one again, 5 s later: its RAM prepared in the background; after saving the state before (%.0f ms)", prepared.Saved.TotalMillis)},
 		)
