@@ -245,7 +245,8 @@ func bareBoot(img *image.Image, initrd string, accel vmm.Accel) time.Duration {
 	appendLine := "console=ttyS0 panic=-1 loglevel=4"
 	if accel == vmm.TCG {
 		machine += ",pit=on"
-		accelArg += ",tb-size=" + strconv.Itoa(qemu.DefaultTBMiB)
+		// As kosa8 runs it: one thread for both vCPUs (see cmdline.go).
+		accelArg += ",tb-size=" + strconv.Itoa(qemu.DefaultTBMiB) + ",thread=single"
 		appendLine += " tsc_early_khz=" + strconv.Itoa(qemu.HostTSCkHz())
 	}
 	cpu := "max"
