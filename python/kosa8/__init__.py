@@ -460,11 +460,17 @@ class Sandbox:
                 except ValueError:
                     msg = None
                 raise Error("exec in %s: %s" % (self.name, msg or "HTTP %d" % status))
-            if stdin:
-                data = bytes(stdin)
-                for i in range(0, len(data), (32 << 10)):
-                    _write_frame(s, FRAME_STDIN, data[i:i + (32 << 10)])
-            _write_frame(s, FRAME_STDIN_EOF)
+            try:
+                if stdin:
+                    data = bytes(stdin)
+                    for i in range(0, len(data), (32 << 10)):
+                        _write_frame(s, FRAME_STDIN, data[i:i + (32 << 10)])
+                _write_frame(s, FRAME_STDIN_EOF)
+            except (BrokenPipeError, ConnectionResetError):
+                # The command ended without reading all its input (cat FILE
+                # reads none) and the stream closed: its output and exit are
+                # still there to read.
+                pass
             out, err = [], []
             timed_out = False
             deadline = None if timeout is None else start + timeout
@@ -473,7 +479,10 @@ class Sandbox:
                     left = deadline - time.monotonic()
                     if left <= 0 and not timed_out:
                         timed_out = True
-                        _write_frame(s, FRAME_SIGNAL, bytes([SIGKILL]))
+                        try:
+                            _write_frame(s, FRAME_SIGNAL, bytes([SIGKILL]))
+                        except (BrokenPipeError, ConnectionResetError):
+                            pass  # it ended meanwhile: its exit is there to read
                         deadline = time.monotonic() + KILL_GRACE
                         left = KILL_GRACE
                     s.settimeout(max(left, 0.01))

@@ -4,6 +4,7 @@ unix socket and a fake kosa8 command. Run: cd python && python3 -m unittest"""
 import fcntl
 import json
 import os
+import socket
 import shutil
 import socketserver
 import stat
@@ -104,6 +105,14 @@ def make_handler(guest):
             self.send_header("Upgrade", "kosa8-exec")
             self.send_header("Connection", "Upgrade")
             self.end_headers()
+            if argv[0] == "early":
+                # Done before reading any input (as cat FILE is), and the
+                # stream closed: the client's stdin meets a closed socket.
+                self.wfile.write(frame(kosa8.FRAME_STDOUT, b"early\n"))
+                self.wfile.write(frame(kosa8.FRAME_EXIT, b'{"code": 0}'))
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             self.wfile.flush()
             stdin = b""
             while True:  # stdin up to EOF, as the agent reads it
@@ -187,6 +196,14 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(kosa8.Error) as e:
             self.sb.output("echo", "x")
         self.assertIn("exit status 3", str(e.exception))
+
+    def test_exec_that_ends_before_reading_stdin(self):
+        # Seen in the VM tests: read_file's cat ended and the stream closed
+        # before the client had sent its stdin's end, a broken pipe.
+        r = self.sb.exec(["early"], stdin=b"x" * (4 << 20))
+        self.assertEqual((r.exit_code, r.stdout), (0, b"early\n"))
+        r = self.sb.exec(["early"])
+        self.assertEqual((r.exit_code, r.stdout), (0, b"early\n"))
 
     def test_exec_errors(self):
         with self.assertRaisesRegex(kosa8.Error, "no such file"):
