@@ -355,27 +355,19 @@ func portCmd() *cobra.Command {
 		Short: "List port forwards",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := openSandbox(args[0])
+			s, err := sdkSandbox(args[0])
 			if err != nil {
 				return err
 			}
-			var ports []sandbox.PortForward
-			if sb.Alive() {
-				ports, err = sandbox.NewClient(sb).Ports(cmd.Context())
-			} else {
-				ports, err = sb.LoadPorts()
-			}
+			ports, err := s.Ports(cmd.Context()) // never nil: [] in JSON
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				if ports == nil {
-					ports = []sandbox.PortForward{}
-				}
 				return printJSON(ports)
 			}
 			for _, p := range ports {
-				fmt.Println(p)
+				fmt.Println(sandbox.PortForward(p))
 			}
 			return nil
 		},
