@@ -124,6 +124,12 @@ func (f *fakeSupervisor) routes() http.Handler {
 		}
 		json.NewEncoder(w).Encode(sandbox.RewindResult{To: "cp1", Saved: &checkpoint.Meta{ID: "cp2", Kind: "pre-rewind"}, Millis: 450})
 	})
+	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(guest.Info{Kernel: "6.6.1", Machine: "x86_64", Hostname: "x", User: "user", UID: 1000, GID: 1000, Uptime: 3.5})
+	})
+	mux.HandleFunc("GET /v1/debug/memory", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("RAM\x00\x01"))
+	})
 	mux.HandleFunc("POST /v1/net/allow", func(w http.ResponseWriter, r *http.Request) {
 		var req sandbox.NetRequest
 		json.NewDecoder(r.Body).Decode(&req)
@@ -505,5 +511,31 @@ func TestCapBuffer(t *testing.T) {
 	io.WriteString(tail, "def")
 	if string(tail.Bytes()) != "cdef" || !tail.over {
 		t.Fatalf("tail: %q", tail.Bytes())
+	}
+}
+
+func TestGuestInfoAndMemory(t *testing.T) {
+	_, sb, _ := newRunning(t, "x")
+	ctx := context.Background()
+	i, err := sb.GuestInfo(ctx)
+	if err != nil || i.Kernel != "6.6.1" || i.User != "user" || i.UID != 1000 || i.Uptime != 3.5 {
+		t.Fatalf("guest info %+v %v", i, err)
+	}
+	// The same JSON as the API's, which `kosa8 inspect` prints.
+	want, _ := json.Marshal(guest.Info{Kernel: "6.6.1", Machine: "x86_64", Hostname: "x", User: "user", UID: 1000, GID: 1000, Uptime: 3.5})
+	if got, _ := json.Marshal(i); string(got) != string(want) {
+		t.Fatalf("guest info JSON %s, want %s", got, want)
+	}
+	var ram bytes.Buffer
+	if err := sb.DumpMemory(ctx, &ram); err != nil || ram.String() != "RAM\x00\x01" {
+		t.Fatalf("memory %q %v", ram.String(), err)
+	}
+
+	_, stopped := newStopped(t, "s")
+	if _, err := stopped.GuestInfo(ctx); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("guest info of a stopped sandbox: %v", err)
+	}
+	if err := stopped.DumpMemory(ctx, io.Discard); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("memory of a stopped sandbox: %v", err)
 	}
 }
