@@ -109,6 +109,21 @@ func (s *Sandbox) Blocked(ctx context.Context) ([]Blocked, error) {
 	return out, nil
 }
 
+// WatchRefused calls f with each host the running sandbox is refused, as
+// it happens, that its rules still refuse (each refusal, so a host may come
+// more than once; Count is 1), until ctx ends (then it returns nil) or f
+// returns an error (which it returns). f may call Allow: the host is then
+// let through for the connections that follow.
+func (s *Sandbox) WatchRefused(ctx context.Context, f func(Blocked) error) error {
+	api, err := s.api()
+	if err != nil {
+		return err
+	}
+	return api.Refused(ctx, func(b sandbox.Blocked) error {
+		return f(Blocked{Host: b.Host, Port: b.Port, Rule: b.Rule, Count: b.Count, Last: b.Last})
+	})
+}
+
 // NetEvent is one network decision of the sandbox's audit log.
 type NetEvent struct {
 	Time     time.Time `json:"time"`

@@ -130,6 +130,14 @@ func (f *fakeSupervisor) routes() http.Handler {
 	mux.HandleFunc("GET /v1/debug/memory", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("RAM\x00\x01"))
 	})
+	mux.HandleFunc("GET /v1/net/refused", func(w http.ResponseWriter, r *http.Request) {
+		enc := json.NewEncoder(w)
+		for _, h := range []string{"evil.test", "pypi.example"} {
+			enc.Encode(sandbox.Blocked{Host: h, Port: 443, Rule: h, Count: 1, Last: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)})
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
 	mux.HandleFunc("POST /v1/net/allow", func(w http.ResponseWriter, r *http.Request) {
 		var req sandbox.NetRequest
 		json.NewDecoder(r.Body).Decode(&req)
@@ -537,5 +545,46 @@ func TestGuestInfoAndMemory(t *testing.T) {
 	}
 	if err := stopped.DumpMemory(ctx, io.Discard); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("memory of a stopped sandbox: %v", err)
+	}
+}
+
+func TestWatchRefused(t *testing.T) {
+	_, sb, _ := newRunning(t, "x")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var got []Blocked
+	enough := errors.New("enough")
+	err := sb.WatchRefused(ctx, func(b Blocked) error {
+		got = append(got, b)
+		if len(got) == 2 {
+			return enough
+		}
+		return nil
+	})
+	if !errors.Is(err, enough) || len(got) != 2 || got[0].Host != "evil.test" || got[1].Rule != "pypi.example" || got[0].Port != 443 {
+		t.Fatalf("watch: %v %+v", err, got)
+	}
+	// The same JSON as the API's, which 'kosa8 net approve --json' prints.
+	want, _ := json.Marshal(sandbox.Blocked{Host: "evil.test", Port: 443, Rule: "evil.test", Count: 1, Last: got[0].Last})
+	if b, _ := json.Marshal(got[0]); string(b) != string(want) {
+		t.Fatalf("JSON %s, want %s", b, want)
+	}
+
+	// Ending ctx ends the watch without an error.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	n := 0
+	err = sb.WatchRefused(ctx2, func(Blocked) error {
+		if n++; n == 2 {
+			cancel2()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("watch until ctx ends: %v", err)
+	}
+
+	_, stopped := newStopped(t, "s")
+	if err := stopped.WatchRefused(context.Background(), func(Blocked) error { return nil }); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("watch a stopped sandbox: %v", err)
 	}
 }
