@@ -21,6 +21,7 @@ import (
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/wsync"
 )
 
 // TestMain keeps `go test ./sdk` free of VM boots: the runnable examples
@@ -137,6 +138,34 @@ func (f *fakeSupervisor) routes() http.Handler {
 		}
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
+	})
+	syncStatus := func(w http.ResponseWriter, r *http.Request) {
+		st := sandbox.SyncStatus{Path: "/home/me/p", Status: wsync.Status{
+			Files: 3,
+			Pending: []wsync.Change{
+				{Path: "app.py", Kind: "modified", Why: "review", Guest: &wsync.Entry{Path: "app.py", Type: 'f', Size: 12}},
+				{Path: "old.txt", Kind: "deleted", Why: "review"},
+			},
+			Held:      []wsync.Change{{Path: ".envrc", Kind: "added", Why: "host tools run it", Guest: &wsync.Entry{Path: ".envrc", Type: 'l', Link: "target"}}},
+			Conflicts: []wsync.Conflict{{Path: "a.txt", Copy: "a.txt.sandbox", Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}},
+			Quota:     wsync.Quota{Bytes: 10, MaxBytes: 100, Files: 1, MaxFiles: 50, Refused: 2},
+		}}
+		if r.Method == "POST" {
+			st.Files = 4 // a full pass found one more
+		}
+		json.NewEncoder(w).Encode(st)
+	}
+	mux.HandleFunc("GET /v1/sync", syncStatus)
+	mux.HandleFunc("POST /v1/sync/now", syncStatus)
+	mux.HandleFunc("POST /v1/sync/{what}", func(w http.ResponseWriter, r *http.Request) {
+		var req sandbox.SyncRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		if r.PathValue("what") == "approve" && len(req.Paths) == 0 {
+			w.WriteHeader(http.StatusBadRequest)
+			json.NewEncoder(w).Encode(map[string]string{"error": "approve needs the paths to approve, one by one"})
+			return
+		}
+		json.NewEncoder(w).Encode(sandbox.SyncResponse{Done: append([]string{r.PathValue("what")}, req.Paths...)})
 	})
 	mux.HandleFunc("POST /v1/net/allow", func(w http.ResponseWriter, r *http.Request) {
 		var req sandbox.NetRequest
@@ -586,5 +615,69 @@ func TestWatchRefused(t *testing.T) {
 	_, stopped := newStopped(t, "s")
 	if err := stopped.WatchRefused(context.Background(), func(Blocked) error { return nil }); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("watch a stopped sandbox: %v", err)
+	}
+}
+
+func TestSyncStatusAndChanges(t *testing.T) {
+	_, sb, _ := newRunning(t, "x")
+	ctx := context.Background()
+	st, err := sb.SyncStatus(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Path != "/home/me/p" || st.Files != 3 || len(st.Pending) != 2 || len(st.Held) != 1 || len(st.Conflicts) != 1 {
+		t.Fatalf("status %+v", st)
+	}
+	if c := st.Pending[0]; c.Type != "file" || c.Size != 12 || c.Why != "review" {
+		t.Fatalf("pending file %+v", c)
+	}
+	if c := st.Pending[1]; c.Type != "" || c.Size != 0 {
+		t.Fatalf("deleted: no sandbox side %+v", c)
+	}
+	if c := st.Held[0]; c.Type != "link" || c.Link != "target" || c.Why != "host tools run it" {
+		t.Fatalf("held link %+v", c)
+	}
+	if q := st.Quota; q != (SyncQuota{Bytes: 10, MaxBytes: 100, Files: 1, MaxFiles: 50, Refused: 2}) {
+		t.Fatalf("quota %+v", q)
+	}
+	// The quota and conflicts as the API writes them ('kosa8 sync status
+	// --json' prints these).
+	for _, pair := range [][2]any{
+		{st.Quota, wsync.Quota{Bytes: 10, MaxBytes: 100, Files: 1, MaxFiles: 50, Refused: 2}},
+		{st.Conflicts[0], wsync.Conflict{Path: "a.txt", Copy: "a.txt.sandbox", Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}},
+	} {
+		got, _ := json.Marshal(pair[0])
+		want, _ := json.Marshal(pair[1])
+		if string(got) != string(want) {
+			t.Fatalf("JSON %s, want %s", got, want)
+		}
+	}
+	if st, err := sb.SyncStatus(ctx, true); err != nil || st.Files != 4 {
+		t.Fatalf("status after a full pass: %+v %v", st, err)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		call  func(context.Context, ...string) ([]string, error)
+		paths []string
+		want  string
+	}{
+		{"apply all", sb.ApplyChanges, nil, "apply"},
+		{"apply some", sb.ApplyChanges, []string{"app.py"}, "apply app.py"},
+		{"approve", sb.ApproveChanges, []string{".envrc"}, "approve .envrc"},
+		{"discard all", sb.DiscardChanges, nil, "discard"},
+	} {
+		done, err := tc.call(ctx, tc.paths...)
+		if err != nil || strings.Join(done, " ") != tc.want {
+			t.Errorf("%s: %v %v", tc.name, done, err)
+		}
+	}
+	if _, err := sb.ApproveChanges(ctx); err == nil || !strings.Contains(err.Error(), "approve needs the paths") {
+		t.Fatalf("approve nothing: %v", err)
+	}
+
+	_, stopped := newStopped(t, "s")
+	if _, err := stopped.ApplyChanges(ctx); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("apply in a stopped sandbox: %v", err)
 	}
 }
