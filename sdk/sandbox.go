@@ -162,7 +162,7 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		return err
 	}
 	if err := api.Pause(ctx); err != nil {
-		return fmt.Errorf("pause %s: %w", s.Name(), err)
+		return &OpError{Op: "pause " + s.Name(), Err: err}
 	}
 	return s.sb.WaitStopped(ctx)
 }

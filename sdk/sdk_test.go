@@ -125,6 +125,10 @@ func (f *fakeSupervisor) routes() http.Handler {
 		}
 		json.NewEncoder(w).Encode(sandbox.RewindResult{To: "cp1", Saved: &checkpoint.Meta{ID: "cp2", Kind: "pre-rewind"}, Millis: 450})
 	})
+	mux.HandleFunc("POST /v1/pause", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+		json.NewEncoder(w).Encode(map[string]string{"error": "pause: not enough disk space"})
+	})
 	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(guest.Info{Kernel: "6.6.1", Machine: "x86_64", Hostname: "x", User: "user", UID: 1000, GID: 1000, Uptime: 3.5})
 	})
@@ -391,8 +395,18 @@ func TestCheckpointAndRewind(t *testing.T) {
 	if err != nil || res.To != "cp1" || res.Saved == nil || res.Saved.ID != "cp2" {
 		t.Fatalf("rewind %+v %v", res, err)
 	}
-	if _, err := sb.Rewind(ctx, "nope"); err == nil || !strings.Contains(err.Error(), "no such checkpoint nope") {
+	_, err = sb.Rewind(ctx, "nope")
+	if err == nil || err.Error() != "rewind x to nope: rewind: no such checkpoint nope" {
 		t.Fatalf("rewind to nothing: %v", err)
+	}
+	// The supervisor's own reason, apart from what was asked of which sandbox.
+	var oe *OpError
+	if !errors.As(err, &oe) || oe.Op != "rewind x to nope" || oe.Err.Error() != "rewind: no such checkpoint nope" {
+		t.Fatalf("rewind error %#v", err)
+	}
+	err = sb.Pause(ctx)
+	if !errors.As(err, &oe) || oe.Op != "pause x" || err.Error() != "pause x: pause: not enough disk space" {
+		t.Fatalf("failed pause: %#v", err)
 	}
 }
 

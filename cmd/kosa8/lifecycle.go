@@ -339,6 +339,16 @@ func sdkSandbox(name string) (*sdk.Sandbox, error) {
 	return c.Open(name)
 }
 
+// supervisorErr is the reason an SDK call on a running sandbox failed, as
+// the supervisor gave it: the CLI's messages do not name again the command
+// and the sandbox the user typed.
+func supervisorErr(err error) error {
+	if e, ok := err.(*sdk.OpError); ok {
+		return e.Err
+	}
+	return err
+}
+
 // runningSandbox opens a sandbox that must be running.
 func runningSandbox(name string) (*sandbox.Sandbox, error) {
 	sb, err := openSandbox(name)
