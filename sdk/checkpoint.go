@@ -2,7 +2,6 @@ package sdk
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
@@ -47,7 +46,7 @@ func (s *Sandbox) Checkpoint(ctx context.Context, message string) (*Checkpoint, 
 	}
 	m, err := api.Checkpoint(ctx, message)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", s.Name(), err)
+		return nil, &OpError{Op: "checkpoint " + s.Name(), Err: err}
 	}
 	cp := fromMeta(m)
 	cp.Current = true
@@ -113,7 +112,7 @@ func (s *Sandbox) Rewind(ctx context.Context, id string) (*RewindResult, error) 
 	}
 	r, err := api.Rewind(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("rewind %s to %s: %w", s.Name(), id, err)
+		return nil, &OpError{Op: "rewind " + s.Name() + " to " + id, Err: err}
 	}
 	out := &RewindResult{To: r.To, Millis: r.Millis, ColdBoot: r.ColdBoot, Warning: r.Warning}
 	if r.Saved != nil {

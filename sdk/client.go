@@ -27,6 +27,19 @@ var (
 	ErrNotRunning = errors.New("sandbox is not running")
 )
 
+// OpError is a call on a running sandbox that its supervisor refused or
+// failed: Op names the call and the sandbox ("checkpoint dev", "rewind dev
+// to 1a2b3c4d"), Err is the reason as the supervisor gave it (which
+// errors.Is and errors.As see through to). Checkpoint, Rewind and Pause
+// return it.
+type OpError struct {
+	Op  string
+	Err error
+}
+
+func (e *OpError) Error() string { return e.Op + ": " + e.Err.Error() }
+func (e *OpError) Unwrap() error { return e.Err }
+
 // Client finds, creates and starts sandboxes in one state directory.
 type Client struct {
 	paths  sandbox.Paths

@@ -77,7 +77,8 @@
 // the rules of a running or stopped sandbox, for new connections at once;
 // [Sandbox.Rules] lists them. [Sandbox.Blocked] lists the hosts the sandbox
 // asked for and was refused, each with the rule that would allow it, and
-// [Sandbox.NetLog] every DNS answer and connection decision.
+// [Sandbox.NetLog] every DNS answer and connection decision;
+// [Sandbox.WatchRefused] follows a running sandbox's refusals as they happen.
 // [Sandbox.RequestNetAccess] records an agent's request for a host for the
 // user to decide, with the command that grants it; it allows nothing. Secrets are
 // bound at create ([CreateOptions].Secrets, stored with `kosa8 secret add`):
@@ -88,7 +89,9 @@
 // [Sandbox.AddPort] forwards a host port to a port of the guest;
 // [Sandbox.Ports] and [Sandbox.RemovePort] list and remove forwards.
 // [Sandbox.SyncStatus] reports the workspace sync: paths waiting for review,
-// held, in conflict.
+// held, in conflict, and the host folder's quota; [Sandbox.ApplyChanges],
+// [Sandbox.ApproveChanges] and [Sandbox.DiscardChanges] write reviewed or
+// held changes to the host folder, or undo them inside the sandbox.
 //
 // # Errors
 //

@@ -109,6 +109,21 @@ func (s *Sandbox) Blocked(ctx context.Context) ([]Blocked, error) {
 	return out, nil
 }
 
+// WatchRefused calls f with each host the running sandbox is refused, as
+// it happens, that its rules still refuse (each refusal, so a host may come
+// more than once; Count is 1), until ctx ends (then it returns nil) or f
+// returns an error (which it returns). f may call Allow: the host is then
+// let through for the connections that follow.
+func (s *Sandbox) WatchRefused(ctx context.Context, f func(Blocked) error) error {
+	api, err := s.api()
+	if err != nil {
+		return err
+	}
+	return api.Refused(ctx, func(b sandbox.Blocked) error {
+		return f(Blocked{Host: b.Host, Port: b.Port, Rule: b.Rule, Count: b.Count, Last: b.Last})
+	})
+}
+
 // NetEvent is one network decision of the sandbox's audit log.
 type NetEvent struct {
 	Time     time.Time `json:"time"`
@@ -200,13 +215,31 @@ type SyncStatus struct {
 	Conflicts []SyncConflict `json:"conflicts"`
 	Skipped   []string       `json:"skipped"` // too large, special files, refused names
 	Errors    []string       `json:"errors"`
+	Quota     SyncQuota      `json:"quota"`
 }
 
 // SyncChange is a change the sync has not written to the host.
 type SyncChange struct {
 	Path string `json:"path"`
 	Kind string `json:"kind"` // added, modified, deleted
-	Why  string `json:"why,omitempty"`
+	// Why a held change is held; "review" for one waiting for review.
+	Why string `json:"why,omitempty"`
+	// The sandbox's side of the path: Type is file, dir, link or other
+	// (empty when deleted), Size a file's size, Link a link's target.
+	Type string `json:"type,omitempty"`
+	Size int64  `json:"size,omitempty"`
+	Link string `json:"link,omitempty"`
+}
+
+// SyncQuota is how much the sandbox has made in the host folder against
+// its limits (a zero MaxBytes: no limit).
+type SyncQuota struct {
+	Bytes    int64 `json:"bytes"`
+	MaxBytes int64 `json:"max_bytes"`
+	Files    int   `json:"files"`
+	MaxFiles int   `json:"max_files"`
+	// Refused counts writes refused because they would pass a limit.
+	Refused int `json:"refused,omitempty"`
 }
 
 // SyncConflict is a path both sides changed; your version stayed and the
@@ -231,16 +264,61 @@ func (s *Sandbox) SyncStatus(ctx context.Context, now bool) (*SyncStatus, error)
 	conv := func(in []wsync.Change) []SyncChange {
 		out := []SyncChange{}
 		for _, c := range in {
-			out = append(out, SyncChange{Path: c.Path, Kind: c.Kind, Why: c.Why})
+			sc := SyncChange{Path: c.Path, Kind: c.Kind, Why: c.Why}
+			if g := c.Guest; g != nil {
+				sc.Type, sc.Size, sc.Link = entryType(g.Type), g.Size, g.Link
+			}
+			out = append(out, sc)
 		}
 		return out
 	}
 	out := &SyncStatus{Path: st.Path, Files: st.Files, LastSync: st.LastSync, Pending: conv(st.Pending), Held: conv(st.Held),
-		Conflicts: []SyncConflict{}, Skipped: st.Skipped, Errors: st.Errors}
+		Conflicts: []SyncConflict{}, Skipped: st.Skipped, Errors: st.Errors, Quota: SyncQuota(st.Quota)}
 	for _, c := range st.Conflicts {
 		out.Conflicts = append(out.Conflicts, SyncConflict{Path: c.Path, Copy: c.Copy, Time: c.Time})
 	}
 	return out, nil
+}
+
+func entryType(t byte) string {
+	switch t {
+	case 'f':
+		return "file"
+	case 'd':
+		return "dir"
+	case 'l':
+		return "link"
+	}
+	return "other"
+}
+
+// ApplyChanges writes the sandbox's changes waiting for review
+// (CreateOptions.Review) to the host folder: those at paths (each must be
+// one), or all of them. It returns the paths written.
+func (s *Sandbox) ApplyChanges(ctx context.Context, paths ...string) ([]string, error) {
+	return s.syncChange(ctx, "apply", paths)
+}
+
+// ApproveChanges writes held changes (to files host tools run or obey,
+// see SyncStatus.Held) to the host folder. Each path must be named: there
+// is no approving all at once. It returns the paths written.
+func (s *Sandbox) ApproveChanges(ctx context.Context, paths ...string) ([]string, error) {
+	return s.syncChange(ctx, "approve", paths)
+}
+
+// DiscardChanges undoes, inside the sandbox, its changes that have not
+// reached the host folder (pending or held): those at paths, or all of
+// them. It returns the paths undone.
+func (s *Sandbox) DiscardChanges(ctx context.Context, paths ...string) ([]string, error) {
+	return s.syncChange(ctx, "discard", paths)
+}
+
+func (s *Sandbox) syncChange(ctx context.Context, what string, paths []string) ([]string, error) {
+	api, err := s.api()
+	if err != nil {
+		return nil, err
+	}
+	return api.SyncChange(ctx, what, paths)
 }
 
 // AccessRequest is a request for a host that only the user can grant.

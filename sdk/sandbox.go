@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/sandbox"
@@ -161,10 +162,50 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		return err
 	}
 	if err := api.Pause(ctx); err != nil {
-		return fmt.Errorf("pause %s: %w", s.Name(), err)
+		return &OpError{Op: "pause " + s.Name(), Err: err}
 	}
 	return s.sb.WaitStopped(ctx)
 }
 
 // Resume continues a paused sandbox (it is Start).
 func (s *Sandbox) Resume(ctx context.Context) error { return s.Start(ctx) }
+
+// GuestInfo is what a running guest reports about itself.
+type GuestInfo struct {
+	Kernel   string  `json:"kernel"` // uname -r
+	Machine  string  `json:"machine"`
+	Hostname string  `json:"hostname"`
+	User     string  `json:"user"` // the sandbox's user
+	UID      int     `json:"uid"`
+	GID      int     `json:"gid"`
+	Uptime   float64 `json:"uptime_seconds"`
+	// AgentStartMillis is how long kosa8's agent took to start in the
+	// guest.
+	AgentStartMillis float64 `json:"agent_start_ms"`
+}
+
+// GuestInfo asks the running guest about itself.
+func (s *Sandbox) GuestInfo(ctx context.Context) (*GuestInfo, error) {
+	api, err := s.api()
+	if err != nil {
+		return nil, err
+	}
+	i, err := api.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &GuestInfo{Kernel: i.Kernel, Machine: i.Machine, Hostname: i.Hostname, User: i.User, UID: i.UID, GID: i.GID,
+		Uptime: i.Uptime, AgentStartMillis: i.AgentStartMillis}, nil
+}
+
+// DumpMemory writes the running guest's RAM, as raw bytes, to w; the
+// machine is paused while it is read, for a consistent image. It is for
+// inspecting what the guest holds (it never holds a secret's value, only
+// its placeholder) and is as large as the sandbox's memory.
+func (s *Sandbox) DumpMemory(ctx context.Context, w io.Writer) error {
+	api, err := s.api()
+	if err != nil {
+		return err
+	}
+	return api.Memory(ctx, w)
+}

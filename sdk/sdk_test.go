@@ -21,6 +21,7 @@ import (
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/wsync"
 )
 
 // TestMain keeps `go test ./sdk` free of VM boots: the runnable examples
@@ -123,6 +124,52 @@ func (f *fakeSupervisor) routes() http.Handler {
 			return
 		}
 		json.NewEncoder(w).Encode(sandbox.RewindResult{To: "cp1", Saved: &checkpoint.Meta{ID: "cp2", Kind: "pre-rewind"}, Millis: 450})
+	})
+	mux.HandleFunc("POST /v1/pause", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+		json.NewEncoder(w).Encode(map[string]string{"error": "pause: not enough disk space"})
+	})
+	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(guest.Info{Kernel: "6.6.1", Machine: "x86_64", Hostname: "x", User: "user", UID: 1000, GID: 1000, Uptime: 3.5})
+	})
+	mux.HandleFunc("GET /v1/debug/memory", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("RAM\x00\x01"))
+	})
+	mux.HandleFunc("GET /v1/net/refused", func(w http.ResponseWriter, r *http.Request) {
+		enc := json.NewEncoder(w)
+		for _, h := range []string{"evil.test", "pypi.example"} {
+			enc.Encode(sandbox.Blocked{Host: h, Port: 443, Rule: h, Count: 1, Last: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)})
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	syncStatus := func(w http.ResponseWriter, r *http.Request) {
+		st := sandbox.SyncStatus{Path: "/home/me/p", Status: wsync.Status{
+			Files: 3,
+			Pending: []wsync.Change{
+				{Path: "app.py", Kind: "modified", Why: "review", Guest: &wsync.Entry{Path: "app.py", Type: 'f', Size: 12}},
+				{Path: "old.txt", Kind: "deleted", Why: "review"},
+			},
+			Held:      []wsync.Change{{Path: ".envrc", Kind: "added", Why: "host tools run it", Guest: &wsync.Entry{Path: ".envrc", Type: 'l', Link: "target"}}},
+			Conflicts: []wsync.Conflict{{Path: "a.txt", Copy: "a.txt.sandbox", Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}},
+			Quota:     wsync.Quota{Bytes: 10, MaxBytes: 100, Files: 1, MaxFiles: 50, Refused: 2},
+		}}
+		if r.Method == "POST" {
+			st.Files = 4 // a full pass found one more
+		}
+		json.NewEncoder(w).Encode(st)
+	}
+	mux.HandleFunc("GET /v1/sync", syncStatus)
+	mux.HandleFunc("POST /v1/sync/now", syncStatus)
+	mux.HandleFunc("POST /v1/sync/{what}", func(w http.ResponseWriter, r *http.Request) {
+		var req sandbox.SyncRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		if r.PathValue("what") == "approve" && len(req.Paths) == 0 {
+			w.WriteHeader(http.StatusBadRequest)
+			json.NewEncoder(w).Encode(map[string]string{"error": "approve needs the paths to approve, one by one"})
+			return
+		}
+		json.NewEncoder(w).Encode(sandbox.SyncResponse{Done: append([]string{r.PathValue("what")}, req.Paths...)})
 	})
 	mux.HandleFunc("POST /v1/net/allow", func(w http.ResponseWriter, r *http.Request) {
 		var req sandbox.NetRequest
@@ -348,8 +395,18 @@ func TestCheckpointAndRewind(t *testing.T) {
 	if err != nil || res.To != "cp1" || res.Saved == nil || res.Saved.ID != "cp2" {
 		t.Fatalf("rewind %+v %v", res, err)
 	}
-	if _, err := sb.Rewind(ctx, "nope"); err == nil || !strings.Contains(err.Error(), "no such checkpoint nope") {
+	_, err = sb.Rewind(ctx, "nope")
+	if err == nil || err.Error() != "rewind x to nope: rewind: no such checkpoint nope" {
 		t.Fatalf("rewind to nothing: %v", err)
+	}
+	// The supervisor's own reason, apart from what was asked of which sandbox.
+	var oe *OpError
+	if !errors.As(err, &oe) || oe.Op != "rewind x to nope" || oe.Err.Error() != "rewind: no such checkpoint nope" {
+		t.Fatalf("rewind error %#v", err)
+	}
+	err = sb.Pause(ctx)
+	if !errors.As(err, &oe) || oe.Op != "pause x" || err.Error() != "pause x: pause: not enough disk space" {
+		t.Fatalf("failed pause: %#v", err)
 	}
 }
 
@@ -505,5 +562,136 @@ func TestCapBuffer(t *testing.T) {
 	io.WriteString(tail, "def")
 	if string(tail.Bytes()) != "cdef" || !tail.over {
 		t.Fatalf("tail: %q", tail.Bytes())
+	}
+}
+
+func TestGuestInfoAndMemory(t *testing.T) {
+	_, sb, _ := newRunning(t, "x")
+	ctx := context.Background()
+	i, err := sb.GuestInfo(ctx)
+	if err != nil || i.Kernel != "6.6.1" || i.User != "user" || i.UID != 1000 || i.Uptime != 3.5 {
+		t.Fatalf("guest info %+v %v", i, err)
+	}
+	// The same JSON as the API's, which `kosa8 inspect` prints.
+	want, _ := json.Marshal(guest.Info{Kernel: "6.6.1", Machine: "x86_64", Hostname: "x", User: "user", UID: 1000, GID: 1000, Uptime: 3.5})
+	if got, _ := json.Marshal(i); string(got) != string(want) {
+		t.Fatalf("guest info JSON %s, want %s", got, want)
+	}
+	var ram bytes.Buffer
+	if err := sb.DumpMemory(ctx, &ram); err != nil || ram.String() != "RAM\x00\x01" {
+		t.Fatalf("memory %q %v", ram.String(), err)
+	}
+
+	_, stopped := newStopped(t, "s")
+	if _, err := stopped.GuestInfo(ctx); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("guest info of a stopped sandbox: %v", err)
+	}
+	if err := stopped.DumpMemory(ctx, io.Discard); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("memory of a stopped sandbox: %v", err)
+	}
+}
+
+func TestWatchRefused(t *testing.T) {
+	_, sb, _ := newRunning(t, "x")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var got []Blocked
+	enough := errors.New("enough")
+	err := sb.WatchRefused(ctx, func(b Blocked) error {
+		got = append(got, b)
+		if len(got) == 2 {
+			return enough
+		}
+		return nil
+	})
+	if !errors.Is(err, enough) || len(got) != 2 || got[0].Host != "evil.test" || got[1].Rule != "pypi.example" || got[0].Port != 443 {
+		t.Fatalf("watch: %v %+v", err, got)
+	}
+	// The same JSON as the API's, which 'kosa8 net approve --json' prints.
+	want, _ := json.Marshal(sandbox.Blocked{Host: "evil.test", Port: 443, Rule: "evil.test", Count: 1, Last: got[0].Last})
+	if b, _ := json.Marshal(got[0]); string(b) != string(want) {
+		t.Fatalf("JSON %s, want %s", b, want)
+	}
+
+	// Ending ctx ends the watch without an error.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	n := 0
+	err = sb.WatchRefused(ctx2, func(Blocked) error {
+		if n++; n == 2 {
+			cancel2()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("watch until ctx ends: %v", err)
+	}
+
+	_, stopped := newStopped(t, "s")
+	if err := stopped.WatchRefused(context.Background(), func(Blocked) error { return nil }); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("watch a stopped sandbox: %v", err)
+	}
+}
+
+func TestSyncStatusAndChanges(t *testing.T) {
+	_, sb, _ := newRunning(t, "x")
+	ctx := context.Background()
+	st, err := sb.SyncStatus(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Path != "/home/me/p" || st.Files != 3 || len(st.Pending) != 2 || len(st.Held) != 1 || len(st.Conflicts) != 1 {
+		t.Fatalf("status %+v", st)
+	}
+	if c := st.Pending[0]; c.Type != "file" || c.Size != 12 || c.Why != "review" {
+		t.Fatalf("pending file %+v", c)
+	}
+	if c := st.Pending[1]; c.Type != "" || c.Size != 0 {
+		t.Fatalf("deleted: no sandbox side %+v", c)
+	}
+	if c := st.Held[0]; c.Type != "link" || c.Link != "target" || c.Why != "host tools run it" {
+		t.Fatalf("held link %+v", c)
+	}
+	if q := st.Quota; q != (SyncQuota{Bytes: 10, MaxBytes: 100, Files: 1, MaxFiles: 50, Refused: 2}) {
+		t.Fatalf("quota %+v", q)
+	}
+	// The quota and conflicts as the API writes them ('kosa8 sync status
+	// --json' prints these).
+	for _, pair := range [][2]any{
+		{st.Quota, wsync.Quota{Bytes: 10, MaxBytes: 100, Files: 1, MaxFiles: 50, Refused: 2}},
+		{st.Conflicts[0], wsync.Conflict{Path: "a.txt", Copy: "a.txt.sandbox", Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}},
+	} {
+		got, _ := json.Marshal(pair[0])
+		want, _ := json.Marshal(pair[1])
+		if string(got) != string(want) {
+			t.Fatalf("JSON %s, want %s", got, want)
+		}
+	}
+	if st, err := sb.SyncStatus(ctx, true); err != nil || st.Files != 4 {
+		t.Fatalf("status after a full pass: %+v %v", st, err)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		call  func(context.Context, ...string) ([]string, error)
+		paths []string
+		want  string
+	}{
+		{"apply all", sb.ApplyChanges, nil, "apply"},
+		{"apply some", sb.ApplyChanges, []string{"app.py"}, "apply app.py"},
+		{"approve", sb.ApproveChanges, []string{".envrc"}, "approve .envrc"},
+		{"discard all", sb.DiscardChanges, nil, "discard"},
+	} {
+		done, err := tc.call(ctx, tc.paths...)
+		if err != nil || strings.Join(done, " ") != tc.want {
+			t.Errorf("%s: %v %v", tc.name, done, err)
+		}
+	}
+	if _, err := sb.ApproveChanges(ctx); err == nil || !strings.Contains(err.Error(), "approve needs the paths") {
+		t.Fatalf("approve nothing: %v", err)
+	}
+
+	_, stopped := newStopped(t, "s")
+	if _, err := stopped.ApplyChanges(ctx); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("apply in a stopped sandbox: %v", err)
 	}
 }

@@ -225,15 +225,15 @@ instead.`,
 		ValidArgsFunction: completeAllSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, name := range args {
-				sb, err := runningSandbox(name)
+				if _, err := runningSandbox(name); err != nil { // its message says how to start it
+					return err
+				}
+				s, err := sdkSandbox(name)
 				if err != nil {
 					return err
 				}
-				if err := sandbox.NewClient(sb).Pause(cmd.Context()); err != nil {
-					return err
-				}
-				if err := sb.WaitStopped(cmd.Context()); err != nil {
-					return err
+				if err := s.Pause(cmd.Context()); err != nil { // returns once it has stopped
+					return supervisorErr(err)
 				}
 				fmt.Println(name)
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
+	"github.com/kosa8/kosa8/sdk"
 )
 
 func TestExitCode(t *testing.T) {
@@ -36,6 +37,25 @@ func TestExitCode(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := exitCode(tc.err); got != tc.want {
 				t.Fatalf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSupervisorErr(t *testing.T) {
+	reason := errors.New("pause: not enough disk space")
+	cases := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"an SDK call's failure: the supervisor's words", &sdk.OpError{Op: "pause dev", Err: reason}, "pause: not enough disk space"},
+		{"anything else as it is", fmt.Errorf("%w: dev is stopped", sdk.ErrNotRunning), "sandbox is not running: dev is stopped"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := supervisorErr(tc.err).Error(); got != tc.want {
+				t.Fatalf("supervisorErr(%v) = %q, want %q", tc.err, got, tc.want)
 			}
 		})
 	}

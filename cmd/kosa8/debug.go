@@ -5,8 +5,6 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
-
-	"github.com/kosa8/kosa8/internal/sandbox"
 )
 
 func debugCmd() *cobra.Command {
@@ -16,14 +14,18 @@ func debugCmd() *cobra.Command {
 		Short: "Write the guest's RAM to stdout (the VM pauses while it is read)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := runningSandbox(args[0])
+			sb, err := runningSandbox(args[0]) // its message says how to start it
 			if err != nil {
 				return err
 			}
 			if isTerminal(termOut) {
 				return errors.New("refusing to write guest memory to a terminal: redirect it to a file")
 			}
-			return sandbox.NewClient(sb).Memory(cmd.Context(), os.Stdout)
+			s, err := sdkSandbox(sb.Config.Name)
+			if err != nil {
+				return err
+			}
+			return s.DumpMemory(cmd.Context(), os.Stdout)
 		},
 	})
 	return cmd

@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/sdk"
 )
 
 // listing is one sandbox as ls --json and inspect show it.
@@ -23,7 +23,7 @@ type listing struct {
 	Config  sandbox.Config `json:"config"`
 	Status  sandbox.Status `json:"status"`
 	Network *networkView   `json:"network,omitempty"`
-	Guest   *guest.Info    `json:"guest,omitempty"`
+	Guest   *sdk.GuestInfo `json:"guest,omitempty"`
 }
 
 // networkView is what inspect shows of a sandbox's network as it is now
@@ -146,8 +146,10 @@ JSON list.`,
 				}
 				if sb.Alive() {
 					ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
-					if info, err := sandbox.NewClient(sb).Info(ctx); err == nil {
-						l.Guest = info
+					if s, err := sdkSandbox(name); err == nil {
+						if info, err := s.GuestInfo(ctx); err == nil {
+							l.Guest = info
+						}
 					}
 					cancel()
 				}

@@ -339,6 +339,16 @@ func sdkSandbox(name string) (*sdk.Sandbox, error) {
 	return c.Open(name)
 }
 
+// supervisorErr is the reason an SDK call on a running sandbox failed, as
+// the supervisor gave it: the CLI's messages do not name again the command
+// and the sandbox the user typed.
+func supervisorErr(err error) error {
+	if e, ok := err.(*sdk.OpError); ok {
+		return e.Err
+	}
+	return err
+}
+
 // runningSandbox opens a sandbox that must be running.
 func runningSandbox(name string) (*sandbox.Sandbox, error) {
 	sb, err := openSandbox(name)
@@ -471,17 +481,21 @@ func (p *pipeWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// stopSandbox stops a running sandbox and waits until it has.
+// stopSandbox stops a running sandbox and waits until it has (the SDK's
+// Stop or Kill: a wedged supervisor is ended).
 func stopSandbox(ctx context.Context, sb *sandbox.Sandbox, kill bool) error {
 	if !sb.Alive() {
 		return nil
 	}
-	err := sandbox.NewClient(sb).Stop(ctx, kill)
-	if err != nil && sb.Alive() {
-		// The API may be gone with a wedged supervisor: end it.
-		_ = sb.Kill()
+	s, err := sdkSandbox(sb.Config.Name)
+	if err != nil {
+		if !sb.Alive() {
+			return nil // it stopped meanwhile (an ephemeral one is gone with it)
+		}
+		return err
 	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	return sb.WaitStopped(wctx)
+	if kill {
+		return s.Kill(ctx)
+	}
+	return s.Stop(ctx)
 }

@@ -192,7 +192,11 @@ own prompt and runs 'kosa8 net allow NAME RULE'. Ctrl-C ends it.`,
 			if !sb.Alive() {
 				return fmt.Errorf("sandbox %s is not running: start it, or see what it was refused with 'kosa8 net blocked %s'", args[0], args[0])
 			}
-			return approveHosts(cmd, sb, args[0], asJSON)
+			s, err := sdkSandbox(args[0])
+			if err != nil {
+				return err
+			}
+			return approveHosts(cmd, s, args[0], asJSON)
 		},
 	}
 	approve.Flags().BoolVar(&asJSON, "json", false, "print refused hosts as JSON lines and ask nothing")
@@ -355,27 +359,19 @@ func portCmd() *cobra.Command {
 		Short: "List port forwards",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := openSandbox(args[0])
+			s, err := sdkSandbox(args[0])
 			if err != nil {
 				return err
 			}
-			var ports []sandbox.PortForward
-			if sb.Alive() {
-				ports, err = sandbox.NewClient(sb).Ports(cmd.Context())
-			} else {
-				ports, err = sb.LoadPorts()
-			}
+			ports, err := s.Ports(cmd.Context()) // never nil: [] in JSON
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				if ports == nil {
-					ports = []sandbox.PortForward{}
-				}
 				return printJSON(ports)
 			}
 			for _, p := range ports {
-				fmt.Println(p)
+				fmt.Println(sandbox.PortForward(p))
 			}
 			return nil
 		},
@@ -402,14 +398,13 @@ func portCmd() *cobra.Command {
 }
 
 // approveHosts asks about each host the sandbox is refused, once per host.
-func approveHosts(cmd *cobra.Command, sb *sandbox.Sandbox, name string, asJSON bool) error {
-	c := sandbox.NewClient(sb)
+func approveHosts(cmd *cobra.Command, s *sdk.Sandbox, name string, asJSON bool) error {
 	in := bufio.NewReader(cmd.InOrStdin())
 	asked := map[string]bool{}
 	if !asJSON {
 		fmt.Fprintf(os.Stderr, "kosa8: watching what %s is refused (Ctrl-C to end)\n", name)
 	}
-	err := c.Refused(cmd.Context(), func(b sandbox.Blocked) error {
+	err := s.WatchRefused(cmd.Context(), func(b sdk.Blocked) error {
 		rule := sanitize(b.Rule, false) // a normalised host: no control characters left anyway
 		if asked[rule] {
 			return nil
@@ -428,7 +423,7 @@ func approveHosts(cmd *cobra.Command, sb *sandbox.Sandbox, name string, asJSON b
 			fmt.Printf("left refused: %s\n", rule)
 			return nil
 		}
-		rules, err := c.Allow(cmd.Context(), []string{b.Rule}, false)
+		rules, err := s.Allow(cmd.Context(), b.Rule)
 		if err != nil {
 			return fmt.Errorf("allow %s: %w", rule, err)
 		}

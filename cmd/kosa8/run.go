@@ -373,11 +373,15 @@ found 127. Standard input is passed only with -i; -t allocates a terminal.`,
 				return err
 			}
 			if checkpointFirst {
-				meta, err := sandbox.NewClient(sb).Checkpoint(cmd.Context(), "before: "+strings.Join(args[1:], " "))
+				s, err := sdkSandbox(args[0])
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(os.Stderr, "kosa8: checkpoint %s (undo with: kosa8 rewind %s %s)\n", meta.ID, args[0], meta.ID)
+				cp, err := s.Checkpoint(cmd.Context(), "before: "+strings.Join(args[1:], " "))
+				if err != nil {
+					return supervisorErr(err)
+				}
+				fmt.Fprintf(os.Stderr, "kosa8: checkpoint %s (undo with: kosa8 rewind %s %s)\n", cp.ID, args[0], cp.ID)
 			}
 			code, err := execIn(cmd.Context(), sb, execOptions{argv: args[1:], tty: tty, stdin: interactive, env: envs, dir: workdir, user: userName})
 			if err != nil {

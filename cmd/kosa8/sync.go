@@ -14,9 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/sandbox"
-	"github.com/kosa8/kosa8/internal/wsync"
+	"github.com/kosa8/kosa8/sdk"
 )
 
 // reachWorkspace opens a sandbox's workspace for a command that needs the
@@ -24,16 +23,19 @@ import (
 // and stopped again by done: its pending changes live on its disk, and
 // diff, apply and discard must work on a sandbox that 'run --rm --review'
 // kept for them.
-func reachWorkspace(ctx context.Context, name string) (sb *sandbox.Sandbox, done func(), err error) {
-	sb, err = openSandbox(name)
+func reachWorkspace(ctx context.Context, name string) (s *sdk.Sandbox, done func(), err error) {
+	sb, err := openSandbox(name)
 	if err != nil {
 		return nil, nil, err
 	}
 	if sb.Config.Workspace == nil {
 		return nil, nil, fmt.Errorf("sandbox %s has no workspace", name)
 	}
+	if s, err = sdkSandbox(name); err != nil {
+		return nil, nil, err
+	}
 	if sb.Alive() {
-		return sb, func() {}, nil
+		return s, func() {}, nil
 	}
 	switch st := sb.Status(); st.State {
 	case sandbox.Paused:
@@ -44,7 +46,7 @@ func reachWorkspace(ctx context.Context, name string) (sb *sandbox.Sandbox, done
 			return nil, nil, fmt.Errorf("start %s to reach its workspace: %w", name, err)
 		}
 	}
-	return sb, func() {
+	return s, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
 		if err := stopSandbox(sctx, sb, false); err != nil {
@@ -64,52 +66,37 @@ type changeView struct {
 	Link string `json:"link,omitempty"` // a link's target
 }
 
-func viewChanges(cs []wsync.Change) []changeView {
+func viewChanges(cs []sdk.SyncChange) []changeView {
 	out := make([]changeView, 0, len(cs))
 	for _, c := range cs {
-		v := changeView{Path: c.Path, Kind: c.Kind, Why: c.Why}
+		v := changeView{Path: c.Path, Kind: c.Kind, Why: c.Why, Type: c.Type, Size: c.Size, Link: c.Link}
 		if c.Why == "review" {
 			v.Why = ""
-		}
-		if g := c.Guest; g != nil {
-			v.Type, v.Size, v.Link = entryType(g.Type), g.Size, g.Link
 		}
 		out = append(out, v)
 	}
 	return out
 }
 
-func entryType(t byte) string {
-	switch t {
-	case 'f':
-		return "file"
-	case 'd':
-		return "dir"
-	case 'l':
-		return "link"
-	}
-	return "other"
-}
-
 // syncView is sync status --json.
 type syncView struct {
-	Path      string           `json:"path"`
-	Files     int              `json:"files"`
-	LastSync  time.Time        `json:"last_sync"`
-	Pending   []changeView     `json:"pending"`
-	Held      []changeView     `json:"held"`
-	Conflicts []wsync.Conflict `json:"conflicts"`
-	Skipped   []string         `json:"skipped"`
-	Errors    []string         `json:"errors"`
-	Quota     wsync.Quota      `json:"quota"`
+	Path      string             `json:"path"`
+	Files     int                `json:"files"`
+	LastSync  time.Time          `json:"last_sync"`
+	Pending   []changeView       `json:"pending"`
+	Held      []changeView       `json:"held"`
+	Conflicts []sdk.SyncConflict `json:"conflicts"`
+	Skipped   []string           `json:"skipped"`
+	Errors    []string           `json:"errors"`
+	Quota     sdk.SyncQuota      `json:"quota"`
 }
 
-func printSyncStatus(st *sandbox.SyncStatus, asJSON bool) error {
+func printSyncStatus(st *sdk.SyncStatus, asJSON bool) error {
 	if asJSON {
 		v := syncView{Path: st.Path, Files: st.Files, LastSync: st.LastSync, Pending: viewChanges(st.Pending), Held: viewChanges(st.Held),
 			Conflicts: st.Conflicts, Skipped: st.Skipped, Errors: st.Errors, Quota: st.Quota}
 		if v.Conflicts == nil {
-			v.Conflicts = []wsync.Conflict{}
+			v.Conflicts = []sdk.SyncConflict{}
 		}
 		if v.Skipped == nil {
 			v.Skipped = []string{}
@@ -143,8 +130,8 @@ func printSyncStatus(st *sandbox.SyncStatus, asJSON bool) error {
 	}
 	for _, c := range st.Held {
 		line := fmt.Sprintf("%-8s %s  (%s)", c.Kind, c.Path, c.Why)
-		if c.Guest != nil && c.Guest.Type == 'l' {
-			line = fmt.Sprintf("%-8s %s -> %s  (%s)", c.Kind, c.Path, c.Guest.Link, c.Why)
+		if c.Type == "link" {
+			line = fmt.Sprintf("%-8s %s -> %s  (%s)", c.Kind, c.Path, c.Link, c.Why)
 		}
 		held = append(held, line)
 	}
@@ -170,12 +157,12 @@ func syncCmd() *cobra.Command {
 			Args:              cobra.ExactArgs(1),
 			ValidArgsFunction: completeSandboxes,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				sb, done, err := reachWorkspace(cmd.Context(), args[0])
+				s, done, err := reachWorkspace(cmd.Context(), args[0])
 				if err != nil {
 					return err
 				}
 				defer done()
-				st, err := sandbox.NewClient(sb).Sync(cmd.Context(), full)
+				st, err := s.SyncStatus(cmd.Context(), full)
 				if err != nil {
 					return err
 				}
@@ -203,12 +190,12 @@ shows one; 'kosa8 discard NAME PATH' undoes it inside the sandbox.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, done, err := reachWorkspace(cmd.Context(), args[0])
+			s, done, err := reachWorkspace(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			defer done()
-			st, err := sandbox.NewClient(sb).Sync(cmd.Context(), false)
+			st, err := s.SyncStatus(cmd.Context(), false)
 			if err != nil {
 				return err
 			}
@@ -238,26 +225,32 @@ func changeCmd(use, short, long, what string, needPaths bool) *cobra.Command {
 		Args:              cobra.MinimumNArgs(map[bool]int{true: 2, false: 1}[needPaths]),
 		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, done, err := reachWorkspace(cmd.Context(), args[0])
+			s, done, err := reachWorkspace(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			defer done()
-			client := sandbox.NewClient(sb)
 			if what == "approve" {
 				// The user approves what they have seen: each file's diff first.
-				st, err := client.Sync(cmd.Context(), false)
+				st, err := s.SyncStatus(cmd.Context(), false)
 				if err != nil {
 					return err
 				}
-				if err := showChanges(cmd.Context(), sb, st, args[1:], true, false); err != nil {
+				if err := showChanges(cmd.Context(), s, st, args[1:], true, false); err != nil {
 					return err
 				}
 				if !yes && isTerminal(os.Stdin) && !confirm(fmt.Sprintf("write %s to %s?", plural(len(args)-1, "held change"), st.Path)) {
 					return errors.New("nothing approved")
 				}
 			}
-			changed, err := client.SyncChange(cmd.Context(), what, args[1:])
+			change := s.ApplyChanges
+			switch what {
+			case "approve":
+				change = s.ApproveChanges
+			case "discard":
+				change = s.DiscardChanges
+			}
+			changed, err := change(cmd.Context(), args[1:]...)
 			if err != nil {
 				return err
 			}
@@ -293,16 +286,16 @@ for it and stopped again.`,
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, done, err := reachWorkspace(cmd.Context(), args[0])
+			s, done, err := reachWorkspace(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			defer done()
-			st, err := sandbox.NewClient(sb).Sync(cmd.Context(), false)
+			st, err := s.SyncStatus(cmd.Context(), false)
 			if err != nil {
 				return err
 			}
-			return showChanges(cmd.Context(), sb, st, args[1:], false, stat)
+			return showChanges(cmd.Context(), s, st, args[1:], false, stat)
 		},
 	}
 	cmd.Flags().BoolVar(&stat, "stat", false, "list paths only")
@@ -311,14 +304,14 @@ for it and stopped again.`,
 
 // showChanges prints the pending and held changes (only those at paths,
 // when given; then each must be one), with their diffs unless stat.
-func showChanges(ctx context.Context, sb *sandbox.Sandbox, st *sandbox.SyncStatus, paths []string, heldOnly, stat bool) error {
+func showChanges(ctx context.Context, s *sdk.Sandbox, st *sdk.SyncStatus, paths []string, heldOnly, stat bool) error {
 	want := map[string]bool{}
 	for _, p := range paths {
 		want[filepath.Clean(p)] = true
 	}
 	all := st.Held
 	if !heldOnly {
-		all = append(append([]wsync.Change(nil), st.Pending...), st.Held...)
+		all = append(append([]sdk.SyncChange(nil), st.Pending...), st.Held...)
 	}
 	seen := map[string]bool{}
 	for _, c := range all {
@@ -331,17 +324,17 @@ func showChanges(ctx context.Context, sb *sandbox.Sandbox, st *sandbox.SyncStatu
 			note = "  (held: " + c.Why + ")"
 		}
 		fmt.Printf("%s %s%s\n", strings.ToUpper(c.Kind[:1]), c.Path, note)
-		if stat || c.Guest == nil {
+		if stat || c.Type == "" { // deleted in the sandbox
 			continue
 		}
 		switch {
-		case c.Guest.Type == 'l':
-			fmt.Printf("  link -> %s\n", c.Guest.Link)
-		case c.Guest.Type != 'f':
-		case c.Guest.Size > 1<<20:
-			fmt.Printf("  (%s: too large to show)\n", humanBytes(c.Guest.Size))
+		case c.Type == "link":
+			fmt.Printf("  link -> %s\n", c.Link)
+		case c.Type != "file":
+		case c.Size > 1<<20:
+			fmt.Printf("  (%s: too large to show)\n", humanBytes(c.Size))
 		default:
-			if err := showDiff(ctx, sb, st.Path, c.Path); err != nil {
+			if err := showDiff(ctx, s, st.Path, c.Path); err != nil {
 				fmt.Fprintf(os.Stderr, "  (no diff: %v)\n", err)
 			}
 		}
@@ -352,21 +345,16 @@ func showChanges(ctx context.Context, sb *sandbox.Sandbox, st *sandbox.SyncStatu
 			if heldOnly {
 				what = "not held"
 			}
-			return fmt.Errorf("%s is %s in %s ('kosa8 sync status %s' lists the changes)", p, what, sb.Config.Name, sb.Config.Name)
+			return fmt.Errorf("%s is %s in %s ('kosa8 sync status %s' lists the changes)", p, what, s.Name(), s.Name())
 		}
 	}
 	return nil
 }
 
 // showDiff prints a unified diff of the host's and the guest's version.
-func showDiff(ctx context.Context, sb *sandbox.Sandbox, root, rel string) error {
+func showDiff(ctx context.Context, s *sdk.Sandbox, root, rel string) error {
 	var guestCopy bytes.Buffer
-	conn, err := sandbox.NewClient(sb).Exec(ctx, &guest.ExecRequest{Argv: []string{"cat", "--", filepath.Join(root, rel)}})
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if _, err := guest.Pump(conn, guest.StdIO{Stdout: &guestCopy}); err != nil {
+	if _, err := s.Exec(ctx, sdk.Cmd{Args: []string{"cat", "--", filepath.Join(root, rel)}, Stdout: &guestCopy}); err != nil {
 		return err
 	}
 	tmp, err := os.CreateTemp("", "kosa8-diff-*")
