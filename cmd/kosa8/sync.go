@@ -331,7 +331,7 @@ func showChanges(ctx context.Context, s *sdk.Sandbox, st *sdk.SyncStatus, paths 
 		case c.Type == "link":
 			fmt.Printf("  link -> %s\n", c.Link)
 		case c.Type != "file":
-		case c.Size > 1<<20:
+		case c.Size > maxDiffBytes:
 			fmt.Printf("  (%s: too large to show)\n", humanBytes(c.Size))
 		default:
 			if err := showDiff(ctx, s, st.Path, c.Path); err != nil {
@@ -352,10 +352,18 @@ func showChanges(ctx context.Context, s *sdk.Sandbox, st *sdk.SyncStatus, paths 
 }
 
 // showDiff prints a unified diff of the host's and the guest's version.
+// The sandbox's copy is read up to maxDiffBytes (larger files are not
+// shown, see showChanges): the guest may have replaced the file it listed
+// with an endless one since, which would otherwise fill kosa8's memory.
 func showDiff(ctx context.Context, s *sdk.Sandbox, root, rel string) error {
-	var guestCopy bytes.Buffer
-	if _, err := s.Exec(ctx, sdk.Cmd{Args: []string{"cat", "--", filepath.Join(root, rel)}, Stdout: &guestCopy}); err != nil {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	guestCopy := &boundedBuffer{max: maxDiffBytes, over: cancel}
+	if _, err := s.Exec(cctx, sdk.Cmd{Args: []string{"cat", "--", filepath.Join(root, rel)}, Stdout: guestCopy}); err != nil && !guestCopy.full {
 		return err
+	}
+	if guestCopy.full {
+		return fmt.Errorf("the sandbox's copy is now larger than %s", humanBytes(maxDiffBytes))
 	}
 	tmp, err := os.CreateTemp("", "kosa8-diff-*")
 	if err != nil {
@@ -371,4 +379,27 @@ func showDiff(ctx context.Context, s *sdk.Sandbox, root, rel string) error {
 	out, _ := exec.CommandContext(ctx, "diff", "-u", "--label", "host/"+rel, "--label", "sandbox/"+rel, host, tmp.Name()).Output()
 	os.Stdout.Write(out)
 	return nil
+}
+
+// maxDiffBytes is the largest sandbox copy of a file a diff shows.
+const maxDiffBytes = 1 << 20
+
+// boundedBuffer keeps up to max bytes; past that it keeps nothing more,
+// records full and calls over (which ends the command writing).
+type boundedBuffer struct {
+	bytes.Buffer
+	max  int
+	full bool
+	over func()
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	if b.full || b.Len()+len(p) > b.max {
+		if !b.full {
+			b.full = true
+			b.over()
+		}
+		return len(p), nil
+	}
+	return b.Buffer.Write(p)
 }
