@@ -494,7 +494,9 @@ class Sandbox:
                     if timed_out:
                         raise Error("exec in %s: killed after its time limit but did not report its end" % self.name)
                     continue
-                except EOFError:
+                except (EOFError, ConnectionResetError):
+                    # Reset: closed with our stdin unread (the frames sent
+                    # before the close come first, so nothing is lost).
                     raise Error("exec in %s: the stream ended before the command did" % self.name)
                 if kind == FRAME_STDOUT:
                     stdout(payload) if stdout else out.append(payload)

@@ -4,7 +4,6 @@ unix socket and a fake kosa8 command. Run: cd python && python3 -m unittest"""
 import fcntl
 import json
 import os
-import socket
 import shutil
 import socketserver
 import stat
@@ -111,7 +110,15 @@ def make_handler(guest):
                 self.wfile.write(frame(kosa8.FRAME_STDOUT, b"early\n"))
                 self.wfile.write(frame(kosa8.FRAME_EXIT, b'{"code": 0}'))
                 self.wfile.flush()
-                self.connection.shutdown(socket.SHUT_RDWR)
+                time.sleep(0.1)  # closed with the client's stdin unread: a reset
+                os.close(self.connection.detach())
+                return
+            if argv[0] == "reset":
+                # The stream dies before any output (the supervisor or the
+                # agent gone): nothing but a closed, reset socket to read.
+                self.wfile.flush()
+                time.sleep(0.1)  # the client's stdin (or its end) is here, unread
+                os.close(self.connection.detach())
                 return
             self.wfile.flush()
             stdin = b""
@@ -204,6 +211,14 @@ class ClientTest(unittest.TestCase):
         self.assertEqual((r.exit_code, r.stdout), (0, b"early\n"))
         r = self.sb.exec(["early"])
         self.assertEqual((r.exit_code, r.stdout), (0, b"early\n"))
+
+    def test_exec_stream_reset_before_output(self):
+        # The write's broken pipe is let pass for the output still to come;
+        # when none comes, the reset must be the client's own error, saying
+        # the stream ended, not a bare OSError, and never a hang.
+        for stdin in (b"x" * (4 << 20), b"", None):
+            with self.assertRaisesRegex(kosa8.Error, "stream ended"):
+                self.sb.exec(["reset"], stdin=stdin, timeout=5)
 
     def test_exec_errors(self):
         with self.assertRaisesRegex(kosa8.Error, "no such file"):
