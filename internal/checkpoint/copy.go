@@ -163,13 +163,29 @@ func CopyOver(dst, src *os.File) (int64, error) {
 	if err := dst.Truncate(st.Size()); err != nil {
 		return 0, err
 	}
+	// A src that ends early (read short) would leave what dst held after
+	// it: an error, not RAM part another checkpoint's.
+	short := func(n, want int64) error {
+		return fmt.Errorf("copy %s over the RAM file: %d bytes of data copied of %d: it ended early", src.Name(), n, want)
+	}
 	exts, n, err := CopyData(dst, src)
 	if errors.Is(err, errNoSeekData) {
 		// All of it, zeros included: they must replace what dst held.
-		return copyRange(dst, src, 0, st.Size(), make([]byte, 4<<20))
+		n, err = copyRange(dst, src, 0, st.Size(), make([]byte, 4<<20))
+		if err == nil && n != st.Size() {
+			err = short(n, st.Size())
+		}
+		return n, err
 	}
 	if err != nil {
 		return n, err
+	}
+	want := int64(0)
+	for _, e := range exts {
+		want += e.Len
+	}
+	if n != want {
+		return n, short(n, want)
 	}
 	return n, PunchHoles(dst, exts, st.Size())
 }

@@ -188,8 +188,11 @@ func (r *RewindRAM) fillFrom(f *os.File, ramPath string, job *fillJob) (*os.File
 				unchecked = 0
 			}
 			n := min(chunk, end-pos)
-			if _, err := copyRange(f, src, pos, pos+n, buf); err != nil {
+			if k, err := copyRange(f, src, pos, pos+n, buf); err != nil {
 				return f, err
+			} else if k != n {
+				// Ended early: the file would hold the old RAM after it.
+				return f, fmt.Errorf("%s ended early: %d bytes read of %d at %d", ramPath, k, n, pos)
 			}
 			pos += n
 			unchecked += n
