@@ -28,11 +28,18 @@ type rewindRig struct {
 const rewindSize = 16 << 20
 
 func newRewindRig(t *testing.T) *rewindRig {
-	g := &rewindRig{t: t, dir: t.TempDir()}
+	dir := t.TempDir()
+	return newRewindRigIn(t, dir, dir)
+}
+
+// newRewindRigIn makes the checkpoints' files in dir and the RAM files in
+// ramDir.
+func newRewindRigIn(t *testing.T, dir, ramDir string) *rewindRig {
+	g := &rewindRig{t: t, dir: dir}
 	g.r = &RewindRAM{Size: rewindSize, Room: func(int64) error { return nil }}
 	g.r.New = func() (*os.File, error) {
 		g.made.Add(1)
-		f, err := os.CreateTemp(g.dir, "ram-*")
+		f, err := os.CreateTemp(ramDir, "ram-*")
 		if err != nil {
 			return nil, err
 		}

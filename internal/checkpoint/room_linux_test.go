@@ -71,18 +71,7 @@ func TestRewindRAMKeepsTmpfsRoomForGuests(t *testing.T) {
 		{1024, true},  // 4 MiB: 28 MiB left, the guest's 16 and an eighth of 48 kept
 		{3072, false}, // 12 MiB: 20 left
 	} {
-		g := newRewindRig(t)
-		g.r.New = func() (*os.File, error) {
-			f, err := os.CreateTemp(shm, "ram-*")
-			if err != nil {
-				return nil, err
-			}
-			os.Remove(f.Name())
-			g.mu.Lock()
-			g.files = append(g.files, f)
-			g.mu.Unlock()
-			return f, f.Truncate(rewindSize)
-		}
+		g := newRewindRigIn(t, t.TempDir(), shm)
 		var offs []int64
 		for p := range c.pages {
 			offs = append(offs, p*PageSize)

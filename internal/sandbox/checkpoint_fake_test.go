@@ -390,19 +390,27 @@ func readAt(t *testing.T, f *os.File, off int64, n int) []byte {
 	return b
 }
 
+// newRewindRig is newFakeRig with a network (a rewind attaches a new NIC
+// link) and a root disk (a rewind makes new layers over it).
+func newRewindRig(t *testing.T) *fakeRig {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img not installed (qemu-utils): a rewind's new disk layers need it")
+	}
+	r := newFakeRig(t, true)
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", r.s.sb.Path(RootDisk), "16M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v: %s", err, out)
+	}
+	return r
+}
+
 // A rewind saves the running machine as it is (final: paused, never
 // resumed), replaces it with a new one that loads the checkpoint's RAM and
 // device state, and runs that one on new disk layers over the
 // checkpoint's.
 func TestRewindReplacesTheMachine(t *testing.T) {
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("qemu-img not installed (qemu-utils): a rewind's new disk layers need it")
-	}
-	r := newFakeRig(t, true)
+	r := newRewindRig(t)
 	s := r.s
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", s.sb.Path(RootDisk), "16M").CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img: %v: %s", err, out)
-	}
 	ctx := context.Background()
 	old := r.drv.Machines()[0]
 	if _, err := old.RAM().WriteAt(guestPattern, guestPatternAt); err != nil {
@@ -479,14 +487,8 @@ func TestRewindReplacesTheMachine(t *testing.T) {
 // another checkpoint copies that one's RAM. Either way the machine gets
 // the checkpoint's RAM exactly.
 func TestRewindUsesPreparedRAM(t *testing.T) {
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("qemu-img not installed (qemu-utils): a rewind's new disk layers need it")
-	}
-	r := newFakeRig(t, true)
+	r := newRewindRig(t)
 	s := r.s
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", s.sb.Path(RootDisk), "16M").CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img: %v: %s", err, out)
-	}
 	ctx := context.Background()
 	write := func(b []byte) {
 		t.Helper()
