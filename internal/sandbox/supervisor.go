@@ -463,15 +463,22 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		return err
 	}
 	mark("machine") // QEMU started, the guest booted, its agent answering
-	info, err := s.currentClient().Info(bootCtx)
-	if err != nil {
-		return err
-	}
-	s.setStatus(func(st *Status) { st.Kernel = info.Kernel })
-	if err := s.installCA(bootCtx); err != nil {
-		return fmt.Errorf("install the sandbox CA in the guest: %w", err)
-	}
-	mark("guest_setup")
+	// The guest's setup (its kernel's name, the sandbox CA in its roots)
+	// runs beside the workspace's first copy: neither needs the other, and
+	// the copy's host side (scanning and hashing the folder) overlaps the
+	// guest's work. Both end before the sandbox is ready: no command runs
+	// before the CA is in place.
+	guestSetup := make(chan error, 1)
+	go func() {
+		info, err := s.currentClient().Info(bootCtx)
+		if err == nil {
+			s.setStatus(func(st *Status) { st.Kernel = info.Kernel })
+			if err = s.installCA(bootCtx); err != nil {
+				err = fmt.Errorf("install the sandbox CA in the guest: %w", err)
+			}
+		}
+		guestSetup <- err
+	}()
 	if cfg.Workspace != nil {
 		if s.ws, err = openWorkspace(s.sb, m.Paths.Home, s.log); err != nil {
 			return fmt.Errorf("workspace: %w", err)
@@ -489,6 +496,10 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		}
 		mark("workspace")
 	}
+	if err := <-guestSetup; err != nil {
+		return err
+	}
+	mark("guest_setup") // what was left of it after the workspace
 	ports, err := s.sb.LoadPorts()
 	if err != nil {
 		return err

@@ -63,6 +63,12 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Arch == vmspec.AMD64 && vmspec.HostArch() == vmspec.AMD64 {
+		// A TCG start needs the host's TSC rate, measured over 60 ms of
+		// sleeps once per process: measured meanwhile, it is there when
+		// the start asks (it waits for the measurement if not).
+		go HostTSCkHz()
+	}
 	pctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	inst, err := Probe(pctx, bin, cfg.Arch)
 	cancel()
