@@ -34,6 +34,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import threading
 import time
 
 __all__ = ["Client", "Sandbox", "ExecResult", "Error", "NotRunning"]
@@ -54,6 +55,8 @@ SIGKILL = 9
 MAX_BODY = 16 << 20
 # How long a killed command gets to report its end.
 KILL_GRACE = 10.0
+# How long one stdin frame may wait on a command that does not read it.
+STDIN_STALL = 3600.0
 
 
 class Error(Exception):
@@ -308,6 +311,20 @@ def _write_frame(s, kind, payload=b""):
     s.sendall(struct.pack(">BI", kind, len(payload)) + payload)
 
 
+def _feed_stdin(w, lock, data):
+    """Sends data as the command's stdin, then its end, a frame at a time
+    under lock; stops quietly when the stream ends (the command ended, or
+    failed: the reader says which)."""
+    try:
+        for i in range(0, len(data), 32 << 10):
+            with lock:
+                _write_frame(w, FRAME_STDIN, data[i:i + (32 << 10)])
+        with lock:
+            _write_frame(w, FRAME_STDIN_EOF)
+    except OSError:
+        pass
+
+
 def _read_frame(r):
     """One frame, or socket.timeout with the buffer intact, or EOFError."""
     while len(r.buf) < 5:
@@ -449,6 +466,7 @@ class Sandbox:
         if user:
             req["user"] = user
         start = time.monotonic()
+        w = writer = None
         s, status, hdrs, r = self._api.request("POST", "/v1/exec", req,
                                                headers={"Connection": "Upgrade", "Upgrade": "kosa8-exec"}, timeout=60)
         try:
@@ -460,17 +478,17 @@ class Sandbox:
                 except ValueError:
                     msg = None
                 raise Error("exec in %s: %s" % (self.name, msg or "HTTP %d" % status))
-            try:
-                if stdin:
-                    data = bytes(stdin)
-                    for i in range(0, len(data), (32 << 10)):
-                        _write_frame(s, FRAME_STDIN, data[i:i + (32 << 10)])
-                _write_frame(s, FRAME_STDIN_EOF)
-            except (BrokenPipeError, ConnectionResetError):
-                # The command ended without reading all its input (cat FILE
-                # reads none) and the stream closed: its output and exit are
-                # still there to read.
-                pass
+            # Stdin goes in from a thread of its own, on a socket of its own
+            # (no read timeouts), while this one reads the output: a command
+            # that writes much before reading its input would otherwise wait
+            # on us while we wait on it.
+            # Both sockets keep a timeout: the two share one open file and so
+            # its non-blocking flag, which a socket without one would trip on.
+            w = s.dup()
+            w.settimeout(STDIN_STALL)
+            wlock = threading.Lock()
+            writer = threading.Thread(target=_feed_stdin, args=(w, wlock, bytes(stdin or b"")), daemon=True)
+            writer.start()
             out, err = [], []
             timed_out = False
             deadline = None if timeout is None else start + timeout
@@ -479,15 +497,21 @@ class Sandbox:
                     left = deadline - time.monotonic()
                     if left <= 0 and not timed_out:
                         timed_out = True
-                        try:
-                            _write_frame(s, FRAME_SIGNAL, bytes([SIGKILL]))
-                        except (BrokenPipeError, ConnectionResetError):
-                            pass  # it ended meanwhile: its exit is there to read
+                        # Never inside a stdin frame; a stdin write stuck on a
+                        # command that reads none holds the lock (the kill
+                        # could not get past it in the stream anyway).
+                        if wlock.acquire(timeout=1):
+                            try:
+                                _write_frame(w, FRAME_SIGNAL, bytes([SIGKILL]))
+                            except OSError:
+                                pass  # it ended meanwhile: its exit is there to read
+                            finally:
+                                wlock.release()
                         deadline = time.monotonic() + KILL_GRACE
                         left = KILL_GRACE
                     s.settimeout(max(left, 0.01))
                 else:
-                    s.settimeout(None)
+                    s.settimeout(60)  # no limit: a timeout only loops
                 try:
                     kind, payload = _read_frame(r)
                 except (socket.timeout, TimeoutError):
@@ -511,6 +535,14 @@ class Sandbox:
                 elif kind == FRAME_ERROR:
                     raise Error("exec in %s: %s" % (self.name, json.loads(payload).get("error", "failed")))
         finally:
+            if writer is not None:
+                # Unblocks a stdin write still waiting (EPIPE), then ends it.
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                writer.join(5)
+                w.close()
             s.close()
 
     def output(self, *argv, timeout=None):

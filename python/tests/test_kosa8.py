@@ -113,6 +113,25 @@ def make_handler(guest):
                 time.sleep(0.1)  # closed with the client's stdin unread: a reset
                 os.close(self.connection.detach())
                 return
+            if argv[0] == "chatty":
+                # Writes a lot before it reads its input, then echoes how
+                # much it got: a client that sends all of stdin before
+                # reading waits on it while it waits on the client.
+                self.wfile.flush()
+                for _ in range(64):
+                    self.wfile.write(frame(kosa8.FRAME_STDOUT, b"o" * (64 << 10)))
+                self.wfile.flush()
+                got = 0
+                while True:
+                    kind, p = self.read_frame()
+                    if kind == kosa8.FRAME_STDIN:
+                        got += len(p)
+                    if kind in (kosa8.FRAME_STDIN_EOF, None):
+                        break
+                self.wfile.write(frame(kosa8.FRAME_STDERR, str(got).encode()))
+                self.wfile.write(frame(kosa8.FRAME_EXIT, b'{"code": 0}'))
+                self.wfile.flush()
+                return
             if argv[0] == "reset":
                 # The stream dies before any output (the supervisor or the
                 # agent gone): nothing but a closed, reset socket to read.
@@ -219,6 +238,12 @@ class ClientTest(unittest.TestCase):
         for stdin in (b"x" * (4 << 20), b"", None):
             with self.assertRaisesRegex(kosa8.Error, "stream ended"):
                 self.sb.exec(["reset"], stdin=stdin, timeout=5)
+
+    def test_exec_stdin_and_output_both_large(self):
+        # 4 MiB each way, the output first: stdin must go in while the
+        # output is read, or both sides wait for ever.
+        r = self.sb.exec(["chatty"], stdin=b"i" * (4 << 20), timeout=30)
+        self.assertEqual((r.exit_code, len(r.stdout), r.stderr, r.timed_out), (0, 4 << 20, b"4194304", False))
 
     def test_exec_errors(self):
         with self.assertRaisesRegex(kosa8.Error, "no such file"):
