@@ -163,31 +163,46 @@ func CopyOver(dst, src *os.File) (int64, error) {
 	if err := dst.Truncate(st.Size()); err != nil {
 		return 0, err
 	}
-	// A src that ends early (read short) would leave what dst held after
-	// it: an error, not RAM part another checkpoint's.
-	short := func(n, want int64) error {
-		return fmt.Errorf("copy %s over the RAM file: %d bytes of data copied of %d: it ended early", src.Name(), n, want)
-	}
-	exts, n, err := CopyData(dst, src)
-	if errors.Is(err, errNoSeekData) {
-		// All of it, zeros included: they must replace what dst held.
-		n, err = copyRange(dst, src, 0, st.Size(), make([]byte, 4<<20))
-		if err == nil && n != st.Size() {
-			err = short(n, st.Size())
-		}
-		return n, err
-	}
+	// Where the file system cannot say, all of it is data: zeros included,
+	// they must replace what dst held.
+	exts, err := DataExtents(src, st.Size())
 	if err != nil {
-		return n, err
+		return 0, err
 	}
-	want := int64(0)
+	return copyOver(dst, src, exts, st.Size(), nil)
+}
+
+// copyChunk is how much copyOver copies between its calls of each.
+const copyChunk = 32 << 20
+
+// copyOver copies src's data extents exts over dst (both of size) and
+// frees the rest of dst. each, if set, is called with the bytes copied so
+// far before every chunk of at most copyChunk; an error from it ends the
+// copy. A src that ends early (reads short) is an error: dst would hold
+// what it held before after that point, RAM part another checkpoint's.
+func copyOver(dst, src *os.File, exts []Extent, size int64, each func(copied int64) error) (int64, error) {
+	buf := make([]byte, 1<<20)
+	var copied int64
 	for _, e := range exts {
-		want += e.Len
+		for pos, end := e.Off, e.Off+e.Len; pos < end; {
+			if each != nil {
+				if err := each(copied); err != nil {
+					return copied, err
+				}
+			}
+			n := min(copyChunk, end-pos)
+			k, err := copyRange(dst, src, pos, pos+n, buf)
+			copied += k
+			if err != nil {
+				return copied, err
+			}
+			if k != n {
+				return copied, fmt.Errorf("copy %s over the RAM file: it ended early, %d bytes read of %d at %d", src.Name(), k, n, pos)
+			}
+			pos += n
+		}
 	}
-	if n != want {
-		return n, short(n, want)
-	}
-	return n, PunchHoles(dst, exts, st.Size())
+	return copied, PunchHoles(dst, exts, size)
 }
 
 // PunchHoles frees the ranges of f (of size) outside exts, which hold

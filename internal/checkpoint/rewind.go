@@ -173,36 +173,18 @@ func (r *RewindRAM) fillFrom(f *os.File, ramPath string, job *fillJob) (*os.File
 			return f, err
 		}
 	}
-	buf := make([]byte, 1<<20)
-	const chunk = 32 << 20 // how often a fill looks whether to stop, and at the room
-	var unchecked int64    // bytes copied since the room was looked at
-	for _, e := range exts {
-		for pos, end := e.Off, e.Off+e.Len; pos < end; {
-			if job.stop.Load() {
-				return f, errStopped
-			}
-			if unchecked >= chunk {
-				if err := roomFor(f, 0); err != nil {
-					return f, err
-				}
-				unchecked = 0
-			}
-			n := min(chunk, end-pos)
-			if k, err := copyRange(f, src, pos, pos+n, buf); err != nil {
-				return f, err
-			} else if k != n {
-				// Ended early: the file would hold the old RAM after it.
-				return f, fmt.Errorf("%s ended early: %d bytes read of %d at %d", ramPath, k, n, pos)
-			}
-			pos += n
-			unchecked += n
+	var checked int64 // bytes copied when the room was last looked at
+	_, err = copyOver(f, src, exts, r.Size, func(copied int64) error {
+		if job.stop.Load() {
+			return errStopped
 		}
-	}
-	// What the file held before, outside this checkpoint's data, goes.
-	if err := PunchHoles(f, exts, r.Size); err != nil {
-		return f, err
-	}
-	return f, nil
+		if copied-checked >= copyChunk {
+			checked = copied
+			return roomFor(f, 0)
+		}
+		return nil
+	})
+	return f, err
 }
 
 // Take gives up the RAM file for a rewind to checkpoint id: the caller
