@@ -195,16 +195,26 @@ type Machine struct {
 // NewMachine makes a running machine with ram bytes of RAM, outside any
 // driver (a test of the layer below Start).
 func NewMachine(ram int64) (*Machine, error) {
+	f, err := newRAMFile(ram)
+	if err != nil {
+		return nil, err
+	}
+	return newMachine(f), nil
+}
+
+// newRAMFile makes an unlinked RAM file of size bytes: like QEMU's, the
+// descriptor is all there is.
+func newRAMFile(size int64) (*os.File, error) {
 	f, err := os.CreateTemp("", "vmmtest-ram-*")
 	if err != nil {
 		return nil, err
 	}
-	os.Remove(f.Name()) // like QEMU's: the descriptor is all there is
-	if err := f.Truncate(ram); err != nil {
+	os.Remove(f.Name())
+	if err := f.Truncate(size); err != nil {
 		f.Close()
 		return nil, err
 	}
-	return newMachine(f), nil
+	return f, nil
 }
 
 func newMachine(ram *os.File) *Machine {
@@ -219,13 +229,8 @@ func (d *Driver) NewRAMFile(spec *vmspec.Spec) (*os.File, error) {
 	if d.NoRAMAhead {
 		return nil, errors.New("vmmtest: no RAM files ahead")
 	}
-	f, err := os.CreateTemp("", "vmmtest-ram-*")
+	f, err := newRAMFile(int64(spec.MemoryMiB) << 20)
 	if err != nil {
-		return nil, err
-	}
-	os.Remove(f.Name())
-	if err := f.Truncate(int64(spec.MemoryMiB) << 20); err != nil {
-		f.Close()
 		return nil, err
 	}
 	d.mu.Lock()
