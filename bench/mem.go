@@ -70,11 +70,13 @@ func benchMem() {
 
 type memUse struct{ rss, shmem, jit int } // KiB
 
-// procMem reads a process's resident memory: all of it, shared memory
-// (guest RAM), and TCG's code buffer: QEMU's executable anonymous
-// mapping (or its "tcg-jit" memfd where QEMU splits writing from running).
+// procMem reads a process's resident memory: all of it and its shared
+// memory (guest RAM) as rssKiB does, and TCG's code buffer: QEMU's
+// executable anonymous mapping (or its "tcg-jit" memfd where QEMU splits
+// writing from running).
 func procMem(pid int) memUse {
-	var m memUse
+	r := rssKiB(pid)
+	m := memUse{rss: r.total, shmem: r.shmem}
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
 		return m
@@ -84,25 +86,17 @@ func procMem(pid int) memUse {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
-		if len(fs) == 0 {
-			continue
-		}
-		if !strings.HasSuffix(fs[0], ":") { // a mapping's header line
-			jit = len(fs) >= 2 && strings.Contains(fs[1], "x") && (len(fs) < 6 || strings.Contains(fs[5], "tcg-jit"))
-			continue
-		}
 		if len(fs) < 2 {
 			continue
 		}
-		v, _ := strconv.Atoi(fs[1])
-		if fs[0] == "Rss:" {
-			m.rss += v
-			if jit {
-				m.jit += v
-			}
+		if !strings.HasSuffix(fs[0], ":") { // a mapping's header line
+			jit = strings.Contains(fs[1], "x") && (len(fs) < 6 || strings.Contains(fs[5], "tcg-jit"))
+			continue
+		}
+		if jit && fs[0] == "Rss:" {
+			v, _ := strconv.Atoi(fs[1])
+			m.jit += v
 		}
 	}
-	r := rssKiB(pid)
-	m.shmem = r.shmem
 	return m
 }
