@@ -478,12 +478,12 @@ class Sandbox:
                 except ValueError:
                     msg = None
                 raise Error("exec in %s: %s" % (self.name, msg or "HTTP %d" % status))
-            # Stdin goes in from a thread of its own, on a socket of its own
-            # (no read timeouts), while this one reads the output: a command
-            # that writes much before reading its input would otherwise wait
-            # on us while we wait on it.
-            # Both sockets keep a timeout: the two share one open file and so
-            # its non-blocking flag, which a socket without one would trip on.
+            # Stdin goes in from a thread of its own, on a socket of its own,
+            # while this one reads the output: a command that writes much
+            # before reading its input would otherwise wait on us while we
+            # wait on it. Both sockets keep a timeout: the two share one open
+            # file and so its non-blocking flag, which a socket without one
+            # would trip on.
             w = s.dup()
             w.settimeout(STDIN_STALL)
             wlock = threading.Lock()
