@@ -454,3 +454,30 @@ func TestCopyProgress(t *testing.T) {
 	}
 	t.Logf("progress lines: %d, last %q", len(m), m[len(m)-1][0])
 }
+
+// TestDiffOfAnEndlessGuestCopy: a root guest that replaces the guest's cat
+// with an endless one (the diff reads the sandbox's copy of a changed file
+// with it) gets a diff that gives up at 1 MiB, not a kosa8 on the host that
+// reads for ever into its memory.
+func TestDiffOfAnEndlessGuestCopy(t *testing.T) {
+	ws, err := os.MkdirTemp(home, "endless-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "endless"
+	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
+	r := run(t, "", "run", "--rm", "--review", "--name", name, "--workspace", ws, "--", "sh", "-c",
+		`echo small > note.txt && sudo sh -c 'printf "#!/bin/sh\nexec yes 0123456789abcdef0123456789abcdef\n" > /usr/bin/cat.new && chmod 755 /usr/bin/cat.new && mv /usr/bin/cat.new /usr/bin/cat'`)
+	if r.code != 0 {
+		t.Fatalf("run:\n%s", r)
+	}
+	start := time.Now()
+	d := run(t, "", "diff", name, "note.txt")
+	if !strings.Contains(d.stdout+d.stderr, "larger than 1.0 MiB") {
+		t.Fatalf("diff of a file the guest's cat streams without end (%v):\n%s", time.Since(start), d)
+	}
+	if strings.Count(d.stdout, "0123456789abcdef") > 0 {
+		t.Fatalf("diff printed the endless stream:\n%.2000s", d.stdout)
+	}
+	t.Logf("diff gave up after %v", time.Since(start))
+}
