@@ -56,8 +56,8 @@ type Options struct {
 // Package is one binary package of the index.
 type Package struct {
 	Name, Version, Architecture, Filename, SHA256, Priority, Source string
-	Size                                                             int64
-	Essential                                                        bool
+	Size                                                            int64
+	Essential                                                       bool
 	// Depends and PreDepends are AND-ed groups of OR-ed alternatives.
 	Depends, PreDepends [][]Dep
 	// Provides lists the virtual names the package provides, without

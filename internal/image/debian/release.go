@@ -24,11 +24,11 @@ const (
 
 // release is what Open uses of a verified Release file.
 type release struct {
-	suite, codename string
+	suite, codename  string
 	date, validUntil time.Time
-	archs           map[string]bool
-	components      map[string]bool
-	files           map[string]fileSum // path under dists/SUITE/ -> size and hash
+	archs            map[string]bool
+	components       map[string]bool
+	files            map[string]fileSum // path under dists/SUITE/ -> size and hash
 }
 
 type fileSum struct {
