@@ -4,7 +4,8 @@
 # sync frames, git config, the held-path and link rules, checkpoint
 # metadata, terminal text, Debian's deb822 stanzas, dependency fields,
 # version ordering and .deb archives) are fuzzed on every CI run. Fuzzers
-# are found by grepping for "func Fuzz", so a new one needs no entry here. A failure leaves its
+# are found by grepping for "func Fuzz", so a new one needs no entry here.
+# A failure leaves its
 # input under the package's testdata/fuzz, as go test does.
 #
 # Go's fuzz coordinator up to 1.26 can report a bare "context deadline

@@ -27,6 +27,12 @@ const (
 	maxDictSize = 64 << 20
 )
 
+// maxUnpacked bounds what a data.tar or control.tar may decompress to.
+// Debian's largest packages unpack to a few GiB; without a bound a few KiB
+// of hostile zstd or xz (ratios above 10000:1) could keep a build busy for
+// hours. A variable so that the fuzzer can lower it.
+var maxUnpacked int64 = 16 << 30
+
 // arMember is one member of a .deb's ar archive.
 type arMember struct {
 	name      string
@@ -153,7 +159,7 @@ func openTar(path, prefix string) (tr *tar.Reader, closeFn func(), err error) {
 		default:
 			continue
 		}
-		return tar.NewReader(r), func() { closeDec(); f.Close() }, nil
+		return tar.NewReader(capReader(r, maxUnpacked)), func() { closeDec(); f.Close() }, nil
 	}
 	f.Close()
 	return nil, nil, fmt.Errorf("%s: no %s.tar member", path, prefix)
