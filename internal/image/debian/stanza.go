@@ -45,12 +45,20 @@ func ParseStanzas(r io.Reader, fn func(Stanza) error) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var (
 		st      Stanza
-		last    string // the field continuation lines add to
+		last    string          // the field continuation lines add to
+		cur     strings.Builder // last's value, built up (+= would be quadratic)
 		size    int
 		lineNo  int
 		lineBuf []byte
 	)
+	endField := func() {
+		if last != "" {
+			st[last] = cur.String()
+			cur.Reset()
+		}
+	}
 	flush := func() error {
+		endField()
 		if st == nil {
 			return nil
 		}
@@ -81,7 +89,8 @@ func ParseStanzas(r io.Reader, fn func(Stanza) error) error {
 			if last == "" {
 				return fmt.Errorf("line %d: continuation line outside a field", lineNo)
 			}
-			st[last] += "\n" + strings.TrimSpace(line)
+			cur.WriteString("\n")
+			cur.WriteString(strings.TrimSpace(line))
 			continue
 		}
 		if line[0] == '#' {
@@ -94,6 +103,7 @@ func ParseStanzas(r io.Reader, fn func(Stanza) error) error {
 		if !validFieldName(name) {
 			return fmt.Errorf("line %d: bad field name %q", lineNo, clip(name))
 		}
+		endField()
 		if st == nil {
 			st = Stanza{}
 		}
@@ -105,7 +115,8 @@ func ParseStanzas(r io.Reader, fn func(Stanza) error) error {
 		if len(st) >= maxStanzaFields {
 			return fmt.Errorf("line %d: stanza has more than %d fields", lineNo, maxStanzaFields)
 		}
-		st[name] = strings.TrimSpace(value)
+		st[name] = ""
+		cur.WriteString(strings.TrimSpace(value))
 		last = name
 	}
 	return flush()
