@@ -2,6 +2,7 @@ package debian
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"errors"
@@ -126,13 +127,16 @@ func openTar(path, prefix string) (tr *tar.Reader, closeFn func(), err error) {
 			continue
 		}
 		sr := io.NewSectionReader(f, m.off, m.size)
+		// The decoders read a few bytes at a time: unbuffered, one pread
+		// each, xz ran 20 times slower (0.75 MB/s here).
+		br := bufio.NewReaderSize(sr, 256<<10)
 		var r io.Reader
 		closeDec := func() {}
 		switch ext {
 		case "":
-			r = sr
+			r = br
 		case ".gz":
-			zr, err := gzip.NewReader(sr)
+			zr, err := gzip.NewReader(br)
 			if err != nil {
 				f.Close()
 				return nil, nil, fmt.Errorf("%s: %s: %v", path, m.name, err)
@@ -143,14 +147,14 @@ func openTar(path, prefix string) (tr *tar.Reader, closeFn func(), err error) {
 				f.Close()
 				return nil, nil, fmt.Errorf("%s: %s: %v", path, m.name, err)
 			}
-			xr, err := xz.NewReader(io.NewSectionReader(f, m.off, m.size))
+			xr, err := xz.NewReader(bufio.NewReaderSize(io.NewSectionReader(f, m.off, m.size), 256<<10))
 			if err != nil {
 				f.Close()
 				return nil, nil, fmt.Errorf("%s: %s: %v", path, m.name, err)
 			}
 			r = xr
 		case ".zst":
-			zr, err := zstd.NewReader(sr, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxDictSize), zstd.WithDecoderMaxMemory(maxDictSize*4))
+			zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxDictSize), zstd.WithDecoderMaxMemory(maxDictSize*4))
 			if err != nil {
 				f.Close()
 				return nil, nil, fmt.Errorf("%s: %s: %v", path, m.name, err)

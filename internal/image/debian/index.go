@@ -71,6 +71,8 @@ type Package struct {
 	// malformed); it is kept in the index so that resolving it fails with
 	// the reason rather than with "not found".
 	problem string
+	// provided holds the versions of versioned Provides ("foo (= 1.2)").
+	provided map[string]string
 }
 
 // Index is the merged package list of one or more sources for one
@@ -181,7 +183,9 @@ func (ix *Index) addSource(ctx context.Context, src Source) error {
 	}
 	ix.logf("verified %s (suite %s, codename %s, dated %s)", inURL, rel.suite, rel.codename, rel.date.UTC().Format(time.RFC3339))
 	for _, comp := range src.Components {
-		if !rel.components[comp] {
+		// The security archive lists "updates/main" and keeps main/'s
+		// indexes under main/, as apt knows.
+		if !rel.components[comp] && !rel.components["updates/"+comp] {
 			return fmt.Errorf("%s: suite %s has no component %s", inURL, src.Suite, comp)
 		}
 		if err := ix.addComponent(ctx, src, dist, rel, comp); err != nil {
@@ -358,6 +362,12 @@ func packageFrom(st Stanza, base string) (*Package, error) {
 		for _, d := range g {
 			if !slices.Contains(p.Provides, d.Name) {
 				p.Provides = append(p.Provides, d.Name)
+			}
+			if d.Op == "=" {
+				if p.provided == nil {
+					p.provided = map[string]string{}
+				}
+				p.provided[d.Name] = d.Version
 			}
 		}
 	}

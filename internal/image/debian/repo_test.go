@@ -163,8 +163,12 @@ func (r *repo) publishPackages(suite, arch string, plain []byte, releaseExtra st
 	}
 	sort.Strings(names)
 	var rel strings.Builder
-	fmt.Fprintf(&rel, "Origin: Debian\nSuite: %s\nCodename: %s\nDate: %s\nArchitectures: all %s\nComponents: main\n%sSHA256:\n",
-		suite, suite, testNow.Add(-time.Hour).Format(time.RFC1123), arch, releaseExtra)
+	comps := "Components: main\n"
+	if strings.Contains(releaseExtra, "Components:") {
+		comps = ""
+	}
+	fmt.Fprintf(&rel, "Origin: Debian\nSuite: %s\nCodename: %s\nDate: %s\nArchitectures: all %s\n%s%sSHA256:\n",
+		suite, suite, testNow.Add(-time.Hour).Format(time.RFC1123), arch, comps, releaseExtra)
 	for _, n := range names {
 		fmt.Fprintf(&rel, " %s %d %s\n", sum(files[n]), len(files[n]), n)
 	}
@@ -274,6 +278,11 @@ var basePkgs = []pkgSpec{
 	{name: "old-thing", version: "1.0", extra: "Depends: libc6 (>= 3.0)\n"},
 	{name: "needs-virtual-version", version: "1.0", extra: "Depends: awk (>= 1.0)\n"},
 	{name: "uses-alt", version: "1.0", extra: "Depends: gawk | mawk\n"},
+	// Debian's npm: node-css-loader needs node-cssesc (>= 3.0~), which
+	// only node-postcss-selector-parser provides, with a version.
+	{name: "node-css-loader", version: "6.8.1-1", extra: "Depends: node-cssesc (>= 3.0~)\n"},
+	{name: "node-postcss-selector-parser", version: "6.0.13-1", extra: "Provides: node-cssesc (= 3.0.0), node-other\n"},
+	{name: "needs-newer-cssesc", version: "1.0", extra: "Depends: node-cssesc (>= 4)\n"},
 	{name: "foreign", version: "1.0", arch: "arm64"},
 	{name: "data-all", version: "2.0", arch: "all"},
 }
@@ -386,6 +395,11 @@ func TestResolve(t *testing.T) {
 	if want := "libc6 mawk uses-alt"; names(got) != want {
 		t.Errorf("Resolve(mawk uses-alt) = %q, want %q", names(got), want)
 	}
+	// A versioned dependency met by a versioned Provides.
+	got, err = ix.Resolve([]string{"node-css-loader"})
+	if err != nil || names(got) != "node-css-loader node-postcss-selector-parser" {
+		t.Errorf("Resolve(node-css-loader) = %q, %v", names(got), err)
+	}
 	// A virtual root.
 	got, err = ix.Resolve([]string{"mail-transport-agent", "dash:amd64"})
 	if err != nil || names(got) != "dash exim4-daemon-light libc6" {
@@ -400,8 +414,12 @@ func TestResolveErrors(t *testing.T) {
 		t.Errorf("unmet version: %v", err)
 	}
 	_, err = ix.Resolve([]string{"needs-virtual-version"})
-	if err == nil || !strings.Contains(err.Error(), "virtual") {
-		t.Errorf("versioned dependency on a virtual package: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "no package provides that version") {
+		t.Errorf("versioned dependency on an unversioned Provides: %v", err)
+	}
+	_, err = ix.Resolve([]string{"needs-newer-cssesc"})
+	if err == nil || !strings.Contains(err.Error(), "no package provides that version") {
+		t.Errorf("versioned dependency above the provided version: %v", err)
 	}
 	_, err = ix.Resolve([]string{"libc6", "nope1", "foreign", "dash:arm64"})
 	if err == nil || !strings.Contains(err.Error(), "nope1, foreign, dash:arm64") {
@@ -713,5 +731,25 @@ func TestDebRejects(t *testing.T) {
 		if err := DebData(path, func(*tar.Header, io.Reader) error { return nil }); err == nil {
 			t.Errorf("%s: DebData accepted it", name)
 		}
+	}
+}
+
+// Debian's security archive names its component "updates/main" and keeps
+// main's index under main/; apt takes it as main, and so must Open.
+func TestSecurityArchiveComponents(t *testing.T) {
+	key := testKey(t, "archive")
+	r := newRepo(t)
+	r.publish("trixie", "amd64", basePkgs, "", key)
+	r.publish("trixie-security", "amd64", []pkgSpec{{name: "libc6", version: "2.41-12+deb13u1"}}, "Components: updates/main updates/contrib\n", key)
+	ix, err := Open(context.Background(), []Source{r.source("trixie"), r.source("trixie-security")}, "amd64", r.opts(t, key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := ix.Lookup("libc6"); p == nil || p.Version != "2.41-12+deb13u1" {
+		t.Errorf("libc6 = %+v, want the security update", p)
+	}
+	r.publish("trixie-security", "amd64", nil, "Components: updates/contrib\n", key)
+	if _, err := Open(context.Background(), []Source{r.source("trixie-security")}, "amd64", r.opts(t, key)); err == nil || !strings.Contains(err.Error(), "no component main") {
+		t.Errorf("a suite without main: %v", err)
 	}
 }

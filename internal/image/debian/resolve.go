@@ -18,7 +18,9 @@ import (
 //   - else a package providing an unversioned alternative is (one already
 //     selected, else the lowest name, so the result is deterministic).
 //
-// A virtual package satisfies unversioned dependencies only. Architecture
+// A Provides meets any unversioned dependency on its name, and a versioned
+// one only when it names a version ("Provides: foo (= 1.2)") that meets it,
+// as in dpkg (Debian's npm needs node-cssesc (>= 3.0~), provided so). Architecture
 // qualifiers ":any", ":native" and ":ARCH" for the index's own
 // architecture are accepted; another architecture's never matches. Roots
 // may name virtual packages. All roots are selected before any dependency,
@@ -60,7 +62,7 @@ func (ix *Index) Resolve(roots []string) ([]*Package, error) {
 		return nil, fmt.Errorf("no package in the index for %s", strings.Join(missing, ", "))
 	}
 	for _, v := range virtual {
-		if ix.providedBySelected(sel, v) {
+		if ix.providedBySelected(sel, Dep{Name: v}) {
 			continue
 		}
 		if err := add(ix.provides[v][0]); err != nil {
@@ -103,7 +105,7 @@ func (ix *Index) choose(sel map[string]*Package, p *Package, g []Dep) (*Package,
 		if q := sel[d.Name]; q != nil && d.satisfies(q.Version) {
 			return nil, nil
 		}
-		if d.Op == "" && ix.providedBySelected(sel, d.Name) {
+		if ix.providedBySelected(sel, d) {
 			return nil, nil
 		}
 	}
@@ -126,11 +128,12 @@ func (ix *Index) choose(sel map[string]*Package, p *Package, g []Dep) (*Package,
 		if !ix.archOK(d.Arch) || len(ix.provides[d.Name]) == 0 {
 			continue
 		}
-		if d.Op != "" {
-			unmet = append(unmet, fmt.Sprintf("%s but %s is only a virtual package", d, d.Name))
-			continue
+		for _, q := range ix.provides[d.Name] {
+			if q.provides(d) {
+				return q, nil
+			}
 		}
-		return ix.provides[d.Name][0], nil
+		unmet = append(unmet, fmt.Sprintf("%s but no package provides that version", d))
 	}
 	if len(unmet) == 0 {
 		unmet = append(unmet, "none of them is in the index")
@@ -138,10 +141,10 @@ func (ix *Index) choose(sel map[string]*Package, p *Package, g []Dep) (*Package,
 	return nil, fmt.Errorf("%s %s depends on %s: %s", p.Name, p.Version, groupString(g), strings.Join(unmet, "; "))
 }
 
-// providedBySelected reports whether a selected package provides name.
-func (ix *Index) providedBySelected(sel map[string]*Package, name string) bool {
-	for _, q := range ix.provides[name] {
-		if sel[q.Name] == q {
+// providedBySelected reports whether a selected package provides d.
+func (ix *Index) providedBySelected(sel map[string]*Package, d Dep) bool {
+	for _, q := range ix.provides[d.Name] {
+		if sel[q.Name] == q && q.provides(d) {
 			return true
 		}
 	}
@@ -160,4 +163,13 @@ func groupString(g []Dep) string {
 		s[i] = d.String()
 	}
 	return strings.Join(s, " | ")
+}
+
+// provides reports whether p's Provides meets d.
+func (p *Package) provides(d Dep) bool {
+	if d.Op == "" {
+		return slices.Contains(p.Provides, d.Name)
+	}
+	v, ok := p.provided[d.Name]
+	return ok && d.satisfies(v)
 }
