@@ -74,6 +74,10 @@ type Disk struct {
 	Path     string `json:"path"`
 	Format   string `json:"format"` // qcow2 or raw
 	ReadOnly bool   `json:"read_only,omitempty"`
+	// Scratch disks need not survive a crash of the host: the VMM may
+	// ignore the guest's flushes (the image builder's disk, discarded
+	// unless the build finishes).
+	Scratch bool `json:"scratch,omitempty"`
 }
 
 // Net is the guest's only network interface.

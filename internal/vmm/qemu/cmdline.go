@@ -235,6 +235,9 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		if d.ReadOnly {
 			drive += ",read-only=on"
 		}
+		if d.Scratch {
+			drive += ",cache=unsafe" // every dpkg fsync was a host fsync
+		}
 		// The id is the disk's serial number too: the agent finds its disks
 		// by it, as their names (vda, vdb) follow the kernel's probe order,
 		// which on arm64's virt is the reverse of the command line's.

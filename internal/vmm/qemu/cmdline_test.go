@@ -154,7 +154,8 @@ func TestTCGTranslationCacheSize(t *testing.T) {
 
 func TestArgsDevices(t *testing.T) {
 	s := spec(vmspec.AMD64)
-	s.Disks = append(s.Disks, vmspec.Disk{ID: "base", Path: "/img/base.raw", Format: "raw", ReadOnly: true})
+	s.Disks = append(s.Disks, vmspec.Disk{ID: "base", Path: "/img/base.raw", Format: "raw", ReadOnly: true},
+		vmspec.Disk{ID: "scratch", Path: "/img/scratch.raw", Format: "raw", Scratch: true})
 	s.Net = &vmspec.Net{MAC: "52:54:00:00:00:01"}
 	o := opts(vmm.TCG)
 	o.NetFd = 6
@@ -164,8 +165,12 @@ func TestArgsDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	drives := values(args, "-drive")
-	if len(drives) != 2 || !strings.Contains(drives[1], "read-only=on") || strings.Contains(drives[0], "read-only") {
+	if len(drives) != 3 || !strings.Contains(drives[1], "read-only=on") || strings.Contains(drives[0], "read-only") {
 		t.Errorf("drives = %q", drives)
+	}
+	// Only a scratch disk's flushes are ignored: a sandbox's disk keeps them.
+	if !strings.Contains(drives[2], ",cache=unsafe") || strings.Contains(drives[0], "cache=") || strings.Contains(drives[1], "cache=") {
+		t.Errorf("drives = %q: cache=unsafe on the scratch disk only", drives)
 	}
 	// A host disk error must reach the guest as an I/O error, never stop
 	// the VM (QEMU's default werror=enospc), which hung the supervisor.
