@@ -18,6 +18,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// RootInitramfs as kosa8.root keeps the initramfs as the root: the image
+// builder's VM, whose initramfs holds the few programs that make the
+// image's filesystem (a host without mkfs builds images that way).
+const RootInitramfs = "initramfs"
+
 // Params come from the kernel command line (kosa8.KEY=VALUE), set by the host.
 type Params struct {
 	User     string // default user's name
@@ -107,17 +112,21 @@ func Boot(log *slog.Logger) (Params, error) {
 		return p, err
 	}
 	log.Info("modules loaded", "ms", time.Since(t).Milliseconds())
-	dev, err := findDisk("/sys/block", RootSerial, p.Root, 10*time.Second)
-	if err != nil {
-		return p, fmt.Errorf("root disk: %w", err)
-	}
-	if err := mount(dev, "/newroot", "ext4", unix.MS_NOATIME, ""); err != nil {
-		return p, err
-	}
-	if err := growFS(dev, "/newroot", log); err != nil {
-		log.Warn("could not grow the root filesystem", "err", err)
-	}
-	if err := switchRoot("/newroot"); err != nil {
+	if p.Root != RootInitramfs {
+		dev, err := findDisk("/sys/block", RootSerial, p.Root, 10*time.Second)
+		if err != nil {
+			return p, fmt.Errorf("root disk: %w", err)
+		}
+		if err := mount(dev, "/newroot", "ext4", unix.MS_NOATIME, ""); err != nil {
+			return p, err
+		}
+		if err := growFS(dev, "/newroot", log); err != nil {
+			log.Warn("could not grow the root filesystem", "err", err)
+		}
+		if err := switchRoot("/newroot"); err != nil {
+			return p, err
+		}
+	} else if err := mount("tmpfs", "/run", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
 		return p, err
 	}
 	if err := afterSwitch(); err != nil {
