@@ -39,9 +39,11 @@ func hostPackages(arch vmspec.Arch) []string {
 	if !lookTool("qemu-img") {
 		missing = append(missing, "qemu-utils")
 	}
-	missing = append(missing, image.MissingTools()...)
-	if os.Geteuid() != 0 && !lookTool("newuidmap") {
-		missing = append(missing, "uidmap") // mmdebstrap --mode=unshare
+	if method, _ := image.Method(arch); method == image.MethodHostTools {
+		missing = append(missing, image.MissingTools()...)
+		if os.Geteuid() != 0 && !lookTool("newuidmap") {
+			missing = append(missing, "uidmap") // mmdebstrap --mode=unshare
+		}
 	}
 	sort.Strings(missing)
 	return missing
@@ -233,11 +235,9 @@ func imageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var agentBin string
-			if image.Foreign(arch) {
-				if agentBin, err = agentPath(arch); err != nil {
-					return err
-				}
+			agentBin, err := agentPath(arch)
+			if err != nil {
+				return err
 			}
 			img, err := buildImage(cmd.Context(), m, arch, agentBin, rebuild)
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -54,26 +55,6 @@ const hookScript = hookHead + `chroot "$root" sh -eu -c '
 ' "$kpkg"
 ` + hookKernel + hookNote + `echo "kosa8: step clean"
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb "$root"/var/log/*.log
-` + hookRootFS
-
-// foreignHookScript is hookScript for a guest architecture this host cannot
-// run (no qemu-user here): mmdebstrap's extract variant has unpacked every
-// package without running anything, and this extract hook (its last stage)
-// fetches the kernel with the host's apt on the chroot's package lists,
-// keeps the downloaded packages for the first boot to install properly
-// (firstboot.go), and gives the agent the users it needs to start there.
-const foreignHookScript = hookHead + `mkdir -p "$root/var/tmp/kosa8-kernel" && cd "$root/var/tmp/kosa8-kernel"
-pkg=$(APT_CONFIG="$MMDEBSTRAP_APT_CONFIG" apt-cache depends "$kpkg" | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-if [ -z "$pkg" ]; then echo "kosa8: no kernel package behind $kpkg" >&2; exit 1; fi
-echo "kosa8: kernel package $pkg"
-APT_CONFIG="$MMDEBSTRAP_APT_CONFIG" apt-get download -q -o APT::Sandbox::User=root "$pkg"
-dpkg-deb -x ./*.deb x
-cd /
-` + hookKernel + hookNote + `# base-passwd's postinst would copy these; the agent adds its user to them.
-for f in passwd group; do
-  [ -e "$root/etc/$f" ] || cp "$root/usr/share/base-passwd/$f.master" "$root/etc/$f"
-done
-rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/log/*.log
 ` + hookRootFS
 
 const hookHead = `#!/bin/sh
@@ -158,9 +139,13 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 			return img, nil
 		}
 	}
-	if missing := MissingTools(); len(missing) > 0 {
-		return nil, fmt.Errorf("building the guest image needs %s: run 'kosa8 setup' or apt-get install %s",
-			strings.Join(missing, ", "), strings.Join(missing, " "))
+	method, err := Method(r.Arch)
+	if err != nil {
+		return nil, err
+	}
+	if missing := MissingTools(); method == MethodHostTools && len(missing) > 0 {
+		return nil, fmt.Errorf("building the guest image with %s=%s needs %s: run 'kosa8 setup' or apt-get install %s (or unset it: the default build needs only QEMU)",
+			MethodEnv, MethodHostTools, strings.Join(missing, ", "), strings.Join(missing, " "))
 	}
 	archDir := s.archDir(r.Arch)
 	if err := os.MkdirAll(archDir, 0o755); err != nil {
@@ -194,6 +179,23 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 			os.RemoveAll(work)
 		}
 	}()
+	if method == MethodPortable {
+		out := filepath.Join(work, "out")
+		if err := os.Mkdir(out, 0o755); err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		kver, err := buildPortable(ctx, r, filepath.Join(archDir, "debs"), work, out, opts, progress, logw)
+		if err != nil {
+			return nil, fmt.Errorf("building the %s image after %s: %w", r.Arch, time.Since(start).Round(time.Second), err)
+		}
+		if err := s.finish(r, archDir, out, kver, start, progress); err != nil {
+			return nil, err
+		}
+		ok = true
+		os.RemoveAll(work)
+		return s.Lookup(r)
+	}
 	hook := filepath.Join(work, "hook.sh")
 	if err := os.WriteFile(hook, []byte(hookScript), 0o755); err != nil {
 		return nil, err
@@ -206,27 +208,8 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 	if os.Geteuid() != 0 {
 		mode = "unshare"
 	}
-	foreign := Foreign(r.Arch)
-	if foreign && opts.Agent == "" {
-		return nil, fmt.Errorf("building the %s image on this %s host boots it once to install its packages: kosa8-agent for %s is needed ('make build')", r.Arch, vmspec.HostArch(), r.Arch)
-	}
-	args := []string{"--mode=" + mode, "--format=null", "--architectures=" + debArch(r.Arch)}
-	if foreign {
-		// Nothing of the guest's architecture can run here: the extract
-		// variant only unpacks, and the minbase set is named as apt
-		// patterns since extract adds no package by itself.
-		if err := os.WriteFile(hook, []byte(foreignHookScript), 0o755); err != nil {
-			return nil, err
-		}
-		args = append(args, "--variant=extract", "--skip=cleanup/apt/cache",
-			"--include=?or(?essential,?priority(required))",
-			"--include=apt,"+strings.Join(r.Packages, ","),
-			"--extract-hook="+hook)
-	} else {
-		args = append(args, "--variant=minbase",
-			"--include="+strings.Join(r.Packages, ","),
-			"--customize-hook="+hook)
-	}
+	args := []string{"--mode=" + mode, "--format=null", "--architectures=" + debArch(r.Arch),
+		"--variant=minbase", "--include=" + strings.Join(r.Packages, ","), "--customize-hook=" + hook}
 	args = append(args, r.Suite, "/dev/null")
 	args = append(args, r.Mirrors...)
 	progress(fmt.Sprintf("bootstrapping Debian %s for %s (%s mode; about 2 minutes)", r.Suite, r.Arch, mode))
@@ -251,34 +234,63 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 	if kver == "" || strings.ContainsAny(kver, "/\n") {
 		return nil, fmt.Errorf("unexpected kernel module directories %q", kv)
 	}
-	rootfs := filepath.Join(out, "rootfs.ext4")
-	// The module tree must hold what the initramfs needs.
-	tree, err := loadModuleTree(os.DirFS(filepath.Join(out, "kernel", kver)))
-	if err != nil {
-		return nil, err
-	}
-	if _, err := tree.resolve(GuestModules); err != nil {
-		return nil, err
-	}
-	if foreign {
-		k := Kernel{Image: filepath.Join(out, "kernel", "vmlinuz"), Modules: filepath.Join(out, "kernel", kver), Version: kver}
-		if err := firstBoot(ctx, r.Arch, r.Packages, k, rootfs, work, opts, progress, logw); err != nil {
-			return nil, fmt.Errorf("first boot of the %s image after %s: %w", r.Arch, time.Since(start).Round(time.Second), err)
-		}
-	}
-	st, err := os.Stat(rootfs)
-	if err != nil {
-		return nil, err
-	}
-	_ = os.Chmod(rootfs, 0o444) // shared by every sandbox: nothing may write it
-	m := Manifest{Key: r.Key(), Recipe: r, KernelVersion: kver, Built: time.Now().UTC(), RootFSBytes: st.Size()}
-	if _, err := install(out, archDir, m); err != nil {
+	if err := s.finish(r, archDir, out, kver, start, progress); err != nil {
 		return nil, err
 	}
 	ok = true
 	os.RemoveAll(work)
-	progress(fmt.Sprintf("image ready in %s", time.Since(start).Round(time.Second)))
 	return s.Lookup(r)
+}
+
+// finish checks the built image in out (its kernel's modules must hold
+// what the initramfs needs), freezes its root disk and installs it.
+func (s Store) finish(r Recipe, archDir, out, kver string, start time.Time, progress func(string)) error {
+	tree, err := loadModuleTree(os.DirFS(filepath.Join(out, "kernel", kver)))
+	if err != nil {
+		return err
+	}
+	if _, err := tree.resolve(GuestModules); err != nil {
+		return err
+	}
+	rootfs := filepath.Join(out, "rootfs.ext4")
+	st, err := os.Stat(rootfs)
+	if err != nil {
+		return err
+	}
+	_ = os.Chmod(rootfs, 0o444) // shared by every sandbox: nothing may write it
+	m := Manifest{Key: r.Key(), Recipe: r, KernelVersion: kver, Built: time.Now().UTC(), RootFSBytes: st.Size()}
+	if _, err := install(out, archDir, m); err != nil {
+		return err
+	}
+	progress(fmt.Sprintf("image ready in %s", time.Since(start).Round(time.Second)))
+	return nil
+}
+
+// How an image is built.
+const (
+	// MethodPortable builds in a builder VM from packages kosa8 fetches
+	// and checks itself (portable.go): the host needs only QEMU.
+	MethodPortable = "portable"
+	// MethodHostTools builds with the host's mmdebstrap (root or subuids,
+	// Linux, the host's own architecture only).
+	MethodHostTools = "mmdebstrap"
+	// MethodEnv chooses one; the default is MethodPortable.
+	MethodEnv = "KOSA8_IMAGE_BUILDER"
+)
+
+// Method returns how an image for a is built here.
+func Method(a vmspec.Arch) (string, error) {
+	switch m := os.Getenv(MethodEnv); m {
+	case "", MethodPortable:
+		return MethodPortable, nil
+	case MethodHostTools:
+		if Foreign(a) || runtime.GOOS != "linux" {
+			return "", fmt.Errorf("%s=%s builds only the host's own architecture on Linux: unset it to build the %s image", MethodEnv, m, a)
+		}
+		return m, nil
+	default:
+		return "", fmt.Errorf("%s=%q: use %q (the default, needs only QEMU) or %q (the host's mmdebstrap)", MethodEnv, m, MethodPortable, MethodHostTools)
+	}
 }
 
 func debArch(a vmspec.Arch) string { return string(a) } // Go and Debian agree for amd64 and arm64

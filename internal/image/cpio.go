@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"path"
 	"strings"
 )
 
@@ -14,9 +15,14 @@ type cpioWriter struct {
 	w   io.Writer
 	ino uint32
 	err error
+	// made holds the directories and symlinks written, so a tree merged
+	// from several sources names each once.
+	made map[string]bool
 }
 
-func newCPIOWriter(w io.Writer) *cpioWriter { return &cpioWriter{w: w, ino: 1} }
+func newCPIOWriter(w io.Writer) *cpioWriter {
+	return &cpioWriter{w: w, ino: 1, made: map[string]bool{}}
+}
 
 const (
 	cpioDir     = 0o040000
@@ -61,9 +67,24 @@ func (c *cpioWriter) pad(n int) {
 	}
 }
 
-// Dir adds a directory.
+// Dir adds a directory, once.
 func (c *cpioWriter) Dir(name string, perm fs.FileMode) {
+	if c.made[name] {
+		return
+	}
+	c.made[name] = true
 	c.header(name, cpioDir|uint32(perm.Perm()), 0)
+}
+
+// MkdirAll adds the directories above name that are not there yet.
+func (c *cpioWriter) MkdirAll(name string) {
+	var parts []string
+	for d := path.Dir(name); d != "." && d != "/"; d = path.Dir(d) {
+		parts = append(parts, d)
+	}
+	for i := len(parts) - 1; i >= 0; i-- {
+		c.Dir(parts[i], 0o755)
+	}
 }
 
 // File adds a regular file with the given contents.
@@ -73,8 +94,12 @@ func (c *cpioWriter) File(name string, perm fs.FileMode, data []byte) {
 	c.pad(len(data))
 }
 
-// Symlink adds a symbolic link.
+// Symlink adds a symbolic link, once.
 func (c *cpioWriter) Symlink(name, target string) {
+	if c.made[name] {
+		return
+	}
+	c.made[name] = true
 	c.header(name, cpioSymlink|0o777, len(target))
 	c.write([]byte(target))
 	c.pad(len(target))

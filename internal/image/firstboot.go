@@ -7,41 +7,22 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/vmm"
-	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
-// A foreign-architecture image (arm64 on an x86-64 host) is built in two
-// stages, because nothing of that architecture runs on the host (no
-// qemu-user, no binfmt_misc):
-//
-//  1. On the host, mmdebstrap's extract variant downloads the same package
-//     set as a native build (minbase plus the recipe's packages) and unpacks
-//     it; the extract hook takes the kernel out and writes rootfs.ext4 with
-//     the downloaded packages still in /var/cache/apt/archives.
-//  2. The image boots once, under emulation, with that root disk writable
-//     and kosa8-agent as init, and installs those packages properly with
-//     dpkg inside (maintainer scripts, alternatives, triggers), then drops
-//     them. Every program the scripts call is already on the disk, unpacked
-//     in stage 1, as in debootstrap's second stage.
-//
-// The result has the layout of a native build: the same kernel/ tree,
-// rootfs.ext4 and manifest.
-
-// firstBootUser is the agent's default user during the first boot (the
-// agent needs one); it is removed before the image is frozen.
+// firstBootUser is the agent's default user in the builder VM (the agent
+// needs one); the image never has it.
 const (
 	firstBootPort = "org.kosa8.agent" // the agent's default port name
 	firstBootUser = "kosa8build"
 	firstBootUID  = 64055
 )
 
-// firstBootShell installs the unpacked packages inside the guest. dpkg
+// firstBootShell installs the unpacked packages in the new root filesystem
+// (the builder VM runs it chrooted there, portable.go). dpkg
 // sees files it does not know yet on the disk, the same as its own, and
 // replaces them; the packages' own conffiles are kept. Then apt is told
 // which were installed only as dependencies, as apt-get install would have
@@ -54,7 +35,7 @@ export DEBIAN_FRONTEND=noninteractive DEBCONF_NONINTERACTIVE_SEEN=true LC_ALL=C.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 cd /var/cache/apt/archives
 echo "kosa8: step install $(ls ./*.deb | wc -l)"
-dpkg --force-depends --force-confdef --force-confold --install ./*.deb
+dpkg --force-depends --force-confdef --force-confold --force-unsafe-io --install ./*.deb
 echo "kosa8: step configure"
 dpkg --configure -a
 left=$(dpkg --audit)
@@ -74,86 +55,6 @@ for f in passwd group gshadow; do [ ! -e /etc/$f- ] || cp -p /etc/$f /etc/$f-; d
 find /etc -name '*.dpkg-old' -delete
 sync
 `
-}
-
-// Deadlines of the first boot under emulation: on an x86-64 host with 2
-// cores shared with two other VMs, the arm64 kernel reached the agent in
-// 3-5 s under TCG, and installing 583 packages took 20-23 minutes
-// (unpacking them about 15 of those).
-const (
-	firstBootTimeout    = 5 * time.Minute
-	firstInstallTimeout = 75 * time.Minute
-	firstStopTimeout    = 2 * time.Minute
-)
-
-// firstBoot boots the image whose kernel is k and root disk rootfs (raw
-// ext4, written in place), runs firstBootShell (packages are the recipe's) as root, powers the guest
-// off and checks and shrinks the filesystem. work holds the temporary
-// initramfs and the console log.
-func firstBoot(ctx context.Context, arch vmspec.Arch, packages []string, k Kernel, rootfs, work string, opts BuildOptions, progress func(string), logw io.Writer) (err error) {
-	initrd := filepath.Join(work, "firstboot.cpio")
-	if err := BuildInitramfs(initrd, opts.Agent, k, GuestModules); err != nil {
-		return fmt.Errorf("initramfs: %w", err)
-	}
-	if opts.NewDriver == nil {
-		return fmt.Errorf("building a %s image on this host boots it once, and no VMM driver was given", arch)
-	}
-	drv, err := opts.NewDriver(arch, opts.Accel)
-	if err != nil {
-		return err
-	}
-	console := filepath.Join(work, "console.log")
-	spec := &vmspec.Spec{
-		Name: "image-firstboot", Arch: arch, CPUs: 1, MemoryMiB: 1024,
-		Kernel: k.Image, Initrd: initrd,
-		Cmdline: fmt.Sprintf("panic=-1 loglevel=4 kosa8.user=%s kosa8.uid=%d kosa8.gid=%d kosa8.hostname=kosa8-build",
-			firstBootUser, firstBootUID, firstBootUID),
-		ConsoleLog: console,
-		AgentPort:  firstBootPort,
-		Disks:      []vmspec.Disk{{ID: "root", Path: rootfs, Format: "raw"}},
-	}
-	progress(fmt.Sprintf("booting the %s image once to install its packages (%s; a few minutes)", arch, drv.Accel()))
-	start := time.Now()
-	bootCtx, cancel := context.WithTimeout(ctx, firstBootTimeout)
-	defer cancel()
-	m, err := drv.Start(bootCtx, spec, vmm.StartOptions{Stderr: logw})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		select {
-		case <-m.Done():
-		default:
-			_ = m.Kill()
-		}
-		if err != nil {
-			err = fmt.Errorf("%w%s", err, consoleLines(console, 15))
-		}
-	}()
-	c, err := connect(bootCtx, m)
-	if err != nil {
-		return fmt.Errorf("the guest's agent did not answer within %s: %w", firstBootTimeout, err)
-	}
-	defer c.Close()
-	fmt.Fprintf(logw, "kosa8: first boot: agent up after %s\n", time.Since(start).Round(time.Second))
-	runCtx, cancelRun := context.WithTimeout(ctx, firstInstallTimeout)
-	defer cancelRun()
-	if err := firstBootRun(runCtx, c, firstBootShell(packages), progress, logw); err != nil {
-		return err
-	}
-	fmt.Fprintf(logw, "kosa8: first boot: packages installed after %s\n", time.Since(start).Round(time.Second))
-	stopCtx, cancelStop := context.WithTimeout(ctx, firstStopTimeout)
-	defer cancelStop()
-	_ = c.Poweroff(stopCtx) // the guest synced its disk: a kill below loses nothing
-	if err := m.Wait(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		fmt.Fprintf(logw, "kosa8: first boot: %v\n", err)
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	progress("checking and shrinking the root filesystem")
-	_, err = shrinkExt4(ctx, rootfs, logw)
-	return err
 }
 
 // connect waits for the agent, or for QEMU to end first.
@@ -191,9 +92,12 @@ func firstBootRun(ctx context.Context, c *guest.Client, script string, progress 
 		if step, ok := strings.CutPrefix(line, "kosa8: step "); ok {
 			what, n, _ := strings.Cut(step, " ")
 			progress(map[string]string{
+				"mkfs":      "making the root filesystem",
+				"unpack":    "unpacking the packages' files",
 				"install":   "installing " + n + " packages in the guest (under emulation: tens of minutes)",
 				"configure": "configuring what is left",
 				"clean":     "cleaning up",
+				"shrink":    "checking and shrinking the root filesystem",
 			}[what])
 		}
 	})
@@ -227,6 +131,12 @@ func shrinkExt4(ctx context.Context, p string, logw io.Writer) (int64, error) {
 			return fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(lastLines(string(b), 5)))
 		}
 		return nil
+	}
+	if _, err := exec.LookPath("resize2fs"); err != nil {
+		// A host without e2fsprogs (a Mac) keeps the filesystem's size:
+		// the file is sparse, so only its apparent size is larger.
+		fmt.Fprintf(logw, "kosa8: no e2fsck/resize2fs on this host: the image's filesystem is not checked or shrunk\n")
+		return ext4Size(p)
 	}
 	if err := run("e2fsck", "-f", "-y", p); err != nil {
 		return 0, err

@@ -7,7 +7,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 )
@@ -18,35 +17,28 @@ const ModuleListPath = "kosa8/modules"
 
 // writeInitramfs writes an initramfs with agent as /init, the kernel
 // modules in order (paths inside mods, which is lib/modules/KVER) and the
-// list the agent loads them from.
-func writeInitramfs(w io.Writer, agent []byte, mods fs.FS, kver string, order []string) error {
+// list the agent loads them from. extra, when set, adds more first (the
+// image builder's programs, builder.go).
+func writeInitramfs(w io.Writer, agent []byte, mods fs.FS, kver string, order []string, extra func(c *cpioWriter) error) error {
 	c := newCPIOWriter(w)
+	if extra != nil {
+		if err := extra(c); err != nil {
+			return err
+		}
+	}
 	for _, d := range []string{"dev", "proc", "sys", "run", "newroot", "kosa8", "lib", "lib/modules"} {
 		c.Dir(d, 0o755)
 	}
 	c.CharDevice("dev/console", 0o600, 5, 1)
 	c.File("init", 0o755, agent)
 	base := "lib/modules/" + kver
-	made := map[string]bool{}
-	mkdirs := func(p string) {
-		var parts []string
-		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
-			parts = append(parts, d)
-		}
-		for i := len(parts) - 1; i >= 0; i-- {
-			if !made[parts[i]] {
-				made[parts[i]] = true
-				c.Dir(base+"/"+parts[i], 0o755)
-			}
-		}
-	}
 	c.Dir(base, 0o755)
 	for _, p := range order {
 		data, err := fs.ReadFile(mods, p)
 		if err != nil {
 			return fmt.Errorf("read module %s: %w", p, err)
 		}
-		mkdirs(p)
+		c.MkdirAll(base + "/" + p)
 		c.File(base+"/"+p, 0o644, data)
 	}
 	c.File(ModuleListPath, 0o644, []byte(strings.Join(order, "\n")+"\n"))
@@ -94,6 +86,10 @@ func (img *Image) InitramfsWith(agentPath string, mods []string) (string, error)
 // BuildInitramfs writes an initramfs for k with the agent at agentPath as
 // /init and the modules want (with their dependencies) to dst, atomically.
 func BuildInitramfs(dst, agentPath string, k Kernel, want []string) error {
+	return buildInitramfs(dst, agentPath, k, want, nil)
+}
+
+func buildInitramfs(dst, agentPath string, k Kernel, want []string, extra func(c *cpioWriter) error) error {
 	agent, err := os.ReadFile(agentPath)
 	if err != nil {
 		return fmt.Errorf("read kosa8-agent: %w", err)
@@ -108,6 +104,6 @@ func BuildInitramfs(dst, agentPath string, k Kernel, want []string) error {
 		return err
 	}
 	return writeFileAtomic(dst, 0o644, func(w io.Writer) error {
-		return writeInitramfs(w, agent, mods, k.Version, order)
+		return writeInitramfs(w, agent, mods, k.Version, order, extra)
 	})
 }
