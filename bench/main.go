@@ -64,8 +64,10 @@ func main() {
 		benchRAMClone()
 	case "mem":
 		benchMem()
+	case "image":
+		benchImage()
 	default:
-		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp, soak, agents, ramclone or mem", flag.Arg(0)))
+		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp, soak, agents, ramclone, mem or image", flag.Arg(0)))
 	}
 }
 
