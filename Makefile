@@ -19,9 +19,9 @@ build:
 setup: build
 	$(BIN)/kosa8 setup
 
-# The arm64 guest image, for 'kosa8 run --arch arm64'. On an x86-64 host its
-# packages are installed in a first boot of the image under emulation
-# (TCG): 21-25 minutes here (2 cores shared with other VMs), so 'setup' leaves it out.
+# The arm64 guest image, for 'kosa8 run --arch arm64'. Built as the host's
+# image is, in a builder VM, which on an x86-64 host runs under emulation
+# (TCG), so 'setup' leaves it out.
 setup-arm64: build
 	$(BIN)/kosa8 setup --arch arm64
 
