@@ -438,3 +438,38 @@ func TestAddBuilderFilesHostile(t *testing.T) {
 type countWriter int64
 
 func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }
+
+// TestBuilderStep: a progress line is fixed text and a count, whatever the
+// builder VM prints.
+func TestBuilderStep(t *testing.T) {
+	for line, want := range map[string]string{
+		"kosa8: step mkfs":                   "making the root filesystem",
+		"kosa8: step install 583":            "installing 583 packages in the guest (under emulation: tens of minutes)",
+		"kosa8: step install \x1b]0;pwn\x07": "installing the packages in the guest (under emulation: tens of minutes)",
+		"kosa8: step install 1 2":            "installing the packages in the guest (under emulation: tens of minutes)",
+		"kosa8: step \x1b[2J":                "",
+		"kosa8: step":                        "",
+		"Setting up x ...":                   "",
+	} {
+		if got := builderStep(line); got != want {
+			t.Errorf("builderStep(%q) = %q, want %q", line, got, want)
+		}
+	}
+}
+
+// TestConsoleLines: the console log quoted in an error is read from its
+// end only, and each line is clipped.
+func TestConsoleLines(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "console.log")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(64 << 20) // sparse: reading it whole would take 64 MiB
+	f.WriteAt([]byte("\n"+strings.Repeat("y", 4<<20)+"\nlast line\n"), 64<<20)
+	f.Close()
+	got := consoleLines(p, 3)
+	if len(got) > 3*(maxErrorLine+8)+64 || !strings.HasSuffix(got, "\nlast line") {
+		t.Errorf("consoleLines = %d bytes ending %q", len(got), got[max(0, len(got)-40):])
+	}
+}
