@@ -826,3 +826,25 @@ func TestDownloadStalled(t *testing.T) {
 		})
 	}
 }
+
+// TestDownloadCacheNameClash: two packages whose files would be one file
+// of the cache on a case-insensitive file system (a Mac's), or that differ
+// only in a non-ASCII character a file system may normalise, are refused
+// before anything is fetched.
+func TestDownloadCacheNameClash(t *testing.T) {
+	ix := &Index{conf: conf{client: defaultClient(), cacheDir: t.TempDir()}}
+	pkg := func(name, filename, content string) *Package {
+		return &Package{Name: name, Version: "1", Filename: filename, SHA256: sum([]byte(content)), Size: int64(len(content)), Base: "http://127.0.0.1:1/"}
+	}
+	_, err := ix.Download(context.Background(), []*Package{
+		pkg("aa", "pool/main/x/X_1_all.deb", "a"),
+		pkg("bb", "pool/main/y/x_1_all.deb", "b"),
+	}, nil)
+	if err == nil || !strings.Contains(err.Error(), "both want the cache file") {
+		t.Errorf("X_1_all.deb and x_1_all.deb with different hashes: %v", err)
+	}
+	_, err = ix.Download(context.Background(), []*Package{pkg("aa", "pool/main/x/\u00e9_1_all.deb", "a")}, nil)
+	if err == nil || !strings.Contains(err.Error(), "ASCII") {
+		t.Errorf("a non-ASCII cache name: %v", err)
+	}
+}
