@@ -89,16 +89,8 @@ func firstBootRun(ctx context.Context, c *guest.Client, script string, progress 
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	l := newLineLog(logw, func(line string) {
-		if step, ok := strings.CutPrefix(line, "kosa8: step "); ok {
-			what, n, _ := strings.Cut(step, " ")
-			progress(map[string]string{
-				"mkfs":      "making the root filesystem",
-				"unpack":    "unpacking the packages' files",
-				"install":   "installing " + n + " packages in the guest (under emulation: tens of minutes)",
-				"configure": "configuring what is left",
-				"clean":     "cleaning up",
-				"shrink":    "checking and shrinking the root filesystem",
-			}[what])
+		if s := builderStep(line); s != "" {
+			progress(s)
 		}
 	})
 	st, err := guest.Pump(conn, guest.StdIO{Stdout: l, Stderr: l})
@@ -113,6 +105,31 @@ func firstBootRun(ctx context.Context, c *guest.Client, script string, progress 
 		return fmt.Errorf("package installation failed with exit status %d%s:\n%s", st.Code, st.Error, last)
 	}
 	return nil
+}
+
+// builderStep returns the progress line for a line the builder VM printed,
+// or "". Anything in the guest can print "kosa8: step ..." (a maintainer
+// script too), so only fixed text and a package count reach the progress
+// line, never the guest's own words.
+func builderStep(line string) string {
+	step, ok := strings.CutPrefix(line, "kosa8: step ")
+	if !ok {
+		return ""
+	}
+	what, n, _ := strings.Cut(step, " ")
+	if what == "install" {
+		if n == "" || len(n) > 6 || strings.Trim(n, "0123456789") != "" {
+			n = "the"
+		}
+		return "installing " + n + " packages in the guest (under emulation: tens of minutes)"
+	}
+	return map[string]string{
+		"mkfs":      "making the root filesystem",
+		"unpack":    "unpacking the packages' files",
+		"configure": "configuring what is left",
+		"clean":     "cleaning up",
+		"shrink":    "checking and shrinking the root filesystem",
+	}[what]
 }
 
 // shrinkExt4 checks the filesystem in p and shrinks it, and the file, to
@@ -151,11 +168,37 @@ func shrinkExt4(ctx context.Context, p string, logw io.Writer) (int64, error) {
 	return size, os.Truncate(p, size)
 }
 
-// consoleLines returns the console log's last n lines for an error.
+// consoleLines returns the console log's last n lines for an error, each
+// clipped, read from the log's last 64 KiB only: the guest decides how
+// much it writes to its console.
 func consoleLines(p string, n int) string {
-	b, err := os.ReadFile(p)
-	if err != nil || len(b) == 0 {
+	f, err := os.Open(p)
+	if err != nil {
 		return ""
 	}
-	return "\nlast console lines:\n" + lastLines(string(b), n)
+	defer f.Close()
+	const tail = 64 << 10
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		return ""
+	}
+	b := make([]byte, min(fi.Size(), tail))
+	if _, err := f.ReadAt(b, fi.Size()-int64(len(b))); err != nil {
+		return ""
+	}
+	l := strings.Split(lastLines(string(b), n), "\n")
+	for i := range l {
+		l[i] = clipLine(l[i])
+	}
+	return "\nlast console lines:\n" + strings.Join(l, "\n")
+}
+
+// maxErrorLine bounds each line of guest output quoted in an error.
+const maxErrorLine = 512
+
+func clipLine(s string) string {
+	if len(s) > maxErrorLine {
+		return s[:maxErrorLine] + "..."
+	}
+	return s
 }

@@ -62,6 +62,11 @@ const (
 	maxKernelMemberSize = 256 << 20
 )
 
+// maxKernelTotal bounds the module tree unpackKernel writes (Debian's
+// cloud kernel's is about 150 MiB uncompressed); a variable so that the
+// test of the bound need not write gigabytes.
+var maxKernelTotal int64 = 4 << 30
+
 // buildPortable builds r's image into out (kernel/, rootfs.ext4) and returns
 // the kernel version. work holds the temporary files; downloaded packages
 // are kept in debs for the next build.
@@ -222,12 +227,15 @@ func mergedLinks(arch vmspec.Arch) []string {
 var kernelImageRE = regexp.MustCompile(`^boot/vmlinuz-([0-9][A-Za-z0-9.+_-]*)$`)
 
 // unpackKernel writes the kernel package's vmlinuz to dir/vmlinuz and its
-// modules, uncompressed, under dir/VERSION, and returns VERSION.
+// modules, uncompressed, under dir/VERSION, and returns VERSION. dir must
+// not exist: made here, it holds no link that a write could follow (the
+// module tree's directories are made with MkdirAll, which follows them).
 func unpackKernel(deb, dir string) (string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.Mkdir(dir, 0o755); err != nil {
 		return "", err
 	}
 	kver := ""
+	left := maxKernelTotal
 	err := debian.DebData(deb, func(h *tar.Header, r io.Reader) error {
 		p, err := debPath(h.Name)
 		if err != nil || p == "" {
@@ -261,7 +269,13 @@ func unpackKernel(deb, dir string) (string, error) {
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return err
 		}
-		return writeNew(dst, r)
+		// An .ko.xz of a few KiB may unpack to maxKernelMemberSize: the
+		// data.tar's own bound does not hold what is written here.
+		n, err := writeNewMax(dst, r, left)
+		if left -= n; err == nil && left < 0 {
+			err = fmt.Errorf("the kernel's modules come to more than %d MiB", maxKernelTotal>>20)
+		}
+		return err
 	})
 	if err != nil {
 		return "", err
@@ -272,20 +286,31 @@ func unpackKernel(deb, dir string) (string, error) {
 	if fi, err := os.Stat(filepath.Join(dir, kver)); err != nil || !fi.IsDir() {
 		return "", fmt.Errorf("no modules for kernel %s in the package", kver)
 	}
-	return kver, os.WriteFile(filepath.Join(dir, "version"), []byte(kver+"\n"), 0o644)
+	return kver, writeNew(filepath.Join(dir, "version"), strings.NewReader(kver+"\n"))
 }
 
 // writeNew writes r to a new file p (never through a link there).
 func writeNew(p string, r io.Reader) error {
+	_, err := writeNewMax(p, r, -1)
+	return err
+}
+
+// writeNewMax is writeNew of at most max+1 bytes (max < 0: no bound),
+// returning how many were written: more than max means r had more.
+func writeNewMax(p string, r io.Reader, max int64) (int64, error) {
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if _, err := io.Copy(f, r); err != nil {
+	if max >= 0 {
+		r = io.LimitReader(r, max+1)
+	}
+	n, err := io.Copy(f, r)
+	if err != nil {
 		f.Close()
-		return err
+		return n, err
 	}
-	return f.Close()
+	return n, f.Close()
 }
 
 func makeSparse(p string, size int64) error {
@@ -463,8 +488,15 @@ func addFile(tw *tar.Writer, name, src string, now time.Time) error {
 }
 
 // maxBuilderFile bounds one file of the builder's initramfs (it is held in
-// memory while written).
-const maxBuilderFile = 64 << 20
+// memory while written), maxBuilderTotal all of them, a hard link's copy
+// included: every file is held for the hard links that may follow, and a
+// hard link costs a tar header but writes its target's bytes again. The
+// builder's programs and libraries are about 35 MiB; the initramfs has to
+// fit in the builder VM's memory, so more could not boot anyway.
+const (
+	maxBuilderFile  = 64 << 20
+	maxBuilderTotal = 512 << 20
+)
 
 // addBuilderFiles adds the builder packages' programs and libraries to the
 // initramfs, merged-/usr, and the builder's scripts under kosa8/.
@@ -481,6 +513,7 @@ func addBuilderFiles(c *cpioWriter, arch vmspec.Arch, debs []string, install str
 	c.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\n"))
 	c.File("etc/group", 0o644, []byte("root:x:0:\n"))
 	content := map[string][]byte{} // for hard links
+	var total int64
 	for _, deb := range debs {
 		if err := debian.DebData(deb, func(h *tar.Header, r io.Reader) error {
 			p, err := debPath(h.Name)
@@ -503,7 +536,12 @@ func addBuilderFiles(c *cpioWriter, arch vmspec.Arch, debs []string, install str
 					if err != nil {
 						return err
 					}
-					data = content[t]
+					var ok bool
+					if data, ok = content[t]; !ok {
+						// Not an empty file in its place: a program
+						// missing its bytes fails far from the cause.
+						return fmt.Errorf("hard link %s to %q, not a file of the package before it", p, h.Linkname)
+					}
 				} else {
 					if h.Size > maxBuilderFile {
 						return fmt.Errorf("%s: %d bytes", p, h.Size)
@@ -512,6 +550,9 @@ func addBuilderFiles(c *cpioWriter, arch vmspec.Arch, debs []string, install str
 						return err
 					}
 					content[p] = data
+				}
+				if total += int64(len(data)); total > maxBuilderTotal {
+					return fmt.Errorf("%s: the builder's files come to more than %d MiB", p, maxBuilderTotal>>20)
 				}
 				c.File(p, fs.FileMode(h.Mode).Perm(), data)
 			}

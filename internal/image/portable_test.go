@@ -341,3 +341,135 @@ func readCPIO(t *testing.T, b []byte) map[string]string {
 	}
 	return out
 }
+
+// TestUnpackKernelHostile: unpackKernel writes only inside its new
+// directory, refuses one that exists (a link planted there would be
+// followed by MkdirAll), and bounds what compressed modules unpack to.
+func TestUnpackKernelHostile(t *testing.T) {
+	dir := t.TempDir()
+	kernel := []debMember{
+		{name: "./boot/vmlinuz-6.12.9-cloud-amd64", typ: tar.TypeReg, mode: 0o644, data: []byte("kernel")},
+		{name: "./usr/lib/modules/6.12.9-cloud-amd64/modules.order", typ: tar.TypeReg, mode: 0o644, data: []byte("\n")},
+	}
+	deb := writeTestDeb(t, dir, "linux-image", kernel)
+	outside := filepath.Join(dir, "outside")
+	if err := os.Mkdir(outside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, plant := range map[string]func(k string){
+		"version link": func(k string) {
+			os.Mkdir(k, 0o755)
+			os.Symlink(filepath.Join(outside, "version"), filepath.Join(k, "version"))
+		},
+		"module dir link": func(k string) {
+			os.Mkdir(k, 0o755)
+			os.Symlink(outside, filepath.Join(k, "6.12.9-cloud-amd64"))
+		},
+		"dir is a link": func(k string) { os.Symlink(outside, k) },
+	} {
+		k := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
+		plant(k)
+		if _, err := unpackKernel(deb, k); err == nil {
+			t.Errorf("%s: unpackKernel used a directory that existed", name)
+		}
+		if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+			t.Fatalf("%s: unpackKernel wrote through a planted link: %v", name, ents)
+		}
+	}
+
+	// Compressed modules: a few KiB each that unpack to 8 MiB.
+	var ko bytes.Buffer
+	xw, err := xz.NewWriter(&ko)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xw.Write(make([]byte, 8<<20))
+	xw.Close()
+	bomb := slices.Clone(kernel)
+	for i := range 4 {
+		bomb = append(bomb, debMember{name: fmt.Sprintf("./usr/lib/modules/6.12.9-cloud-amd64/m%d.ko.xz", i), typ: tar.TypeReg, mode: 0o644, data: ko.Bytes()})
+	}
+	defer func(old int64) { maxKernelTotal = old }(maxKernelTotal)
+	maxKernelTotal = 20 << 20
+	_, err = unpackKernel(writeTestDeb(t, dir, "bomb", bomb), filepath.Join(dir, "k-bomb"))
+	if err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Errorf("modules unpacking to 32 MiB with a bound of 20: %v", err)
+	}
+}
+
+// TestAddBuilderFilesHostile: the initramfs's files are held in memory and
+// a hard link writes its target's bytes again, so the total is bounded;
+// a hard link to nothing held is an error, not an empty program.
+func TestAddBuilderFilesHostile(t *testing.T) {
+	dir := t.TempDir()
+	big := bytes.Repeat([]byte("x"), 8<<20)
+	chain := []debMember{{name: "./usr/bin/big", typ: tar.TypeReg, mode: 0o755, data: big}}
+	for i := range 80 { // 81 × 8 MiB, from a tar of 8 MiB and 80 headers
+		chain = append(chain, debMember{name: fmt.Sprintf("./usr/bin/l%d", i), typ: tar.TypeLink, link: "./usr/bin/big"})
+	}
+	for name, members := range map[string][]debMember{
+		"hard-link chain": chain,
+		"link to nothing": {{name: "./usr/bin/x", typ: tar.TypeLink, link: "./usr/bin/missing"}},
+		"link to a doc": {
+			{name: "./usr/share/doc/x/README", typ: tar.TypeReg, mode: 0o644, data: []byte("doc")},
+			{name: "./usr/bin/x", typ: tar.TypeLink, link: "./usr/share/doc/x/README"},
+		},
+		"link to a dir": {
+			{name: "./usr/lib/d/", typ: tar.TypeDir, mode: 0o755},
+			{name: "./usr/bin/x", typ: tar.TypeLink, link: "./usr/lib/d"},
+		},
+	} {
+		deb := writeTestDeb(t, dir, strings.ReplaceAll(name, " ", "-"), members)
+		var n countWriter
+		c := newCPIOWriter(&n)
+		err := addBuilderFiles(c, vmspec.AMD64, []string{deb}, "install")
+		if err == nil {
+			err = c.Close()
+		}
+		if err == nil {
+			t.Errorf("%s: accepted (%d MiB of initramfs)", name, n>>20)
+		}
+		if n > maxBuilderTotal+1<<20 {
+			t.Errorf("%s: %d MiB written, more than the bound", name, n>>20)
+		}
+	}
+}
+
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }
+
+// TestBuilderStep: a progress line is fixed text and a count, whatever the
+// builder VM prints.
+func TestBuilderStep(t *testing.T) {
+	for line, want := range map[string]string{
+		"kosa8: step mkfs":                   "making the root filesystem",
+		"kosa8: step install 583":            "installing 583 packages in the guest (under emulation: tens of minutes)",
+		"kosa8: step install \x1b]0;pwn\x07": "installing the packages in the guest (under emulation: tens of minutes)",
+		"kosa8: step install 1 2":            "installing the packages in the guest (under emulation: tens of minutes)",
+		"kosa8: step \x1b[2J":                "",
+		"kosa8: step":                        "",
+		"Setting up x ...":                   "",
+	} {
+		if got := builderStep(line); got != want {
+			t.Errorf("builderStep(%q) = %q, want %q", line, got, want)
+		}
+	}
+}
+
+// TestConsoleLines: the console log quoted in an error is read from its
+// end only, and each line is clipped.
+func TestConsoleLines(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "console.log")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(64 << 20) // sparse: reading it whole would take 64 MiB
+	f.WriteAt([]byte("\n"+strings.Repeat("y", 4<<20)+"\nlast line\n"), 64<<20)
+	f.Close()
+	got := consoleLines(p, 3)
+	if len(got) > 3*(maxErrorLine+8)+64 || !strings.HasSuffix(got, "\nlast line") {
+		t.Errorf("consoleLines = %d bytes ending %q", len(got), got[max(0, len(got)-40):])
+	}
+}

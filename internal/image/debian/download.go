@@ -52,10 +52,13 @@ func (ix *Index) Download(ctx context.Context, pkgs []*Package, progress func(do
 		if err != nil {
 			return nil, fmt.Errorf("package %s: %v", p.Name, err)
 		}
-		if q := owner[name]; q != nil && q.SHA256 != p.SHA256 {
+		// Keyed without case: on a Mac's file system X_1.deb and x_1.deb
+		// are one file, and two downloads would rename over each other.
+		key := strings.ToLower(name)
+		if q := owner[key]; q != nil && q.SHA256 != p.SHA256 {
 			return nil, fmt.Errorf("packages %s and %s both want the cache file %s", q.Name, p.Name, name)
 		}
-		owner[name] = p
+		owner[key] = p
 		paths[i] = filepath.Join(ix.cacheDir, name)
 	}
 
@@ -69,15 +72,15 @@ func (ix *Index) Download(ctx context.Context, pkgs []*Package, progress func(do
 		wg       sync.WaitGroup
 		sem      = make(chan struct{}, parallelDownloads)
 	)
-	// Entries naming the same file are fetched once.
+	// Entries naming the same file (in any case) are fetched once.
 	first := map[string]int{}
 	for i := range pkgs {
-		if _, ok := first[paths[i]]; !ok {
-			first[paths[i]] = i
+		if _, ok := first[strings.ToLower(paths[i])]; !ok {
+			first[strings.ToLower(paths[i])] = i
 		}
 	}
 	for i, p := range pkgs {
-		if first[paths[i]] != i {
+		if first[strings.ToLower(paths[i])] != i {
 			continue
 		}
 		wg.Add(1)
@@ -117,11 +120,19 @@ func (ix *Index) Download(ctx context.Context, pkgs []*Package, progress func(do
 }
 
 // cacheName is the cache file name for a Filename: its base name, which
-// must not be empty, start with a dot or contain a path separator.
+// must not be empty, start with a dot or contain a path separator, and is
+// ASCII (Debian's are: name_version_arch.deb, an epoch's colon as %3a), so
+// no two names a file system normalises alike (a Mac's: é composed and
+// decomposed) can differ here.
 func cacheName(filename string) (string, error) {
 	name := path.Base(filename)
 	if name == "" || name == "." || name == "/" || strings.HasPrefix(name, ".") || strings.ContainsAny(name, "/\\\x00") {
 		return "", fmt.Errorf("Filename %q has no usable base name", clip(filename))
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c > '~' {
+			return "", fmt.Errorf("Filename %q: the base name is not printable ASCII", clip(filename))
+		}
 	}
 	return name, nil
 }

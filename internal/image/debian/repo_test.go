@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -751,5 +753,98 @@ func TestSecurityArchiveComponents(t *testing.T) {
 	r.publish("trixie-security", "amd64", nil, "Components: updates/contrib\n", key)
 	if _, err := Open(context.Background(), []Source{r.source("trixie-security")}, "amd64", r.opts(t, key)); err == nil || !strings.Contains(err.Error(), "no component main") {
 		t.Errorf("a suite without main: %v", err)
+	}
+}
+
+// TestDownloadStalled: a mirror (or a man in the middle of plain HTTP)
+// that sends the headers and then nothing, or a trickle, must not hold a
+// build forever; the client's own timeouts end at the response header.
+func TestDownloadStalled(t *testing.T) {
+	defer func(w time.Duration, n int64) { stallWindow, minWindowBytes = w, n }(stallWindow, minWindowBytes)
+	stallWindow, minWindowBytes = 200*time.Millisecond, 1024
+	for _, tc := range []struct {
+		name  string
+		index bool // stall the Packages file rather than a .deb
+		drip  time.Duration
+	}{
+		{"deb silent", false, 0},
+		{"deb trickle", false, 50 * time.Millisecond},
+		{"index silent", true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, ix, key := openTestRepo(t)
+			release := make(chan struct{})
+			defer close(release)
+			stall := func(body []byte) func(http.ResponseWriter) {
+				return func(w http.ResponseWriter) {
+					w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+					for i := 0; i < len(body); i++ {
+						w.Write(body[i : i+1])
+						w.(http.Flusher).Flush()
+						if tc.drip == 0 {
+							break
+						}
+						select {
+						case <-time.After(tc.drip):
+						case <-release:
+							return
+						}
+					}
+					<-release
+				}
+			}
+			done := make(chan error, 1)
+			if tc.index {
+				name := "dists/trixie/main/binary-amd64/Packages.xz"
+				h := stall(r.get(name))
+				r.mu.Lock()
+				r.override[name] = h
+				r.mu.Unlock()
+				go func() {
+					_, err := Open(context.Background(), []Source{r.source("trixie")}, "amd64", r.opts(t, key))
+					done <- err
+				}()
+			} else {
+				p := ix.Lookup("libc6")
+				h := stall(r.get(p.Filename))
+				r.mu.Lock()
+				r.override[p.Filename] = h
+				r.mu.Unlock()
+				go func() {
+					_, err := ix.Download(context.Background(), []*Package{p}, nil)
+					done <- err
+				}()
+			}
+			select {
+			case err := <-done:
+				if !errors.Is(err, errStalled) && (err == nil || !strings.Contains(err.Error(), errStalled.Error())) {
+					t.Fatalf("err = %v, want %v", err, errStalled)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("a stalled GET held the build (no deadline on the body)")
+			}
+		})
+	}
+}
+
+// TestDownloadCacheNameClash: two packages whose files would be one file
+// of the cache on a case-insensitive file system (a Mac's), or that differ
+// only in a non-ASCII character a file system may normalise, are refused
+// before anything is fetched.
+func TestDownloadCacheNameClash(t *testing.T) {
+	ix := &Index{conf: conf{client: defaultClient(), cacheDir: t.TempDir()}}
+	pkg := func(name, filename, content string) *Package {
+		return &Package{Name: name, Version: "1", Filename: filename, SHA256: sum([]byte(content)), Size: int64(len(content)), Base: "http://127.0.0.1:1/"}
+	}
+	_, err := ix.Download(context.Background(), []*Package{
+		pkg("aa", "pool/main/x/X_1_all.deb", "a"),
+		pkg("bb", "pool/main/y/x_1_all.deb", "b"),
+	}, nil)
+	if err == nil || !strings.Contains(err.Error(), "both want the cache file") {
+		t.Errorf("X_1_all.deb and x_1_all.deb with different hashes: %v", err)
+	}
+	_, err = ix.Download(context.Background(), []*Package{pkg("aa", "pool/main/x/\u00e9_1_all.deb", "a")}, nil)
+	if err == nil || !strings.Contains(err.Error(), "ASCII") {
+		t.Errorf("a non-ASCII cache name: %v", err)
 	}
 }
