@@ -5,6 +5,7 @@ import (
 	"io"
 	"io/fs"
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -78,13 +79,20 @@ func (c *cpioWriter) Dir(name string, perm fs.FileMode) {
 
 // MkdirAll adds the directories above name that are not there yet.
 func (c *cpioWriter) MkdirAll(name string) {
+	for _, d := range parents(name) {
+		c.Dir(d, 0o755)
+	}
+}
+
+// parents returns the directories above the relative path name, outermost
+// first: "a/b/c" gives a, a/b.
+func parents(name string) []string {
 	var parts []string
 	for d := path.Dir(name); d != "." && d != "/"; d = path.Dir(d) {
 		parts = append(parts, d)
 	}
-	for i := len(parts) - 1; i >= 0; i-- {
-		c.Dir(parts[i], 0o755)
-	}
+	slices.Reverse(parts)
+	return parts
 }
 
 // File adds a regular file with the given contents.

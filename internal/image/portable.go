@@ -347,12 +347,8 @@ func writeTree(dst string, r Recipe, pkgs []*debian.Package, file map[string]str
 		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: p + "/", Mode: mode, ModTime: now, Format: tar.FormatPAX})
 	}
 	mkdirs := func(p string) error {
-		var parts []string
-		for d := path.Dir(p); d != "."; d = path.Dir(d) {
-			parts = append(parts, d)
-		}
-		for i := len(parts) - 1; i >= 0; i-- {
-			if err := dir(parts[i], 0o755); err != nil {
+		for _, d := range parents(p) {
+			if err := dir(d, 0o755); err != nil {
 				return err
 			}
 		}
@@ -381,7 +377,7 @@ func writeTree(dst string, r Recipe, pkgs []*debian.Package, file map[string]str
 		}
 	}
 	for _, d := range []string{"var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers", "var/lib/dpkg/alternatives", "var/lib/dpkg/parts", "var/cache/apt/archives/partial"} {
-		if err := mkdirs(d + "/x"); err != nil {
+		if err := mkdirs(d); err != nil {
 			return 0, err
 		}
 		if err := dir(d, 0o755); err != nil {
