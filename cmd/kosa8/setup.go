@@ -110,7 +110,9 @@ func buildImage(ctx context.Context, m *sandbox.Manager, arch vmspec.Arch, agent
 	img, err := store.Build(ctx, r, image.BuildOptions{Progress: p.Step, Log: logf, Rebuild: rebuild,
 		Agent: agent, Accel: vmm.Accel(os.Getenv("KOSA8_ACCEL")),
 		NewDriver: func(arch vmspec.Arch, accel vmm.Accel) (vmm.Driver, error) {
-			return qemu.New(qemu.Config{Arch: arch, Accel: accel})
+			// The sandboxes' record of accelerators that failed to boot
+			// (the supervisor's RecordDir): read, and written on a fallback.
+			return qemu.New(qemu.Config{Arch: arch, Accel: accel, RecordDir: m.Paths.Home})
 		}})
 	p.Done()
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/ulikunitz/xz"
 
 	"github.com/kosa8/kosa8/internal/agent"
+	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image/debian"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
@@ -622,13 +623,10 @@ func runBuilder(ctx context.Context, arch vmspec.Arch, k Kernel, initrd, rootfs,
 			{ID: builderTreeSerial, Path: tree, Format: "raw", ReadOnly: true},
 		},
 	}
-	progress(fmt.Sprintf("booting the builder VM (%s %s)", arch, drv.Accel()))
 	start := time.Now()
-	bootCtx, cancel := context.WithTimeout(ctx, builderBootTimeout)
-	defer cancel()
-	m, err := drv.Start(bootCtx, spec, vmm.StartOptions{Stderr: logw})
+	m, c, err := bootBuilder(ctx, drv, spec, opts, progress, logw)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w%s", err, consoleLines(console, 15))
 	}
 	defer func() {
 		select {
@@ -640,10 +638,6 @@ func runBuilder(ctx context.Context, arch vmspec.Arch, k Kernel, initrd, rootfs,
 			err = fmt.Errorf("%w%s", err, consoleLines(console, 15))
 		}
 	}()
-	c, err := connect(bootCtx, m)
-	if err != nil {
-		return fmt.Errorf("the builder VM's agent did not answer within %s: %w", builderBootTimeout, err)
-	}
 	defer c.Close()
 	fmt.Fprintf(logw, "kosa8: builder VM: agent up after %s\n", time.Since(start).Round(time.Second))
 	runCtx, cancelRun := context.WithTimeout(ctx, builderRunTimeout)
@@ -659,4 +653,63 @@ func runBuilder(ctx context.Context, arch vmspec.Arch, k Kernel, initrd, rootfs,
 		fmt.Fprintf(logw, "kosa8: builder VM: %v\n", err)
 	}
 	return ctx.Err()
+}
+
+// builderAccelTimeout bounds the builder's boot under KVM or HVF, as
+// accelBootTimeout in the supervisor bounds a sandbox's: such a guest
+// reaches its agent in about a second.
+const builderAccelTimeout = 20 * time.Second
+
+// bootBuilder starts the builder VM on drv and connects to its agent.
+// Under an acceleration the user did not force, a boot that fails (QEMU
+// exits, or the agent does not answer within builderAccelTimeout) is tried
+// again under TCG, as a sandbox's first boot is: some nested,
+// paravirtualized hosts have a /dev/kvm that passes the probe and cannot
+// boot Debian's kernel. If TCG works the failure is recorded, so later
+// starts in this boot of the host go straight to TCG.
+func bootBuilder(ctx context.Context, drv vmm.Driver, spec *vmspec.Spec, opts BuildOptions, progress func(string), logw io.Writer) (vmm.Machine, *guest.Client, error) {
+	boot := func(drv vmm.Driver, timeout time.Duration) (vmm.Machine, *guest.Client, error) {
+		progress(fmt.Sprintf("booting the builder VM (%s %s)", spec.Arch, drv.Accel()))
+		bootCtx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		m, err := drv.Start(bootCtx, spec, vmm.StartOptions{Stderr: logw})
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := connect(bootCtx, m)
+		if err != nil {
+			_ = m.Kill()
+			return nil, nil, fmt.Errorf("the builder VM's agent did not answer within %s: %w", timeout, err)
+		}
+		return m, c, nil
+	}
+	tried := drv.Accel()
+	if tried == vmm.TCG {
+		return boot(drv, builderBootTimeout)
+	}
+	m, c, err := boot(drv, builderAccelTimeout)
+	if err == nil || ctx.Err() != nil {
+		return m, c, err
+	}
+	if opts.Accel != "" {
+		return nil, nil, fmt.Errorf("booting the builder VM under %s failed: %w\nkosa8 was asked for %s (KOSA8_ACCEL); to build under emulation instead, set KOSA8_ACCEL=tcg", tried, err, tried)
+	}
+	fmt.Fprintf(logw, "kosa8: builder VM: %s failed to boot it (%v): trying tcg\n", tried, err)
+	tcg, derr := opts.NewDriver(spec.Arch, vmm.TCG)
+	if derr != nil {
+		return nil, nil, errors.Join(err, derr)
+	}
+	if spec.ConsoleLog != "" {
+		_ = os.Truncate(spec.ConsoleLog, 0)
+	}
+	m, c, terr := boot(tcg, builderBootTimeout)
+	if terr != nil {
+		return nil, nil, fmt.Errorf("booting the builder VM under %s failed (%v), and under tcg too: %w", tried, err, terr)
+	}
+	if r, ok := drv.(vmm.FailureRecorder); ok {
+		if rerr := r.RecordFailure(tried, fmt.Sprintf("%s failed to boot the image builder: %v", tried, err)); rerr != nil {
+			fmt.Fprintf(logw, "kosa8: record the accelerator's failure: %v\n", rerr)
+		}
+	}
+	return m, c, nil
 }

@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +17,8 @@ import (
 	"github.com/ulikunitz/xz"
 
 	"github.com/kosa8/kosa8/internal/image/debian"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -471,5 +475,36 @@ func TestConsoleLines(t *testing.T) {
 	got := consoleLines(p, 3)
 	if len(got) > 3*(maxErrorLine+8)+64 || !strings.HasSuffix(got, "\nlast line") {
 		t.Errorf("consoleLines = %d bytes ending %q", len(got), got[max(0, len(got)-40):])
+	}
+}
+
+// A builder VM that cannot boot under an acceleration kosa8 chose (a
+// paravirtualized /dev/kvm that passes the probe) is booted again under
+// TCG; one the user forced is not.
+func TestBootBuilderFallsBackToTCG(t *testing.T) {
+	kvm := &vmmtest.Driver{AccelAs: vmm.KVM, StartErr: errors.New("MSR 0x10a")}
+	tcg := &vmmtest.Driver{StartErr: errors.New("tcg broken too")}
+	var asked []vmm.Accel
+	opts := BuildOptions{NewDriver: func(arch vmspec.Arch, a vmm.Accel) (vmm.Driver, error) {
+		asked = append(asked, a)
+		return tcg, nil
+	}}
+	spec := &vmspec.Spec{Name: "image-builder", Arch: vmspec.AMD64}
+	_, _, err := bootBuilder(context.Background(), kvm, spec, opts, func(string) {}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "MSR 0x10a") || !strings.Contains(err.Error(), "under tcg too: tcg broken too") {
+		t.Errorf("err = %v", err)
+	}
+	if !slices.Equal(asked, []vmm.Accel{vmm.TCG}) {
+		t.Errorf("drivers asked for %v, want one tcg", asked)
+	}
+	if f := kvm.Failures(); len(f) != 0 {
+		t.Errorf("recorded %q although tcg failed too", f)
+	}
+
+	asked = nil
+	opts.Accel = vmm.KVM
+	_, _, err = bootBuilder(context.Background(), kvm, spec, opts, func(string) {}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "KOSA8_ACCEL=tcg") || len(asked) != 0 {
+		t.Errorf("forced kvm: err = %v, drivers asked for %v", err, asked)
 	}
 }
