@@ -233,7 +233,10 @@ func (p *confinePlan) buildRuleset(c *Confinement, binary, ramDir string, spec *
 	if err := add("/dev/urandom", unix.LANDLOCK_ACCESS_FS_READ_FILE, true, false); err != nil {
 		return err
 	}
-	if accel == vmm.KVM {
+	// Without a /dev/kvm there is nothing to allow: QEMU then fails with
+	// its own message ("Could not access KVM kernel module"), which the
+	// fallback to TCG reads, rather than with ours.
+	if accel == vmm.KVM && unix.Access("/dev/kvm", unix.F_OK) == nil {
 		if err := add("/dev/kvm", llWrite|unix.LANDLOCK_ACCESS_FS_IOCTL_DEV, true, false); err != nil {
 			return err
 		}
