@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/vmm"
@@ -88,8 +89,12 @@ func firstBootRun(ctx context.Context, c *guest.Client, script string, progress 
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	// Each step's start is logged with the time since the script began,
+	// so that a slow build shows where its time went.
+	start := time.Now()
 	l := newLineLog(logw, func(line string) {
 		if s := builderStep(line); s != "" {
+			fmt.Fprintf(logw, "kosa8: builder VM: %s, at %s\n", s, time.Since(start).Round(time.Second))
 			progress(s)
 		}
 	})

@@ -292,7 +292,12 @@ func (c *capped) Read(p []byte) (int, error) {
 // with other fields missing or malformed is kept with the problem noted, so
 // that only resolving it fails.
 func (ix *Index) parsePackages(r io.Reader, base string) error {
-	skipped := 0
+	skipped, replaced := 0, 0
+	defer func() {
+		if replaced > 0 {
+			ix.logf("%d packages of %s are newer than those read before, and replace them", replaced, base)
+		}
+	}()
 	return ParseStanzas(r, func(st Stanza) error {
 		a := st.Get("Architecture")
 		if a != ix.arch && a != "all" {
@@ -310,7 +315,7 @@ func (ix *Index) parsePackages(r io.Reader, base string) error {
 				return nil
 			}
 			if old.Base != p.Base {
-				ix.logf("%s %s from %s replaces %s from %s", p.Name, p.Version, p.Base, old.Version, old.Base)
+				replaced++
 			}
 		}
 		ix.pkgs[p.Name] = p
