@@ -183,10 +183,20 @@ func logsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer f.Close()
+			defer func() { f.Close() }()
 			// The console carries what the guest printed: never raw to the
 			// user's terminal.
 			w := os.Stdout // cleaned by guardOutput
+			if !supervisorLog {
+				// A long console log's older half (the driver bounds each).
+				if old, err := os.Open(p + ".1"); err == nil {
+					_, err = io.Copy(w, old)
+					old.Close()
+					if err != nil {
+						return err
+					}
+				}
+			}
 			if _, err := io.Copy(w, f); err != nil {
 				return err
 			}
@@ -198,6 +208,17 @@ func logsCmd() *cobra.Command {
 				}
 				if _, err := io.Copy(w, f); err != nil {
 					return err
+				}
+				// Past 1 MiB the log moves to console.log.1 and a new one
+				// begins: follow the new one.
+				if cur, err := os.Stat(p); err == nil {
+					if fi, err := f.Stat(); err == nil && !os.SameFile(cur, fi) {
+						if nf, err := os.Open(p); err == nil {
+							_, _ = io.Copy(w, f) // what came before the move
+							f.Close()
+							f = nf
+						}
+					}
 				}
 			}
 			return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
 // firstBootUser is the agent's default user in the builder VM (the agent
@@ -173,37 +174,19 @@ func shrinkExt4(ctx context.Context, p string, logw io.Writer) (int64, error) {
 	return size, os.Truncate(p, size)
 }
 
-// consoleLines returns the console log's last n lines for an error, each
-// clipped, read from the log's last 64 KiB only: the guest decides how
-// much it writes to its console.
+// consoleLines returns the console log's last n lines for an error.
 func consoleLines(p string, n int) string {
-	f, err := os.Open(p)
-	if err != nil {
+	l := vmspec.ConsoleTail(p, n)
+	if l == nil {
 		return ""
-	}
-	defer f.Close()
-	const tail = 64 << 10
-	fi, err := f.Stat()
-	if err != nil || fi.Size() == 0 {
-		return ""
-	}
-	b := make([]byte, min(fi.Size(), tail))
-	if _, err := f.ReadAt(b, fi.Size()-int64(len(b))); err != nil {
-		return ""
-	}
-	l := strings.Split(lastLines(string(b), n), "\n")
-	for i := range l {
-		l[i] = clipLine(l[i])
 	}
 	return "\nlast console lines:\n" + strings.Join(l, "\n")
 }
 
-// maxErrorLine bounds each line of guest output quoted in an error.
-const maxErrorLine = 512
-
+// clipLine bounds a line of guest output quoted in an error.
 func clipLine(s string) string {
-	if len(s) > maxErrorLine {
-		return s[:maxErrorLine] + "..."
+	if len(s) > vmspec.MaxConsoleLine {
+		return s[:vmspec.MaxConsoleLine] + "..."
 	}
 	return s
 }

@@ -461,23 +461,6 @@ func TestBuilderStep(t *testing.T) {
 	}
 }
 
-// TestConsoleLines: the console log quoted in an error is read from its
-// end only, and each line is clipped.
-func TestConsoleLines(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "console.log")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Truncate(64 << 20) // sparse: reading it whole would take 64 MiB
-	f.WriteAt([]byte("\n"+strings.Repeat("y", 4<<20)+"\nlast line\n"), 64<<20)
-	f.Close()
-	got := consoleLines(p, 3)
-	if len(got) > 3*(maxErrorLine+8)+64 || !strings.HasSuffix(got, "\nlast line") {
-		t.Errorf("consoleLines = %d bytes ending %q", len(got), got[max(0, len(got)-40):])
-	}
-}
-
 // A builder VM that cannot boot under an acceleration kosa8 chose (a
 // paravirtualized /dev/kvm that passes the probe) is booted again under
 // TCG; one the user forced is not.

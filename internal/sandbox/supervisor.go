@@ -450,7 +450,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		AgentPort:  guestPortName,
 		Net:        &vmspec.Net{MAC: netstack.GuestMAC.String()},
 	}
-	_ = os.Truncate(s.sb.Path(ConsoleLog), 0) // one log per start; restores append to it
+	s.resetConsoleLog() // one log per start; restores append to it
 	bootCtx, cancel := context.WithTimeout(ctx, o.BootTimeout)
 	defer cancel()
 	var restore *checkpoint.Meta
@@ -555,7 +555,7 @@ func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, 
 	}
 	s.drv, s.accel = drv, vmm.TCG
 	s.log.Warn(vmm.IsolationWarning)
-	_ = os.Truncate(s.sb.Path(ConsoleLog), 0)
+	s.resetConsoleLog()
 	if terr := s.launch(ctx, restore); terr != nil {
 		return fmt.Errorf("booting under %s failed (%v), and under tcg too: %w", tried, err, terr)
 	}
@@ -610,15 +610,19 @@ func (s *supervisor) installCA(ctx context.Context) error {
 // guestPortName must match the agent's agent.DefaultPortName.
 const guestPortName = "org.kosa8.agent"
 
+// resetConsoleLog empties the console log, and removes the older half
+// the driver keeps of a long one (console.log.1), for a new boot.
+func (s *supervisor) resetConsoleLog() {
+	p := s.sb.Path(ConsoleLog)
+	_ = os.Truncate(p, 0)
+	_ = os.Remove(p + ".1")
+}
+
 // consoleTail returns the last lines of the console log for an error.
 func consoleTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
+	lines := vmspec.ConsoleTail(path, 12)
+	if lines == nil {
 		return ""
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 12 {
-		lines = lines[len(lines)-12:]
 	}
 	return "\nlast console lines:\n  " + strings.Join(lines, "\n  ")
 }

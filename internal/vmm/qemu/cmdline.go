@@ -19,6 +19,10 @@ type Options struct {
 	// File descriptors QEMU inherits: connected stream sockets.
 	QMPFd, AgentFd int
 	NetFd          int // 0: no NIC
+	// ConsoleFd is the serial console's socket: the driver copies what
+	// the guest prints from it into spec.ConsoleLog, bounded (console.go).
+	// 0: no console.
+	ConsoleFd int
 	// Incoming, when set, starts QEMU waiting for a migration stream
 	// ("defer": the stream is given over QMP later).
 	Incoming string
@@ -213,13 +217,10 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		"-device", "virtio-serial-device,max_ports=2",
 		"-device", "virtserialport,chardev=agent,name="+s.AgentPort,
 	)
-	if s.ConsoleLog != "" {
-		if strings.Contains(s.ConsoleLog, ",") {
-			return nil, fmt.Errorf("qemu: console log path %q contains a comma", s.ConsoleLog)
-		}
-		// Appended: a restored machine continues the same log. The
-		// supervisor starts a fresh one at each start.
-		a = append(a, "-chardev", "file,id=console,path="+s.ConsoleLog+",append=on", "-serial", "chardev:console")
+	if o.ConsoleFd > 2 {
+		// A socket, not a file QEMU appends to: the guest decides how much
+		// it prints, and the host side bounds what it keeps.
+		a = append(a, "-chardev", "socket,id=console,fd="+strconv.Itoa(o.ConsoleFd), "-serial", "chardev:console")
 	} else {
 		a = append(a, "-serial", "none")
 	}

@@ -19,7 +19,7 @@ func spec(arch vmspec.Arch) *vmspec.Spec {
 }
 
 func opts(a vmm.Accel) Options {
-	return Options{Accel: a, RAMPath: "/proc/self/fd/3", QMPFd: 4, AgentFd: 5}
+	return Options{Accel: a, RAMPath: "/proc/self/fd/3", QMPFd: 4, AgentFd: 5, ConsoleFd: 7}
 }
 
 // value returns the argument after flag, for the n-th occurrence.
@@ -180,7 +180,7 @@ func TestArgsDevices(t *testing.T) {
 		}
 	}
 	chardevs := values(args, "-chardev")
-	want := []string{"socket,id=qmp,fd=4", "socket,id=agent,fd=5", "file,id=console,path=/sb/console.log,append=on"}
+	want := []string{"socket,id=qmp,fd=4", "socket,id=agent,fd=5", "socket,id=console,fd=7"}
 	if !slices.Equal(chardevs, want) {
 		t.Errorf("chardevs = %q, want %q", chardevs, want)
 	}
@@ -334,7 +334,7 @@ func TestArgsPerQEMUVersion(t *testing.T) {
 		" -kernel /img/vmlinuz -initrd /img/initrd -append console=ttyS0 kosa8.uid=1000" +
 		" -chardev socket,id=qmp,fd=4 -mon chardev=qmp,mode=control -chardev socket,id=agent,fd=5" +
 		" -device virtio-serial-device,max_ports=2 -device virtserialport,chardev=agent,name=org.kosa8.agent" +
-		" -chardev file,id=console,path=/sb/console.log,append=on -serial chardev:console" +
+		" -chardev socket,id=console,fd=7 -serial chardev:console" +
 		" -drive id=root,file=/sb/root.qcow2,format=qcow2,if=none,discard=unmap,detect-zeroes=unmap,werror=report,rerror=report -device virtio-blk-device,drive=root,serial=root" +
 		" -object rng-random,id=rng0,filename=/dev/urandom -device virtio-rng-device,rng=rng0 -device virtio-balloon-device,free-page-reporting=on"
 	if got := strings.Join(want72, " "); got != golden {

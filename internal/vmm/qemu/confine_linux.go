@@ -113,15 +113,6 @@ func planConfinement(c *Confinement, binary, ramDir string, spec *vmspec.Spec, a
 			p.rwFiles = append(p.rwFiles, d.Path)
 		}
 	}
-	if spec.ConsoleLog != "" {
-		// QEMU appends to it; it must exist to be named in a rule.
-		fd, err := unix.Open(spec.ConsoleLog, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("console log: %w", err)
-		}
-		unix.Close(fd)
-		p.rwFiles = append(p.rwFiles, spec.ConsoleLog)
-	}
 	for _, dir := range c.ReadWrite {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, err

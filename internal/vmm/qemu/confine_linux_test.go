@@ -114,7 +114,7 @@ func TestConfinementLimitsFiles(t *testing.T) {
 		{"cat " + filepath.Join(dir, "image/rootfs"), "ok"},                          // its image
 		{"cp " + spec.Kernel + " " + filepath.Join(dir, "sb/disks/new.qcow2"), "ok"}, // a new disk layer
 		{"echo x >> " + spec.Disks[0].Path, "ok"},                                    // its disk
-		{"echo x >> " + spec.ConsoleLog, "ok"},                                       // its console
+		{"echo x >> " + spec.ConsoleLog, "denied"},                                   // its console: the driver writes it
 		{"cat " + outside, "denied"},                                                 // a host file
 		{"echo x >> " + spec.Kernel, "denied"},                                       // the image, written
 		{"cp " + spec.Kernel + " " + filepath.Join(dir, "sb/planted"), "denied"},     // beside its files

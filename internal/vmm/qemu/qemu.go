@@ -368,13 +368,28 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}
 	if opts.Net != nil {
 		extra = append(extra, opts.Net)
-		o.NetFd = 6
+		o.NetFd = 2 + len(extra)
+	}
+	var consoleHost *os.File
+	if spec.ConsoleLog != "" {
+		host, qemuEnd, err := vmm.SocketPair("console")
+		if err != nil {
+			return fail(err)
+		}
+		cleanup = append(cleanup, func() { host.Close(); qemuEnd.Close() })
+		consoleHost = host
+		extra = append(extra, qemuEnd)
+		o.ConsoleFd = 2 + len(extra)
 	}
 	args, err := Args(spec, o)
 	if err != nil {
 		return fail(err)
 	}
 	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10), version: d.inst.Version, confined: plan.String()}
+	consoleDone := make(chan struct{})
+	if consoleHost == nil {
+		close(consoleDone)
+	}
 	cmd := exec.Command(d.binary, args...)
 	cmd.ExtraFiles = extra
 	cmd.Stdin = nil
@@ -407,6 +422,12 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 			err = fmt.Errorf("qemu exited: %w%s", err, m.stderr.Suffix())
 		}
 		m.waitErr = err
+		// The console's last lines explain a failed boot: they are in
+		// its log before Done. (QEMU held the socket's other end alone.)
+		select {
+		case <-consoleDone:
+		case <-time.After(2 * time.Second):
+		}
 		// The RAM file is unlinked: this was its last name, and guest RAM
 		// stays allocated on tmpfs while any descriptor is open. Whoever
 		// needs it after QEMU (a checkpoint written out later) holds a
@@ -432,6 +453,14 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}
 	qmpQemu.Close()
 	agentQemu.Close()
+	if consoleHost != nil {
+		extra[len(extra)-1].Close()
+		go func() {
+			defer close(consoleDone)
+			defer consoleHost.Close()
+			copyConsole(consoleHost, spec.ConsoleLog, consoleMax)
+		}()
+	}
 
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
