@@ -16,6 +16,7 @@ import (
 // .ci/qemu10.sh unpacks bookworm-backports' 10.x).
 func twoQEMUs(t *testing.T) (oldBin, oldLine, newBin, newLine string) {
 	t.Helper()
+	requireNativeGuest(t, "the two QEMU releases tested are x86-64's")
 	oldBin, newBin = os.Getenv("KOSA8_QEMU_OLD"), os.Getenv("KOSA8_QEMU_NEW")
 	if oldBin == "" {
 		oldBin, _ = exec.LookPath("qemu-system-x86_64")

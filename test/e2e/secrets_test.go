@@ -194,7 +194,7 @@ func main() {
 	}
 	cmd := exec.Command("go", "build", "-o", "goget", "main.go")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GO111MODULE=off")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GO111MODULE=off", "GOOS=linux", "GOARCH="+guestArch())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the Go client: %v\n%s", err, out)
 	}
