@@ -103,6 +103,13 @@ func printLogs(dir string) {
 			stacks = strings.Join(keep, "\n\n")
 		}
 		lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+		if first := oopsStart(lines); first >= 0 && first < len(lines)-60 {
+			// A kernel oops is longer than the tail: its first lines
+			// (which function, which address) come first.
+			head := lines[first:min(first+40, len(lines)-60)]
+			fmt.Fprintf(os.Stderr, "---- %s (the guest kernel's first oops, %d lines)\n%s\n",
+				filepath.Join(dir, f), len(head), termsafe.Clean(strings.Join(head, "\n"), true))
+		}
 		if len(lines) > 60 {
 			lines = lines[len(lines)-60:]
 		}
@@ -112,6 +119,19 @@ func printLogs(dir string) {
 			fmt.Fprintf(os.Stderr, "---- its goroutines at SIGQUIT\n%s\n----\n", stacks)
 		}
 	}
+}
+
+// oopsStart returns the index of the first line of a guest kernel's oops
+// or panic report in a console log, or -1.
+func oopsStart(lines []string) int {
+	for i, l := range lines {
+		for _, m := range []string{"BUG:", "Oops:", "general protection fault", "Kernel panic", "WARNING: CPU:"} {
+			if strings.Contains(l, m) {
+				return i
+			}
+		}
+	}
+	return -1
 }
 
 // reap removes every sandbox of this run: a failed test may leave one
