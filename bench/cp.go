@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/sandbox"
 )
 
@@ -25,10 +26,10 @@ func kosa8JSON(v any, args ...string) {
 	must(json.Unmarshal([]byte(out), v))
 }
 
-func plainMigrate(name string) sandbox.PlainMigrate {
+func plainMigrate(name string) api.PlainMigrate {
 	out, err := exec.Command("sh", "-c", fmt.Sprintf("curl -s -X POST --unix-socket %s http://kosa8/v1/debug/plain-migrate", filepath.Join(os.Getenv("KOSA8_HOME"), "sandboxes", name, sandbox.APISocket))).Output()
 	must(err)
-	var r sandbox.PlainMigrate
+	var r api.PlainMigrate
 	must(json.Unmarshal(out, &r))
 	return r
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
@@ -43,7 +44,7 @@ const (
 // exitCode is the status kosa8 exits with for err.
 func exitCode(err error) int {
 	var ee *exitError
-	var ce *sandbox.CommandError
+	var ce *api.CommandError
 	switch {
 	case err == nil:
 		return 0

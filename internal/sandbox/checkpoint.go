@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
@@ -260,11 +261,11 @@ func (s *supervisor) prepareRestore(id string) (*checkpoint.Meta, error) {
 	if err := s.branchDisks(target, checkpoint.NewID()); err != nil {
 		return nil, err
 	}
-	s.setStatus(func(st *Status) { st.Checkpoint = id })
+	s.setStatus(func(st *api.Status) { st.Checkpoint = id })
 	if ok, why := target.Loadable(s.qemuVersion, s.qemuFirmware); !ok {
 		if !target.DisksOnly {
 			s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "why", why)
-			s.setStatus(func(st *Status) { st.ColdBoot = why })
+			s.setStatus(func(st *api.Status) { st.ColdBoot = why })
 		}
 		return nil, nil
 	}
@@ -496,25 +497,12 @@ func dupFile(f *os.File) (*os.File, error) {
 	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
-// RewindResult reports a rewind.
-type RewindResult struct {
-	To     string           `json:"to"`
-	Saved  *checkpoint.Meta `json:"saved"` // the state just before the rewind
-	Millis float64          `json:"ms"`    // until the restored machine runs
-	// SavedMillis: until the state before is on disk too (its RAM is
-	// written out while the restored machine already runs).
-	SavedMillis float64          `json:"saved_ms,omitempty"`
-	Warning     string           `json:"warning,omitempty"`
-	ColdBoot    bool             `json:"cold_boot,omitempty"`
-	Conflicts   []wsync.Conflict `json:"conflicts,omitempty"`
-}
-
 // rewind returns the machine to a checkpoint: the state just before is
 // saved as a checkpoint first; QEMU restarts on new disk layers over the
 // checkpoint's, with its RAM and devices; the agent reseeds the RNG and
 // steps the clock before the workloads run; the host folder is merged back
 // (Engine.Rewind). The network policy and secrets stay as they are now.
-func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, error) {
+func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, error) {
 	s.cpMu.Lock()
 	defer s.cpMu.Unlock()
 	ctx, cancel := withTimeout(ctx, rewindTimeout)
@@ -578,7 +566,7 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 		return nil, fmt.Errorf("restore %s: %w", id, err)
 	}
 	tLaunched := time.Now()
-	res := &RewindResult{To: id, Saved: pre, ColdBoot: cold}
+	res := &api.RewindResult{To: id, Saved: pre, ColdBoot: cold}
 	if s.ws != nil {
 		if err := s.ws.attach(ctx, s.currentClient(), manifest, true); err != nil {
 			return nil, fmt.Errorf("workspace after the rewind: %w", err)
@@ -587,7 +575,7 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 	}
 	s.log.Info("rewind phases", "save_before_ms", msBetween(start, tSaved), "disks_ms", msBetween(tSaved, tBranched),
 		"restore_ms", msBetween(tBranched, tLaunched), "workspace_ms", msBetween(tLaunched, time.Now()))
-	s.setStatus(func(st *Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
+	s.setStatus(func(st *api.Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
 	res.Millis = msSince(start)
 	if restore != nil {
 		// Once the state before is out: the likeliest next rewind is

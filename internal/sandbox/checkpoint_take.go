@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
@@ -387,7 +388,7 @@ func (j *cpJob) commitStep(context.Context) error {
 	if err := j.commit(); err != nil {
 		return err
 	}
-	j.s.setStatus(func(st *Status) { st.Checkpoint = j.id })
+	j.s.setStatus(func(st *api.Status) { st.Checkpoint = j.id })
 	// Not for a paused sandbox, which stops now, nor for the state before
 	// a rewind (saved here when its RAM is copied during the pause): that
 	// would take the RAM prepared for the rewind's likeliest target, and

@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -45,7 +46,7 @@ type LaunchOptions struct {
 // CLI and the SDK start a sandbox. The supervisor outlives the caller; if
 // ctx ends first (^C while booting) the supervisor is killed and the
 // sandbox is put back in the state it had, not left crashed.
-func Launch(ctx context.Context, sb *Sandbox, o LaunchOptions) (*Status, error) {
+func Launch(ctx context.Context, sb *Sandbox, o LaunchOptions) (*api.Status, error) {
 	if sb.Alive() {
 		return nil, fmt.Errorf("%w: %s", ErrRunning, sb.Config.Name)
 	}
@@ -134,10 +135,10 @@ func Launch(ctx context.Context, sb *Sandbox, o LaunchOptions) (*Status, error) 
 		_ = sb.WaitStopped(wctx)
 		if !sb.Alive() {
 			before.SupervisorPID, before.QEMUPID = 0, 0
-			if before.State != Paused {
-				before.State = Stopped
+			if before.State != api.Paused {
+				before.State = api.Stopped
 				if before.Started.IsZero() {
-					before.State = Created
+					before.State = api.Created
 				}
 			}
 			_ = sb.WriteStatus(before)

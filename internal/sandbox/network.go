@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/egress"
 	"github.com/kosa8/kosa8/internal/netpolicy"
@@ -38,44 +39,15 @@ const (
 
 // NetworkConfig is the network a sandbox is created with.
 type NetworkConfig struct {
-	Rules      []string      `json:"rules,omitempty"`
-	AllowBroad bool          `json:"allow_broad,omitempty"`
-	Ports      []PortForward `json:"ports,omitempty"`
+	Rules      []string          `json:"rules,omitempty"`
+	AllowBroad bool              `json:"allow_broad,omitempty"`
+	Ports      []api.PortForward `json:"ports,omitempty"`
 	// Pins binds names to the addresses they resolved to on the host when
 	// the sandbox was made (an image build's package sources): exactly
 	// these names may reach exactly these addresses, even where the
 	// special-address check would refuse them (a mirror behind a proxy in
 	// a private or documentation range); no other name may.
 	Pins map[string]netip.Addr `json:"pins,omitempty"`
-}
-
-// PortForward forwards a host port to a guest port.
-type PortForward struct {
-	HostPort      uint16 `json:"host_port"`
-	GuestPort     uint16 `json:"guest_port"`
-	AllInterfaces bool   `json:"all_interfaces,omitempty"`
-}
-
-func (p PortForward) String() string {
-	host := "127.0.0.1"
-	if p.AllInterfaces {
-		host = "0.0.0.0"
-	}
-	return fmt.Sprintf("%s:%d -> %d", host, p.HostPort, p.GuestPort)
-}
-
-// ParsePortForward reads HOST[:GUEST] ("3000", "8080:80").
-func ParsePortForward(s string, all bool) (PortForward, error) {
-	hs, gs, two := strings.Cut(s, ":")
-	if !two {
-		gs = hs
-	}
-	h, err1 := strconv.ParseUint(hs, 10, 16)
-	g, err2 := strconv.ParseUint(gs, 10, 16)
-	if err1 != nil || err2 != nil || h == 0 || g == 0 {
-		return PortForward{}, fmt.Errorf("invalid port forward %q: use HOSTPORT or HOSTPORT:GUESTPORT, like 3000 or 8080:80", s)
-	}
-	return PortForward{HostPort: uint16(h), GuestPort: uint16(g), AllInterfaces: all}, nil
 }
 
 // LoadPolicy returns the sandbox's current allow-list.
@@ -102,8 +74,8 @@ func (s *Sandbox) SavePolicy(p *netpolicy.Policy) error {
 }
 
 // LoadPorts returns the port forwards.
-func (s *Sandbox) LoadPorts() ([]PortForward, error) {
-	var p []PortForward
+func (s *Sandbox) LoadPorts() ([]api.PortForward, error) {
+	var p []api.PortForward
 	err := readJSON(s.Path(portsFile), &p)
 	if errors.Is(err, os.ErrNotExist) {
 		return s.Config.Network.Ports, nil
@@ -112,9 +84,9 @@ func (s *Sandbox) LoadPorts() ([]PortForward, error) {
 }
 
 // SavePorts records the port forwards.
-func (s *Sandbox) SavePorts(p []PortForward) error {
+func (s *Sandbox) SavePorts(p []api.PortForward) error {
 	if p == nil {
-		p = []PortForward{}
+		p = []api.PortForward{}
 	}
 	return writeJSONAtomic(s.Path(portsFile), p)
 }
@@ -175,7 +147,7 @@ type network struct {
 }
 
 type forward struct {
-	pf PortForward
+	pf api.PortForward
 	l  net.Listener
 }
 
@@ -412,8 +384,8 @@ func editStopped(sb *Sandbox, decision string, args []string, f func(*netpolicy.
 // AddPortStopped and RemovePortStopped change a stopped sandbox's port
 // forwards for its next start, under the supervisor's lock (see
 // AllowStopped).
-func AddPortStopped(sb *Sandbox, pf PortForward) error {
-	return editPortsStopped(sb, func(ports []PortForward) ([]PortForward, error) {
+func AddPortStopped(sb *Sandbox, pf api.PortForward) error {
+	return editPortsStopped(sb, func(ports []api.PortForward) ([]api.PortForward, error) {
 		for _, q := range ports {
 			if q.HostPort == pf.HostPort {
 				return nil, fmt.Errorf("%w: %d is already forwarded", ErrPortInUse, pf.HostPort)
@@ -425,8 +397,8 @@ func AddPortStopped(sb *Sandbox, pf PortForward) error {
 
 // RemovePortStopped: see AddPortStopped. A port not forwarded is an error.
 func RemovePortStopped(sb *Sandbox, hostPort uint16) error {
-	return editPortsStopped(sb, func(ports []PortForward) ([]PortForward, error) {
-		keep := slices.DeleteFunc(slices.Clone(ports), func(p PortForward) bool { return p.HostPort == hostPort })
+	return editPortsStopped(sb, func(ports []api.PortForward) ([]api.PortForward, error) {
+		keep := slices.DeleteFunc(slices.Clone(ports), func(p api.PortForward) bool { return p.HostPort == hostPort })
 		if len(keep) == len(ports) {
 			return nil, fmt.Errorf("host port %d is not forwarded: 'kosa8 port ls %s' lists the forwards", hostPort, sb.Config.Name)
 		}
@@ -434,7 +406,7 @@ func RemovePortStopped(sb *Sandbox, hostPort uint16) error {
 	})
 }
 
-func editPortsStopped(sb *Sandbox, f func([]PortForward) ([]PortForward, error)) error {
+func editPortsStopped(sb *Sandbox, f func([]api.PortForward) ([]api.PortForward, error)) error {
 	release, err := lockStopped(sb.Dir)
 	if err != nil {
 		return fmt.Errorf("%w: %s started while its ports were being changed: try again", err, sb.Config.Name)
@@ -493,7 +465,7 @@ var ErrPortInUse = errors.New("host port in use")
 // listener is on the host's loopback (all interfaces only when asked),
 // and what connects to it reaches the guest's port through the stack.
 // Nothing here opens a path from the guest to the host.
-func (n *network) addForward(pf PortForward, persist bool) error {
+func (n *network) addForward(pf api.PortForward, persist bool) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if _, dup := n.forwards[pf.HostPort]; dup {
@@ -522,7 +494,7 @@ func (n *network) addForward(pf PortForward, persist bool) error {
 	return nil
 }
 
-func (n *network) serveForward(pf PortForward, l net.Listener) {
+func (n *network) serveForward(pf api.PortForward, l net.Listener) {
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -579,14 +551,14 @@ func (n *network) removeForward(hostPort uint16) error {
 	return n.sb.SavePorts(n.portsLocked())
 }
 
-func (n *network) ports() []PortForward {
+func (n *network) ports() []api.PortForward {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.portsLocked()
 }
 
-func (n *network) portsLocked() []PortForward {
-	out := []PortForward{}
+func (n *network) portsLocked() []api.PortForward {
+	out := []api.PortForward{}
 	for _, f := range n.forwards {
 		out = append(out, f.pf)
 	}
@@ -603,20 +575,10 @@ func (s *Sandbox) ReadAudit() ([]audit.Event, error) {
 	return audit.Read(filepath.Join(s.Dir, AuditLog))
 }
 
-// Blocked is a host the guest asked for and was refused, still refused by
-// the allow-list as it is now: a candidate for 'kosa8 net allow'.
-type Blocked struct {
-	Host  string    `json:"host"`
-	Port  uint16    `json:"port,omitempty"` // 0: only looked up in DNS
-	Rule  string    `json:"rule"`           // what 'kosa8 net allow' would take
-	Count int       `json:"count"`
-	Last  time.Time `json:"last"`
-}
-
 // BlockedHosts gathers the DNS lookups and connections by name that events
 // record as denied and pol still denies, most recent first.
-func BlockedHosts(events []audit.Event, pol *netpolicy.Policy) []Blocked {
-	byKey := map[string]*Blocked{}
+func BlockedHosts(events []audit.Event, pol *netpolicy.Policy) []api.Blocked {
+	byKey := map[string]*api.Blocked{}
 	for _, e := range events {
 		if e.Decision != "deny" || e.Name == "" || (e.Kind != "dns" && e.Kind != "tcp") {
 			continue
@@ -643,7 +605,7 @@ func BlockedHosts(events []audit.Event, pol *netpolicy.Policy) []Blocked {
 			if port != 0 && port != 80 && port != 443 {
 				rule += ":" + strconv.Itoa(int(port))
 			}
-			b = &Blocked{Host: host, Port: port, Rule: rule}
+			b = &api.Blocked{Host: host, Port: port, Rule: rule}
 			byKey[key] = b
 		}
 		b.Count++
@@ -651,7 +613,7 @@ func BlockedHosts(events []audit.Event, pol *netpolicy.Policy) []Blocked {
 			b.Last = e.Time
 		}
 	}
-	out := make([]Blocked, 0, len(byKey))
+	out := make([]api.Blocked, 0, len(byKey))
 	for _, b := range byKey {
 		out = append(out, *b)
 	}
@@ -677,10 +639,10 @@ func (n *network) auditLog() *audit.Log {
 // RefusedHost tells whether e records a host the guest asked for and was
 // refused that pol still refuses (a candidate for 'kosa8 net approve'),
 // and what 'net allow' would take for it.
-func RefusedHost(e audit.Event, pol *netpolicy.Policy) (Blocked, bool) {
+func RefusedHost(e audit.Event, pol *netpolicy.Policy) (api.Blocked, bool) {
 	list := BlockedHosts([]audit.Event{e}, pol)
 	if len(list) != 1 {
-		return Blocked{}, false
+		return api.Blocked{}, false
 	}
 	return list[0], true
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netpolicy"
@@ -120,7 +121,7 @@ func TestCreateOpenListRemove(t *testing.T) {
 	if info.Format != "qcow2" || info.Backing != img.RootFS() || info.VirtualSize != 4<<30 {
 		t.Fatalf("root disk: %+v", info)
 	}
-	if st := sb.Status(); st.State != Created {
+	if st := sb.Status(); st.State != api.Created {
 		t.Fatalf("new sandbox state %q", st.State)
 	}
 	if _, err := m.Create(context.Background(), validConfig("one"), img); !errors.Is(err, ErrExists) {
@@ -163,17 +164,17 @@ func TestStatusFollowsSupervisorLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sb.WriteStatus(Status{State: Running, SupervisorPID: 424242}); err != nil {
+	if err := sb.WriteStatus(api.Status{State: api.Running, SupervisorPID: 424242}); err != nil {
 		t.Fatal(err)
 	}
-	if st := sb.Status(); st.State != Crashed || !strings.Contains(st.Error, "424242") {
+	if st := sb.Status(); st.State != api.Crashed || !strings.Contains(st.Error, "424242") {
 		t.Fatalf("running without a supervisor: %+v", st)
 	}
 	lock, err := lockSupervisor(sb.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := sb.Status(); st.State != Running || !sb.Alive() {
+	if st := sb.Status(); st.State != api.Running || !sb.Alive() {
 		t.Fatalf("with the lock held: %+v alive=%v", st, sb.Alive())
 	}
 	if _, err := lockSupervisor(sb.Dir); !errors.Is(err, ErrRunning) {
@@ -263,10 +264,10 @@ func TestStoppedEditsTakeTheSupervisorLock(t *testing.T) {
 	if _, err := AllowStopped(sb, []string{"example.com"}, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := AddPortStopped(sb, PortForward{HostPort: 3000, GuestPort: 3000}); err != nil {
+	if err := AddPortStopped(sb, api.PortForward{HostPort: 3000, GuestPort: 3000}); err != nil {
 		t.Fatal(err)
 	}
-	if err := AddPortStopped(sb, PortForward{HostPort: 3000, GuestPort: 80}); err == nil {
+	if err := AddPortStopped(sb, api.PortForward{HostPort: 3000, GuestPort: 80}); err == nil {
 		t.Fatal("a host port forwarded twice")
 	}
 	events, err := audit.Read(sb.Path(AuditLog))
@@ -282,7 +283,7 @@ func TestStoppedEditsTakeTheSupervisorLock(t *testing.T) {
 		"allow":             func() error { _, err := AllowStopped(sb, []string{"other.example"}, false); return err }(),
 		"deny":              func() error { _, err := DenyStopped(sb, []string{"other.example"}); return err }(),
 		"remove":            func() error { _, err := RemoveStopped(sb, []string{"example.com"}); return err }(),
-		"add a port":        AddPortStopped(sb, PortForward{HostPort: 4000, GuestPort: 4000}),
+		"add a port":        AddPortStopped(sb, api.PortForward{HostPort: 4000, GuestPort: 4000}),
 		"remove a port":     RemovePortStopped(sb, 3000),
 		"delete checkpoint": DeleteCheckpoint(sb, "20261201-000000-0000"),
 	} {

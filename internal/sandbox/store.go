@@ -5,7 +5,7 @@
 // # State directory
 //
 //	sandbox.json     Config, written at create
-//	state.json       Status, written by the supervisor on every transition
+//	state.json       api.Status, written by the supervisor on every transition
 //	supervisor.lock  flock held by the running supervisor (liveness)
 //	api.sock         the supervisor's HTTP+JSON API (directory is 0700)
 //	root.qcow2       root disk: a qcow2 overlay on the image's rootfs.ext4
@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/secrets"
 	"github.com/kosa8/kosa8/internal/vmm"
@@ -119,7 +120,7 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 	if err := writeJSONAtomic(filepath.Join(stage, placeholdersFile), ph); err != nil {
 		return nil, err
 	}
-	if err := writeJSONAtomic(filepath.Join(stage, stateFile), &Status{State: Created}); err != nil {
+	if err := writeJSONAtomic(filepath.Join(stage, stateFile), &api.Status{State: api.Created}); err != nil {
 		return nil, err
 	}
 	if err := renameNoReplace(stage, final); err != nil {
@@ -186,23 +187,23 @@ func (m *Manager) List() ([]*Sandbox, error) {
 // Status reads the sandbox's recorded state and checks it against its
 // supervisor's lock: a sandbox recorded as up whose supervisor is gone has
 // crashed, whatever the file says.
-func (s *Sandbox) Status() Status {
-	var st Status
+func (s *Sandbox) Status() api.Status {
+	var st api.Status
 	if err := readJSON(filepath.Join(s.Dir, stateFile), &st); err != nil {
-		return Status{State: Crashed, Error: err.Error()}
+		return api.Status{State: api.Crashed, Error: err.Error()}
 	}
 	alive := supervisorAlive(s.Dir)
 	switch st.State {
-	case Starting, Running, Stopping:
+	case api.Starting, api.Running, api.Stopping:
 		if !alive {
 			if st.Error == "" {
 				st.Error = fmt.Sprintf("the supervisor (pid %d) exited without stopping the sandbox", st.SupervisorPID)
 			}
-			st.State = Crashed
+			st.State = api.Crashed
 		}
 	default:
-		if alive && st.State != Crashed {
-			st.State = Running
+		if alive && st.State != api.Crashed {
+			st.State = api.Running
 		}
 	}
 	return st
@@ -214,8 +215,11 @@ func (s *Sandbox) Alive() bool { return supervisorAlive(s.Dir) }
 // Path names a file in the sandbox's directory.
 func (s *Sandbox) Path(name string) string { return filepath.Join(s.Dir, name) }
 
+// Client returns a client for the API of the sandbox's supervisor.
+func (s *Sandbox) Client() *api.Client { return api.NewClient(s.Path(APISocket)) }
+
 // WriteStatus records st.
-func (s *Sandbox) WriteStatus(st Status) error {
+func (s *Sandbox) WriteStatus(st api.Status) error {
 	return writeJSONAtomic(filepath.Join(s.Dir, stateFile), &st)
 }
 
@@ -332,7 +336,7 @@ func (m *Manager) WorkspaceOverlap(self, folder string) (*Sandbox, error) {
 		if !Overlaps(sb.Config.Workspace.Path, folder) {
 			continue
 		}
-		if sb.Alive() || sb.Status().State == Paused {
+		if sb.Alive() || sb.Status().State == api.Paused {
 			return sb, nil
 		}
 	}

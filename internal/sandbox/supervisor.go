@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/egress"
 	"github.com/kosa8/kosa8/internal/guest"
@@ -42,9 +43,9 @@ type SuperviseOptions struct {
 
 // ReadyMessage is what the supervisor writes to its ready pipe.
 type ReadyMessage struct {
-	OK     bool    `json:"ok"`
-	Error  string  `json:"error,omitempty"`
-	Status *Status `json:"status,omitempty"`
+	OK     bool        `json:"ok"`
+	Error  string      `json:"error,omitempty"`
+	Status *api.Status `json:"status,omitempty"`
 	// Progress lines come before the last one (OK or Error set), while
 	// the host folder is copied in.
 	Progress *CopyProgress `json:"progress,omitempty"`
@@ -78,7 +79,7 @@ type supervisor struct {
 	qemuFirmware string
 
 	mu     sync.Mutex
-	status Status
+	status api.Status
 
 	stop     chan stopRequest
 	stopOnce sync.Once
@@ -155,15 +156,15 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 	s := &supervisor{sb: sb, log: log, stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
 	start := time.Now()
 	parent := sb.Status().Checkpoint // the checkpoint tree carries across restarts
-	s.setStatus(func(st *Status) {
-		*st = Status{State: Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
+	s.setStatus(func(st *api.Status) {
+		*st = api.Status{State: api.Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
 	})
 	if err := s.boot(ctx, m, o); err != nil {
 		s.failedStart(err)
 		return err
 	}
-	s.setStatus(func(st *Status) {
-		st.State = Running
+	s.setStatus(func(st *api.Status) {
+		st.State = api.Running
 		st.QEMUPID = s.machine.Pid()
 		st.Accel = string(s.accel)
 		st.BootMillis = msSince(start)
@@ -232,7 +233,7 @@ wait:
 		default:
 		}
 	}
-	s.setStatus(func(st *Status) { st.State = Stopping })
+	s.setStatus(func(st *api.Status) { st.State = api.Stopping })
 	stopped := exited
 	kill := req.kill
 	if !stopped && !kill {
@@ -302,15 +303,15 @@ wait:
 	_ = srv.Shutdown(shutCtx)
 	cancel()
 	os.Remove(sb.Path(APISocket))
-	s.setStatus(func(st *Status) {
+	s.setStatus(func(st *api.Status) {
 		st.Stopped = time.Now().UTC()
-		st.State = Stopped
+		st.State = api.Stopped
 		st.QEMUPID = 0
 		if exitErr != nil && !req.kill {
-			st.State, st.Error = Crashed, exitErr.Error()
+			st.State, st.Error = api.Crashed, exitErr.Error()
 		}
 		if req.pausedAt != "" {
-			st.State, st.Checkpoint = Paused, req.pausedAt
+			st.State, st.Checkpoint = api.Paused, req.pausedAt
 		}
 		st.Pending = pending
 	})
@@ -339,12 +340,12 @@ func (s *supervisor) failedStart(err error) {
 		s.net.close()
 	}
 	os.Remove(s.sb.Path(APISocket))
-	s.setStatus(func(st *Status) {
-		st.State, st.Error, st.Stopped, st.QEMUPID = Crashed, err.Error(), time.Now().UTC(), 0
+	s.setStatus(func(st *api.Status) {
+		st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
 	})
 }
 
-func (s *supervisor) setStatus(f func(*Status)) {
+func (s *supervisor) setStatus(f func(*api.Status)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f(&s.status)
@@ -353,7 +354,7 @@ func (s *supervisor) setStatus(f func(*Status)) {
 	}
 }
 
-func (s *supervisor) getStatus() Status {
+func (s *supervisor) getStatus() api.Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.status
@@ -423,7 +424,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if s.accel == vmm.TCG {
 		if why := vinfo.AccelFallback; why != "" {
 			s.log.Warn("not using hardware acceleration", "why", why)
-			s.setStatus(func(st *Status) { st.AccelFallback = why })
+			s.setStatus(func(st *api.Status) { st.AccelFallback = why })
 		}
 		s.log.Warn(vmm.IsolationWarning)
 	}
@@ -472,7 +473,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	go func() {
 		info, err := s.currentClient().Info(bootCtx)
 		if err == nil {
-			s.setStatus(func(st *Status) { st.Kernel = info.Kernel })
+			s.setStatus(func(st *api.Status) { st.Kernel = info.Kernel })
 			if err = s.installCA(bootCtx); err != nil {
 				err = fmt.Errorf("install the sandbox CA in the guest: %w", err)
 			}
@@ -565,7 +566,7 @@ func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, 
 			s.log.Warn("record the accelerator's failure", "err", rerr)
 		}
 	}
-	s.setStatus(func(st *Status) { st.AccelFallback = reason })
+	s.setStatus(func(st *api.Status) { st.AccelFallback = reason })
 	return nil
 }
 

@@ -362,9 +362,3 @@ func (w *workspace) stop(ctx context.Context) {
 	}
 	w.closeFiles()
 }
-
-// SyncStatus is /v1/sync.
-type SyncStatus struct {
-	Path string `json:"path"`
-	wsync.Status
-}
