@@ -8,6 +8,7 @@ import (
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -123,11 +124,11 @@ func (s *Sandbox) launch(ctx context.Context, restore string, rewind bool) error
 	if err != nil {
 		return err
 	}
-	agent, err := sandbox.AgentPath(bin, vmspec.Arch(s.sb.Config.Arch))
+	agent, err := supervisor.AgentPath(bin, vmspec.Arch(s.sb.Config.Arch))
 	if err != nil {
 		return err
 	}
-	_, err = sandbox.Launch(ctx, s.sb, sandbox.LaunchOptions{Binary: bin, Agent: agent, Restore: restore, Rewind: rewind, Env: s.c.env()})
+	_, err = supervisor.Launch(ctx, s.sb, supervisor.LaunchOptions{Binary: bin, Agent: agent, Restore: restore, Rewind: rewind, Env: s.c.env()})
 	if err != nil {
 		return fmt.Errorf("start %s: %w", s.Name(), err)
 	}

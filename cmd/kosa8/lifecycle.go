@@ -21,6 +21,7 @@ import (
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/project"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 	"github.com/kosa8/kosa8/sdk"
@@ -281,12 +282,12 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 			p.Step("booting sandbox " + sb.Config.Name)
 		}
 	}
-	progress := func(cp sandbox.CopyProgress) {
+	progress := func(cp supervisor.CopyProgress) {
 		if p != nil {
 			p.Step(fmt.Sprintf("copying %s in: %d files, %s", sb.Config.Workspace.Path, cp.Files, humanBytes(cp.Bytes)))
 		}
 	}
-	st, err := sandbox.Launch(ctx, sb, sandbox.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started, Progress: progress})
+	st, err := supervisor.Launch(ctx, sb, supervisor.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started, Progress: progress})
 	if p != nil {
 		p.Done()
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
@@ -141,7 +142,7 @@ func agentPath(arch vmspec.Arch) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return sandbox.AgentPath(self, arch)
+	return supervisor.AgentPath(self, arch)
 }
 
 func lookTool(name string) bool {

@@ -170,14 +170,14 @@ func TestStatusFollowsSupervisorLock(t *testing.T) {
 	if st := sb.Status(); st.State != api.Crashed || !strings.Contains(st.Error, "424242") {
 		t.Fatalf("running without a supervisor: %+v", st)
 	}
-	lock, err := lockSupervisor(sb.Dir)
+	lock, err := LockSupervisor(sb.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st := sb.Status(); st.State != api.Running || !sb.Alive() {
 		t.Fatalf("with the lock held: %+v alive=%v", st, sb.Alive())
 	}
-	if _, err := lockSupervisor(sb.Dir); !errors.Is(err, ErrRunning) {
+	if _, err := LockSupervisor(sb.Dir); !errors.Is(err, ErrRunning) {
 		t.Fatalf("second supervisor: %v", err)
 	}
 	if err := m.Remove("live"); !errors.Is(err, ErrRunning) {
@@ -186,16 +186,6 @@ func TestStatusFollowsSupervisorLock(t *testing.T) {
 	lock.Close()
 	if sb.Alive() {
 		t.Fatal("alive after the lock was released")
-	}
-}
-
-func TestCmdline(t *testing.T) {
-	c := validConfig("Box_1")
-	got := Cmdline(&c)
-	for _, want := range []string{"kosa8.user=u", "kosa8.uid=1000", "kosa8.gid=1000", "kosa8.hostname=box-1", "panic=-1"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("cmdline %q lacks %q", got, want)
-		}
 	}
 }
 
@@ -274,7 +264,7 @@ func TestStoppedEditsTakeTheSupervisorLock(t *testing.T) {
 	if err != nil || len(events) != 1 || events[0].Kind != audit.KindPolicy || events[0].Rule != "example.com" {
 		t.Fatalf("the stopped sandbox's rule change is not in its audit log: %+v %v", events, err)
 	}
-	lock, err := lockSupervisor(sb.Dir)
+	lock, err := LockSupervisor(sb.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +301,7 @@ func TestStartWaitsForAStoppedEdit(t *testing.T) {
 		time.Sleep(400 * time.Millisecond) // past the 200 ms a real supervisor gets
 		release()
 	}()
-	lock, err := lockSupervisor(dir)
+	lock, err := LockSupervisor(dir)
 	if err != nil {
 		t.Fatalf("the start did not wait for the edit: %v", err)
 	}

@@ -22,8 +22,8 @@ const (
 	SupervisorLog = "supervisor.log"
 )
 
-// writeJSONAtomic replaces path with v, never leaving half a file.
-func writeJSONAtomic(path string, v any) error {
+// WriteJSONAtomic replaces path with v, never leaving half a file.
+func WriteJSONAtomic(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
@@ -141,9 +141,9 @@ func flockPolling(f *os.File, how int, keepTrying func(tries int) bool) error {
 	}
 }
 
-// lockSupervisor takes the sandbox's supervisor lock for the life of the
+// LockSupervisor takes the sandbox's supervisor lock for the life of the
 // process, or fails if another supervisor holds it.
-func lockSupervisor(dir string) (*os.File, error) {
+func LockSupervisor(dir string) (*os.File, error) {
 	f, err := openLock(dir, lockFile)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,8 @@
 // Package sandbox keeps sandboxes on the host: each has a state directory
 // ($KOSA8_HOME/sandboxes/NAME) with its settings, disks, logs and the
-// socket of its supervisor, the one process that owns its VM.
+// socket of its supervisor, the one process that owns its VM. This package
+// is the directory alone: the supervisor is internal/supervisor, its API
+// internal/api.
 //
 // # State directory
 //
@@ -58,8 +60,8 @@ type Sandbox struct {
 	Disks vmm.DiskLayers
 }
 
-// diskLayers is sb.Disks, or the error that says none were given.
-func (sb *Sandbox) diskLayers() (vmm.DiskLayers, error) {
+// DiskLayers is sb.Disks, or the error that says none were given.
+func (sb *Sandbox) DiskLayers() (vmm.DiskLayers, error) {
 	if sb.Disks == nil {
 		return nil, errors.New("internal error: this sandbox was opened without a disk layer driver (sandbox.Manager.Disks)")
 	}
@@ -110,17 +112,17 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 			return nil, err
 		}
 	}
-	if err := writeJSONAtomic(filepath.Join(stage, configFile), &cfg); err != nil {
+	if err := WriteJSONAtomic(filepath.Join(stage, configFile), &cfg); err != nil {
 		return nil, err
 	}
 	ph := map[string]string{}
 	for _, name := range cfg.Secrets {
 		ph[name] = secrets.NewPlaceholder()
 	}
-	if err := writeJSONAtomic(filepath.Join(stage, placeholdersFile), ph); err != nil {
+	if err := WriteJSONAtomic(filepath.Join(stage, placeholdersFile), ph); err != nil {
 		return nil, err
 	}
-	if err := writeJSONAtomic(filepath.Join(stage, stateFile), &api.Status{State: api.Created}); err != nil {
+	if err := WriteJSONAtomic(filepath.Join(stage, stateFile), &api.Status{State: api.Created}); err != nil {
 		return nil, err
 	}
 	if err := renameNoReplace(stage, final); err != nil {
@@ -220,7 +222,7 @@ func (s *Sandbox) Client() *api.Client { return api.NewClient(s.Path(APISocket))
 
 // WriteStatus records st.
 func (s *Sandbox) WriteStatus(st api.Status) error {
-	return writeJSONAtomic(filepath.Join(s.Dir, stateFile), &st)
+	return WriteJSONAtomic(filepath.Join(s.Dir, stateFile), &st)
 }
 
 // Remove deletes a stopped sandbox. The directory leaves its name at once
@@ -279,7 +281,7 @@ func (s *Sandbox) SaveConfig() error {
 	if err := s.Config.Validate(); err != nil {
 		return err
 	}
-	return writeJSONAtomic(filepath.Join(s.Dir, configFile), &s.Config)
+	return WriteJSONAtomic(filepath.Join(s.Dir, configFile), &s.Config)
 }
 
 // FailedDir holds the logs of sandboxes removed after a failure.

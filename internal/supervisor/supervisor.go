@@ -1,4 +1,9 @@
-package sandbox
+// Package supervisor is the per-sandbox process ('kosa8 supervise'): it
+// boots the sandbox's VM through a driver its caller picks (it holds vmm
+// interfaces only), wires the guest's network and workspace, takes
+// checkpoints and rewinds, and serves the API (internal/api) on the
+// sandbox's api.sock until the sandbox stops. Launch starts it, detached.
+package supervisor
 
 import (
 	"bytes"
@@ -21,12 +26,13 @@ import (
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netstack"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
-// SuperviseOptions configure the supervisor process.
-type SuperviseOptions struct {
+// Options configure the supervisor process.
+type Options struct {
 	// Restore resumes the sandbox from this checkpoint instead of booting;
 	// with Rewind the host folder is merged back to it too (else it is a
 	// resume: edits made on the host meanwhile flow in).
@@ -53,7 +59,7 @@ type ReadyMessage struct {
 
 // supervisor owns one running sandbox.
 type supervisor struct {
-	sb      *Sandbox
+	sb      *sandbox.Sandbox
 	log     *slog.Logger
 	machine vmm.Machine
 	client  *guest.Client
@@ -122,9 +128,9 @@ type stopRequest struct {
 	done     chan error // told the outcome of a pause
 }
 
-// Supervise boots the sandbox and serves it until it stops. It is the body
-// of the detached 'kosa8 supervise' process.
-func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions) (err error) {
+// Supervise boots m's sandbox name and serves it until it stops. It is
+// the body of the detached 'kosa8 supervise' process.
+func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) (err error) {
 	log := o.Log
 	if log == nil {
 		log = slog.Default()
@@ -147,7 +153,7 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 	if err != nil {
 		return err
 	}
-	lock, err := lockSupervisor(sb.Dir)
+	lock, err := sandbox.LockSupervisor(sb.Dir)
 	if err != nil {
 		return fmt.Errorf("%w: %s", err, name)
 	}
@@ -302,7 +308,7 @@ wait:
 	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = srv.Shutdown(shutCtx)
 	cancel()
-	os.Remove(sb.Path(APISocket))
+	os.Remove(sb.Path(sandbox.APISocket))
 	s.setStatus(func(st *api.Status) {
 		st.Stopped = time.Now().UTC()
 		st.State = api.Stopped
@@ -339,7 +345,7 @@ func (s *supervisor) failedStart(err error) {
 	if s.net != nil {
 		s.net.close()
 	}
-	os.Remove(s.sb.Path(APISocket))
+	os.Remove(s.sb.Path(sandbox.APISocket))
 	s.setStatus(func(st *api.Status) {
 		st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
 	})
@@ -361,7 +367,7 @@ func (s *supervisor) getStatus() api.Status {
 }
 
 // Cmdline is the guest kernel's command line for a sandbox.
-func Cmdline(c *Config) string {
+func Cmdline(c *sandbox.Config) string {
 	parts := []string{
 		// A panic ends QEMU (-no-reboot) instead of hanging; warnings and
 		// worse reach the console log.
@@ -369,12 +375,12 @@ func Cmdline(c *Config) string {
 		"kosa8.user=" + c.User,
 		"kosa8.uid=" + strconv.Itoa(c.UID),
 		"kosa8.gid=" + strconv.Itoa(c.GID),
-		"kosa8.hostname=" + Hostname(c.Name),
+		"kosa8.hostname=" + sandbox.Hostname(c.Name),
 	}
 	return strings.Join(parts, " ")
 }
 
-func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) error {
+func (s *supervisor) boot(ctx context.Context, m *sandbox.Manager, o Options) error {
 	// Each step's time goes to the log ("boot steps"): where a start's
 	// time beyond the guest's own boot goes.
 	var steps []any
@@ -407,10 +413,10 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	s.newDriver = o.NewDriver
 	s.driverOpts = vmm.DriverOptions{
 		Arch: vmspec.Arch(cfg.Arch), Accel: forced, RecordDir: m.Paths.Home,
-		ReadWrite: []string{s.sb.Path(disksDir)}, ReadOnly: []string{img.Dir, s.sb.Path(RootDisk)},
+		ReadWrite: []string{s.sb.Path(sandbox.DisksDir)}, ReadOnly: []string{img.Dir, s.sb.Path(sandbox.RootDisk)},
 	}
 	if cfg.Workspace != nil {
-		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(WorkspaceDisk))
+		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(sandbox.WorkspaceDisk))
 	}
 	drv, err := s.newDriver(s.driverOpts)
 	if err != nil {
@@ -447,7 +453,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		Kernel:     img.Kernel().Image,
 		Initrd:     initrd,
 		Cmdline:    Cmdline(cfg) + " " + NetCmdline(),
-		ConsoleLog: s.sb.Path(ConsoleLog),
+		ConsoleLog: s.sb.Path(sandbox.ConsoleLog),
 		AgentPort:  guestPortName,
 		Net:        &vmspec.Net{MAC: netstack.GuestMAC.String()},
 	}
@@ -492,7 +498,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 				_, _ = ready.Write(append(b, '\n'))
 			}
 		}
-		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.loadManifest(), o.Restore != "" && o.Rewind); err != nil {
+		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.LoadManifest(), o.Restore != "" && o.Rewind); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
 		mark("workspace")
@@ -578,8 +584,8 @@ func (s *supervisor) installCA(ctx context.Context) error {
 	ca := s.net.ca.CertPEM()
 	var bundle bytes.Buffer
 	c := s.currentClient()
-	if _, err := c.ReadFile(ctx, GuestCABundle, &bundle); err != nil {
-		return fmt.Errorf("read %s: %w", GuestCABundle, err)
+	if _, err := c.ReadFile(ctx, sandbox.GuestCABundle, &bundle); err != nil {
+		return fmt.Errorf("read %s: %w", sandbox.GuestCABundle, err)
 	}
 	// The host's own roots beyond the guest's (a TLS-inspecting proxy's
 	// CA), unless the sandbox was made with --no-host-ca.
@@ -590,11 +596,11 @@ func (s *supervisor) installCA(ctx context.Context) error {
 	if bytes.Contains(bundle.Bytes(), ca) && len(extra) == 0 {
 		return nil
 	}
-	if err := c.WriteFile(ctx, GuestCAPath, 0o644, "root", bytes.NewReader(ca)); err != nil {
+	if err := c.WriteFile(ctx, sandbox.GuestCAPath, 0o644, "root", bytes.NewReader(ca)); err != nil {
 		return err
 	}
 	if len(extra) > 0 {
-		if err := c.WriteFile(ctx, GuestHostCAPath, 0o644, "root", bytes.NewReader(extra)); err != nil {
+		if err := c.WriteFile(ctx, sandbox.GuestHostCAPath, 0o644, "root", bytes.NewReader(extra)); err != nil {
 			return err
 		}
 	}
@@ -605,7 +611,7 @@ func (s *supervisor) installCA(ctx context.Context) error {
 	if !bytes.Contains(b, ca) {
 		b = append(b, ca...)
 	}
-	return c.WriteFile(ctx, GuestCABundle, 0o644, "root", bytes.NewReader(append(b, extra...)))
+	return c.WriteFile(ctx, sandbox.GuestCABundle, 0o644, "root", bytes.NewReader(append(b, extra...)))
 }
 
 // guestPortName must match the agent's agent.DefaultPortName.
@@ -614,7 +620,7 @@ const guestPortName = "org.kosa8.agent"
 // resetConsoleLog empties the console log, and removes the older half
 // the driver keeps of a long one (console.log.1), for a new boot.
 func (s *supervisor) resetConsoleLog() {
-	p := s.sb.Path(ConsoleLog)
+	p := s.sb.Path(sandbox.ConsoleLog)
 	_ = os.Truncate(p, 0)
 	_ = os.Remove(p + ".1")
 }
@@ -703,7 +709,7 @@ func listenAPI(path string) (net.Listener, error) {
 }
 
 func (s *supervisor) serveAPI() (*http.Server, error) {
-	l, err := listenAPI(s.sb.Path(APISocket))
+	l, err := listenAPI(s.sb.Path(sandbox.APISocket))
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package sandbox
+package supervisor
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/netpolicy"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
 )
 
@@ -101,7 +102,7 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 	})
 	mux.HandleFunc("DELETE /v1/checkpoints/{id}", func(w http.ResponseWriter, r *http.Request) {
 		s.cpMu.Lock()
-		err := deleteCheckpoint(s.sb, r.PathValue("id"))
+		err := sandbox.DeleteCheckpointLocked(s.sb, r.PathValue("id"))
 		if err == nil {
 			s.dropRewindRAM(r.PathValue("id"))
 		}
@@ -156,7 +157,7 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 		}
 		if err := s.net.addForward(pf, true); err != nil {
 			code := http.StatusBadRequest
-			if errors.Is(err, ErrPortInUse) {
+			if errors.Is(err, sandbox.ErrPortInUse) {
 				code = http.StatusConflict
 			}
 			writeJSON(w, code, api.ErrorResponse{Error: err.Error()})
