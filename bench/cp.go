@@ -11,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 )
 
 var cpParts = flag.String("cp", "sizes,incremental", "bench cp: which parts to run (sizes: the checkpoint and rewind per size against plain migrate; incremental: a 2 GiB guest's checkpoint after 64 MiB of writes, ten back to back, and the verifier)")
@@ -25,10 +27,10 @@ func kosa8JSON(v any, args ...string) {
 	must(json.Unmarshal([]byte(out), v))
 }
 
-func plainMigrate(name string) sandbox.PlainMigrate {
+func plainMigrate(name string) api.PlainMigrate {
 	out, err := exec.Command("sh", "-c", fmt.Sprintf("curl -s -X POST --unix-socket %s http://kosa8/v1/debug/plain-migrate", filepath.Join(os.Getenv("KOSA8_HOME"), "sandboxes", name, sandbox.APISocket))).Output()
 	must(err)
-	var r sandbox.PlainMigrate
+	var r api.PlainMigrate
 	must(json.Unmarshal(out, &r))
 	return r
 }
@@ -89,12 +91,12 @@ func benchCPIncremental() []row {
 		if verify {
 			name += "-verify"
 			label += ", verifier on"
-			os.Setenv(sandbox.EnvVerifyCheckpoints, "1")
+			os.Setenv(supervisor.EnvVerifyCheckpoints, "1")
 		}
 		fmt.Fprintf(os.Stderr, "incremental: %s...\n", label)
 		kosa8("create", name, "--no-workspace", "--memory", "2048M")
 		kosa8("start", name)
-		os.Unsetenv(sandbox.EnvVerifyCheckpoints)
+		os.Unsetenv(supervisor.EnvVerifyCheckpoints)
 		// Filled by repeating a random MiB: what the pause copies does not
 		// depend on the bytes, and random data is slow to make under TCG.
 		kosa8("exec", "-u", "root", name, "--", "sh", "-c", "dd if=/dev/urandom of=/root/r bs=1M count=1 status=none && for i in $(seq 904); do cat /root/r; done > /dev/shm/fill")

@@ -310,7 +310,7 @@ func firstOutput() time.Duration {
 }
 
 func execRoundTrips(sb *sandbox.Sandbox, n int) []time.Duration {
-	c := sandbox.NewClient(sb)
+	c := sb.Client()
 	var out []time.Duration
 	for i := 0; i < n; i++ {
 		t0 := time.Now()

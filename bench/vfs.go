@@ -16,6 +16,7 @@ import (
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
@@ -103,7 +104,7 @@ func startVFS(dir string) (*vfsMachine, error) {
 	}
 	spec := &vmspec.Spec{
 		Name: "bench-vfs", Arch: vmspec.HostArch(), CPUs: 2, MemoryMiB: 1024,
-		Kernel: img.Kernel().Image, Initrd: initrd, Cmdline: sandbox.Cmdline(cfg),
+		Kernel: img.Kernel().Image, Initrd: initrd, Cmdline: supervisor.Cmdline(cfg),
 		AgentPort: "org.kosa8.agent",
 		Disks:     []vmspec.Disk{{ID: "root", Path: root, Format: "qcow2"}},
 		VirtioFS:  []vmspec.VirtioFS{{Tag: "bench", Socket: sock}},

@@ -40,11 +40,11 @@ func fromMeta(m *checkpoint.Meta) Checkpoint {
 
 // Checkpoint saves the running machine; message says what it is.
 func (s *Sandbox) Checkpoint(ctx context.Context, message string) (*Checkpoint, error) {
-	api, err := s.api()
+	client, err := s.client()
 	if err != nil {
 		return nil, err
 	}
-	m, err := api.Checkpoint(ctx, message)
+	m, err := client.Checkpoint(ctx, message)
 	if err != nil {
 		return nil, &OpError{Op: "checkpoint " + s.Name(), Err: err}
 	}
@@ -81,7 +81,7 @@ func (s *Sandbox) Checkpoints(ctx context.Context) ([]Checkpoint, error) {
 // DeleteCheckpoint removes a checkpoint (running or not).
 func (s *Sandbox) DeleteCheckpoint(ctx context.Context, id string) error {
 	if s.sb.Alive() {
-		return sandbox.NewClient(s.sb).DeleteCheckpoint(ctx, id)
+		return s.sb.Client().DeleteCheckpoint(ctx, id)
 	}
 	return sandbox.DeleteCheckpoint(s.sb, id)
 }
@@ -106,11 +106,11 @@ type RewindResult struct {
 // Running commands come back as they were at the checkpoint; the network
 // rules and secret bindings stay as they are now.
 func (s *Sandbox) Rewind(ctx context.Context, id string) (*RewindResult, error) {
-	api, err := s.api()
+	client, err := s.client()
 	if err != nil {
 		return nil, err
 	}
-	r, err := api.Rewind(ctx, id)
+	r, err := client.Rewind(ctx, id)
 	if err != nil {
 		return nil, &OpError{Op: "rewind " + s.Name() + " to " + id, Err: err}
 	}

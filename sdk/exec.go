@@ -50,7 +50,7 @@ const killGrace = 10 * time.Second
 // error means the command could not be run or followed (not a non-zero
 // exit: see ExecResult.ExitCode).
 func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (*ExecResult, error) {
-	api, err := s.api()
+	client, err := s.client()
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +72,7 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (*ExecResult, error) {
 		case <-opened:
 		}
 	}()
-	conn, err := api.Exec(connCtx, req)
+	conn, err := client.Exec(connCtx, req)
 	close(opened)
 	if err != nil {
 		if ctx.Err() != nil {

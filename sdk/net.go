@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/sandbox"
@@ -50,7 +51,7 @@ func (s *Sandbox) AllowBroad(ctx context.Context, rules ...string) ([]string, er
 
 func (s *Sandbox) allow(ctx context.Context, rules []string, broad bool) ([]string, error) {
 	if s.sb.Alive() {
-		return sandbox.NewClient(s.sb).Allow(ctx, rules, broad)
+		return s.sb.Client().Allow(ctx, rules, broad)
 	}
 	return stopped(sandbox.AllowStopped(s.sb, rules, broad))
 }
@@ -59,7 +60,7 @@ func (s *Sandbox) allow(ctx context.Context, rules []string, broad bool) ([]stri
 // over every allow rule. It returns the rules now in force.
 func (s *Sandbox) Deny(ctx context.Context, targets ...string) ([]string, error) {
 	if s.sb.Alive() {
-		return sandbox.NewClient(s.sb).Deny(ctx, targets)
+		return s.sb.Client().Deny(ctx, targets)
 	}
 	return stopped(sandbox.DenyStopped(s.sb, targets))
 }
@@ -69,7 +70,7 @@ func (s *Sandbox) Deny(ctx context.Context, targets ...string) ([]string, error)
 // A target no rule has is an error, and then nothing is removed.
 func (s *Sandbox) Remove(ctx context.Context, targets ...string) ([]string, error) {
 	if s.sb.Alive() {
-		return sandbox.NewClient(s.sb).RemoveRules(ctx, targets)
+		return s.sb.Client().RemoveRules(ctx, targets)
 	}
 	return stopped(sandbox.RemoveStopped(s.sb, targets))
 }
@@ -115,11 +116,11 @@ func (s *Sandbox) Blocked(ctx context.Context) ([]Blocked, error) {
 // returns an error (which it returns). f may call Allow: the host is then
 // let through for the connections that follow.
 func (s *Sandbox) WatchRefused(ctx context.Context, f func(Blocked) error) error {
-	api, err := s.api()
+	client, err := s.client()
 	if err != nil {
 		return err
 	}
-	return api.Refused(ctx, func(b sandbox.Blocked) error {
+	return client.Refused(ctx, func(b api.Blocked) error {
 		return f(Blocked{Host: b.Host, Port: b.Port, Rule: b.Rule, Count: b.Count, Last: b.Last})
 	})
 }
@@ -159,7 +160,7 @@ type Port struct {
 	AllInterfaces bool `json:"all_interfaces,omitempty"`
 }
 
-func toPorts(in []sandbox.PortForward) []Port {
+func toPorts(in []api.PortForward) []Port {
 	out := []Port{}
 	for _, p := range in {
 		out = append(out, Port(p))
@@ -170,7 +171,7 @@ func toPorts(in []sandbox.PortForward) []Port {
 // Ports lists the sandbox's port forwards.
 func (s *Sandbox) Ports(ctx context.Context) ([]Port, error) {
 	if s.sb.Alive() {
-		p, err := sandbox.NewClient(s.sb).Ports(ctx)
+		p, err := s.sb.Client().Ports(ctx)
 		return toPorts(p), err
 	}
 	p, err := s.sb.LoadPorts()
@@ -180,7 +181,7 @@ func (s *Sandbox) Ports(ctx context.Context) ([]Port, error) {
 // AddPort forwards a host port to the guest, at once when running, else
 // from the next start.
 func (s *Sandbox) AddPort(ctx context.Context, p Port) error {
-	pf := sandbox.PortForward(p)
+	pf := api.PortForward(p)
 	if pf.GuestPort == 0 {
 		pf.GuestPort = pf.HostPort
 	}
@@ -188,7 +189,7 @@ func (s *Sandbox) AddPort(ctx context.Context, p Port) error {
 		return fmt.Errorf("port forward %s: the host port must be set", pf)
 	}
 	if s.sb.Alive() {
-		_, err := sandbox.NewClient(s.sb).AddPort(ctx, pf)
+		_, err := s.sb.Client().AddPort(ctx, pf)
 		return err
 	}
 	return sandbox.AddPortStopped(s.sb, pf)
@@ -197,7 +198,7 @@ func (s *Sandbox) AddPort(ctx context.Context, p Port) error {
 // RemovePort stops forwarding a host port.
 func (s *Sandbox) RemovePort(ctx context.Context, hostPort uint16) error {
 	if s.sb.Alive() {
-		_, err := sandbox.NewClient(s.sb).RemovePort(ctx, hostPort)
+		_, err := s.sb.Client().RemovePort(ctx, hostPort)
 		return err
 	}
 	return sandbox.RemovePortStopped(s.sb, hostPort)
@@ -253,11 +254,11 @@ type SyncConflict struct {
 // SyncStatus reports the workspace sync of the running sandbox; with now,
 // after comparing the whole folder.
 func (s *Sandbox) SyncStatus(ctx context.Context, now bool) (*SyncStatus, error) {
-	api, err := s.api()
+	client, err := s.client()
 	if err != nil {
 		return nil, err
 	}
-	st, err := api.Sync(ctx, now)
+	st, err := client.Sync(ctx, now)
 	if err != nil {
 		return nil, err
 	}
@@ -314,11 +315,11 @@ func (s *Sandbox) DiscardChanges(ctx context.Context, paths ...string) ([]string
 }
 
 func (s *Sandbox) syncChange(ctx context.Context, what string, paths []string) ([]string, error) {
-	api, err := s.api()
+	client, err := s.client()
 	if err != nil {
 		return nil, err
 	}
-	return api.SyncChange(ctx, what, paths)
+	return client.SyncChange(ctx, what, paths)
 }
 
 // AccessRequest is a request for a host that only the user can grant.

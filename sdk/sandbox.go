@@ -6,7 +6,9 @@ import (
 	"io"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -72,17 +74,17 @@ func (s *Sandbox) Name() string { return s.sb.Config.Name }
 // Info describes the sandbox as it is now.
 func (s *Sandbox) Info() Info { return describe(s.sb) }
 
-// api is the supervisor's client, or ErrNotRunning.
-func (s *Sandbox) api() (*sandbox.Client, error) {
+// client is the supervisor's client, or ErrNotRunning.
+func (s *Sandbox) client() (*api.Client, error) {
 	if !s.sb.Alive() {
 		st := s.sb.Status()
 		msg := fmt.Sprintf("%s is %s: start it first", s.Name(), st.State)
-		if st.State == sandbox.Crashed && st.Error != "" {
+		if st.State == api.Crashed && st.Error != "" {
 			msg += " (" + st.Error + ")"
 		}
 		return nil, fmt.Errorf("%w: %s", ErrNotRunning, msg)
 	}
-	return sandbox.NewClient(s.sb), nil
+	return s.sb.Client(), nil
 }
 
 // Start boots the sandbox and returns once its guest answers. A paused
@@ -90,7 +92,7 @@ func (s *Sandbox) api() (*sandbox.Client, error) {
 // ErrRunning if the sandbox runs already.
 func (s *Sandbox) Start(ctx context.Context) error {
 	restore := ""
-	if st := s.sb.Status(); st.State == sandbox.Paused {
+	if st := s.sb.Status(); st.State == api.Paused {
 		restore = st.Checkpoint
 	}
 	return s.launch(ctx, restore, false)
@@ -108,7 +110,7 @@ func (s *Sandbox) StartFrom(ctx context.Context, checkpointID string) error {
 	}
 	st := s.sb.Status()
 	rewind := false
-	if st.State != sandbox.Paused || checkpointID != st.Checkpoint {
+	if st.State != api.Paused || checkpointID != st.Checkpoint {
 		if _, err := sandbox.SaveDisks(s.sb, "disks before start --from "+checkpointID); err != nil {
 			return fmt.Errorf("keep %s's disks before starting it from %s: %w", s.Name(), checkpointID, err)
 		}
@@ -122,11 +124,11 @@ func (s *Sandbox) launch(ctx context.Context, restore string, rewind bool) error
 	if err != nil {
 		return err
 	}
-	agent, err := sandbox.AgentPath(bin, vmspec.Arch(s.sb.Config.Arch))
+	agent, err := supervisor.AgentPath(bin, vmspec.Arch(s.sb.Config.Arch))
 	if err != nil {
 		return err
 	}
-	_, err = sandbox.Launch(ctx, s.sb, sandbox.LaunchOptions{Binary: bin, Agent: agent, Restore: restore, Rewind: rewind, Env: s.c.env()})
+	_, err = supervisor.Launch(ctx, s.sb, supervisor.LaunchOptions{Binary: bin, Agent: agent, Restore: restore, Rewind: rewind, Env: s.c.env()})
 	if err != nil {
 		return fmt.Errorf("start %s: %w", s.Name(), err)
 	}
@@ -144,7 +146,7 @@ func (s *Sandbox) stop(ctx context.Context, kill bool) error {
 	if !s.sb.Alive() {
 		return nil
 	}
-	err := sandbox.NewClient(s.sb).Stop(ctx, kill)
+	err := s.sb.Client().Stop(ctx, kill)
 	if err != nil && s.sb.Alive() {
 		// The API may be gone with a wedged supervisor: end it.
 		_ = s.sb.Kill()
@@ -157,11 +159,11 @@ func (s *Sandbox) stop(ctx context.Context, kill bool) error {
 // Pause writes the running machine out to a checkpoint and frees its
 // memory; Resume (or Start) continues it where it was.
 func (s *Sandbox) Pause(ctx context.Context) error {
-	api, err := s.api()
+	client, err := s.client()
 	if err != nil {
 		return err
 	}
-	if err := api.Pause(ctx); err != nil {
+	if err := client.Pause(ctx); err != nil {
 		return &OpError{Op: "pause " + s.Name(), Err: err}
 	}
 	return s.sb.WaitStopped(ctx)
@@ -186,11 +188,11 @@ type GuestInfo struct {
 
 // GuestInfo asks the running guest about itself.
 func (s *Sandbox) GuestInfo(ctx context.Context) (*GuestInfo, error) {
-	api, err := s.api()
+	client, err := s.client()
 	if err != nil {
 		return nil, err
 	}
-	i, err := api.Info(ctx)
+	i, err := client.Info(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -203,9 +205,9 @@ func (s *Sandbox) GuestInfo(ctx context.Context) (*GuestInfo, error) {
 // inspecting what the guest holds (it never holds a secret's value, only
 // its placeholder) and is as large as the sandbox's memory.
 func (s *Sandbox) DumpMemory(ctx context.Context, w io.Writer) error {
-	api, err := s.api()
+	client, err := s.client()
 	if err != nil {
 		return err
 	}
-	return api.Memory(ctx, w)
+	return client.Memory(ctx, w)
 }

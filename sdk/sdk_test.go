@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/sandbox"
@@ -111,19 +112,19 @@ func (f *fakeSupervisor) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/exec", f.exec)
 	mux.HandleFunc("POST /v1/checkpoints", func(w http.ResponseWriter, r *http.Request) {
-		var req sandbox.CheckpointRequest
+		var req api.CheckpointRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		json.NewEncoder(w).Encode(checkpoint.Meta{ID: "cp1", Message: req.Message, Kind: "manual", PauseMillis: 12, RAMBytes: 4096})
 	})
 	mux.HandleFunc("POST /v1/rewind", func(w http.ResponseWriter, r *http.Request) {
-		var req sandbox.CheckpointRequest
+		var req api.CheckpointRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		if req.ID != "cp1" {
 			w.WriteHeader(http.StatusNotFound)
 			json.NewEncoder(w).Encode(map[string]string{"error": "rewind: no such checkpoint " + req.ID})
 			return
 		}
-		json.NewEncoder(w).Encode(sandbox.RewindResult{To: "cp1", Saved: &checkpoint.Meta{ID: "cp2", Kind: "pre-rewind"}, Millis: 450})
+		json.NewEncoder(w).Encode(api.RewindResult{To: "cp1", Saved: &checkpoint.Meta{ID: "cp2", Kind: "pre-rewind"}, Millis: 450})
 	})
 	mux.HandleFunc("POST /v1/pause", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
@@ -138,13 +139,13 @@ func (f *fakeSupervisor) routes() http.Handler {
 	mux.HandleFunc("GET /v1/net/refused", func(w http.ResponseWriter, r *http.Request) {
 		enc := json.NewEncoder(w)
 		for _, h := range []string{"evil.test", "pypi.example"} {
-			enc.Encode(sandbox.Blocked{Host: h, Port: 443, Rule: h, Count: 1, Last: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)})
+			enc.Encode(api.Blocked{Host: h, Port: 443, Rule: h, Count: 1, Last: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)})
 		}
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	})
 	syncStatus := func(w http.ResponseWriter, r *http.Request) {
-		st := sandbox.SyncStatus{Path: "/home/me/p", Status: wsync.Status{
+		st := api.SyncStatus{Path: "/home/me/p", Status: wsync.Status{
 			Files: 3,
 			Pending: []wsync.Change{
 				{Path: "app.py", Kind: "modified", Why: "review", Guest: &wsync.Entry{Path: "app.py", Type: 'f', Size: 12}},
@@ -162,19 +163,19 @@ func (f *fakeSupervisor) routes() http.Handler {
 	mux.HandleFunc("GET /v1/sync", syncStatus)
 	mux.HandleFunc("POST /v1/sync/now", syncStatus)
 	mux.HandleFunc("POST /v1/sync/{what}", func(w http.ResponseWriter, r *http.Request) {
-		var req sandbox.SyncRequest
+		var req api.SyncRequest
 		json.NewDecoder(r.Body).Decode(&req)
 		if r.PathValue("what") == "approve" && len(req.Paths) == 0 {
 			w.WriteHeader(http.StatusBadRequest)
 			json.NewEncoder(w).Encode(map[string]string{"error": "approve needs the paths to approve, one by one"})
 			return
 		}
-		json.NewEncoder(w).Encode(sandbox.SyncResponse{Done: append([]string{r.PathValue("what")}, req.Paths...)})
+		json.NewEncoder(w).Encode(api.SyncResponse{Done: append([]string{r.PathValue("what")}, req.Paths...)})
 	})
 	mux.HandleFunc("POST /v1/net/allow", func(w http.ResponseWriter, r *http.Request) {
-		var req sandbox.NetRequest
+		var req api.NetRequest
 		json.NewDecoder(r.Body).Decode(&req)
-		json.NewEncoder(w).Encode(sandbox.NetResponse{Rules: append([]string{"pypi.org"}, req.Rules...)})
+		json.NewEncoder(w).Encode(api.NetResponse{Rules: append([]string{"pypi.org"}, req.Rules...)})
 	})
 	return mux
 }
@@ -608,7 +609,7 @@ func TestWatchRefused(t *testing.T) {
 		t.Fatalf("watch: %v %+v", err, got)
 	}
 	// The same JSON as the API's, which 'kosa8 net approve --json' prints.
-	want, _ := json.Marshal(sandbox.Blocked{Host: "evil.test", Port: 443, Rule: "evil.test", Count: 1, Last: got[0].Last})
+	want, _ := json.Marshal(api.Blocked{Host: "evil.test", Port: 443, Rule: "evil.test", Count: 1, Last: got[0].Last})
 	if b, _ := json.Marshal(got[0]); string(b) != string(want) {
 		t.Fatalf("JSON %s, want %s", b, want)
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
-	"github.com/kosa8/kosa8/internal/sandbox"
 )
 
 func humanBytes(n int64) string {
@@ -37,7 +36,7 @@ func checkpointCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			meta, err := sandbox.NewClient(sb).Checkpoint(cmd.Context(), message)
+			meta, err := sb.Client().Checkpoint(cmd.Context(), message)
 			if err != nil {
 				return err
 			}
@@ -184,7 +183,7 @@ keeping your own edits.`,
 			}
 			p := newProgress(os.Stderr)
 			p.Step("rewinding " + args[0] + " to " + id)
-			res, err := sandbox.NewClient(sb).Rewind(cmd.Context(), id)
+			res, err := sb.Client().Rewind(cmd.Context(), id)
 			p.Done()
 			if err != nil {
 				return err

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
@@ -28,9 +29,9 @@ func TestExitCode(t *testing.T) {
 		{"success", nil, 0},
 		{"the command's status", &exitError{3}, 3},
 		{"kosa8's own failure", errors.New("boot failed"), 125},
-		{"not found in the guest", &sandbox.CommandError{Code: 127, Msg: "exec: x: command not found"}, 127},
-		{"cannot be run", fmt.Errorf("wrapped: %w", &sandbox.CommandError{Code: 126, Msg: "permission denied"}), 126},
-		{"a code the guest must not choose", &sandbox.CommandError{Code: 0, Msg: "odd"}, 125},
+		{"not found in the guest", &api.CommandError{Code: 127, Msg: "exec: x: command not found"}, 127},
+		{"cannot be run", fmt.Errorf("wrapped: %w", &api.CommandError{Code: 126, Msg: "permission denied"}), 126},
+		{"a code the guest must not choose", &api.CommandError{Code: 0, Msg: "odd"}, 125},
 		{"interrupted while booting", fmt.Errorf("%w: sandbox x removed", errInterrupted), 130},
 	}
 	for _, tc := range cases {
@@ -71,7 +72,7 @@ func fakeHome(t *testing.T) string {
 }
 
 // fakeSandbox writes a stopped sandbox's directory, with a workspace.
-func fakeSandbox(t *testing.T, home, name, ws string, st sandbox.Status) *sandbox.Sandbox {
+func fakeSandbox(t *testing.T, home, name, ws string, st api.Status) *sandbox.Sandbox {
 	t.Helper()
 	dir := filepath.Join(home, "sandboxes", name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -175,8 +176,8 @@ func TestArchPrerequisites(t *testing.T) {
 func TestFolderConflict(t *testing.T) {
 	home := fakeHome(t)
 	ws := t.TempDir()
-	fakeSandbox(t, home, "holder", ws, sandbox.Status{State: sandbox.Paused, Checkpoint: "x"})
-	fakeSandbox(t, home, "idle", filepath.Join(ws, "sub", "deeper"), sandbox.Status{State: sandbox.Stopped})
+	fakeSandbox(t, home, "holder", ws, api.Status{State: api.Paused, Checkpoint: "x"})
+	fakeSandbox(t, home, "idle", filepath.Join(ws, "sub", "deeper"), api.Status{State: api.Stopped})
 	for _, dir := range []string{ws, filepath.Join(ws, "sub"), filepath.Dir(ws)} {
 		os.MkdirAll(dir, 0o755)
 		code, _, stderr := kosa8(t, "create", "--workspace", dir, "--force", "x")
@@ -198,7 +199,7 @@ func TestFolderConflict(t *testing.T) {
 
 func TestResolveCheckpoint(t *testing.T) {
 	home := fakeHome(t)
-	sb := fakeSandbox(t, home, "cp", "", sandbox.Status{State: sandbox.Stopped})
+	sb := fakeSandbox(t, home, "cp", "", api.Status{State: api.Stopped})
 	ids := []string{"20260101-000000-aaaa", "20260101-000001-aabb", "20260102-000000-cccc"}
 	for i, id := range ids {
 		tmp, err := sb.Checkpoints().Begin(id)
@@ -237,8 +238,8 @@ func TestResolveCheckpoint(t *testing.T) {
 
 func TestCompletion(t *testing.T) {
 	home := fakeHome(t)
-	sb := fakeSandbox(t, home, "alpha", "", sandbox.Status{State: sandbox.Stopped})
-	fakeSandbox(t, home, "beta", "", sandbox.Status{State: sandbox.Stopped})
+	sb := fakeSandbox(t, home, "alpha", "", api.Status{State: api.Stopped})
+	fakeSandbox(t, home, "beta", "", api.Status{State: api.Stopped})
 	tmp, _ := sb.Checkpoints().Begin("20260101-000000-aaaa")
 	if err := sb.Checkpoints().Commit(tmp, &checkpoint.Meta{ID: "20260101-000000-aaaa", Kind: "manual"}); err != nil {
 		t.Fatal(err)
@@ -284,7 +285,7 @@ func TestCompletion(t *testing.T) {
 // changes waiting for review is not removed without -f.
 func TestRemoveAsksForPendingChanges(t *testing.T) {
 	home := fakeHome(t)
-	fakeSandbox(t, home, "work", t.TempDir(), sandbox.Status{State: sandbox.Stopped, Pending: 2})
+	fakeSandbox(t, home, "work", t.TempDir(), api.Status{State: api.Stopped, Pending: 2})
 	code, _, stderr := kosa8(t, "rm", "work")
 	if code != 125 || !strings.Contains(stderr, "2 changes not applied") || !strings.Contains(stderr, "kosa8 apply work") {
 		t.Fatalf("rm of a sandbox with pending changes: exit %d, %q", code, stderr)
@@ -314,8 +315,8 @@ func TestJSONEmptyListsAndLowerCaseKeys(t *testing.T) {
 // lower case (a Go field without a tag would show up capitalised).
 func TestJSONKeysLowerCase(t *testing.T) {
 	home := fakeHome(t)
-	sb := fakeSandbox(t, home, "keys", t.TempDir(), sandbox.Status{State: sandbox.Stopped, Pending: 1})
-	sb.Config.Network = sandbox.NetworkConfig{Rules: []string{"example.com"}, Ports: []sandbox.PortForward{{HostPort: 8080, GuestPort: 80}}}
+	sb := fakeSandbox(t, home, "keys", t.TempDir(), api.Status{State: api.Stopped, Pending: 1})
+	sb.Config.Network = sandbox.NetworkConfig{Rules: []string{"example.com"}, Ports: []api.PortForward{{HostPort: 8080, GuestPort: 80}}}
 	sb.Config.Secrets = []string{"K"}
 	sb.Config.Env = []string{"A=1"}
 	l := describe(sb)

@@ -12,15 +12,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/wsync"
 )
 
 // runningFake makes a sandbox with a workspace that looks running (its
-// supervisor lock held) and serves api on its socket. The home is short:
+// supervisor lock held) and serves h on its socket. The home is short:
 // unix socket names are at most 107 bytes.
-func runningFake(t *testing.T, name string, api http.Handler) (ws string) {
+func runningFake(t *testing.T, name string, h http.Handler) (ws string) {
 	t.Helper()
 	home, err := os.MkdirTemp("", "k8d-")
 	if err != nil {
@@ -31,7 +32,7 @@ func runningFake(t *testing.T, name string, api http.Handler) (ws string) {
 	t.Setenv("KOSA8_CONFIG", filepath.Join(home, "config"))
 	t.Setenv("KOSA8_CACHE", filepath.Join(home, "cache"))
 	ws = t.TempDir()
-	sb := fakeSandbox(t, home, name, ws, sandbox.Status{State: sandbox.Running})
+	sb := fakeSandbox(t, home, name, ws, api.Status{State: api.Running})
 	lock, err := os.OpenFile(sb.Path("supervisor.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +44,7 @@ func runningFake(t *testing.T, name string, api http.Handler) (ws string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: api}
+	srv := &http.Server{Handler: h}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close(); lock.Close() })
 	if !sb.Alive() {
@@ -63,7 +64,7 @@ func TestDiffBoundsTheSandboxCopy(t *testing.T) {
 	mux := http.NewServeMux()
 	ws := ""
 	mux.HandleFunc("GET /v1/sync", func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(sandbox.SyncStatus{Path: ws, Status: wsync.Status{
+		json.NewEncoder(w).Encode(api.SyncStatus{Path: ws, Status: wsync.Status{
 			Pending: []wsync.Change{{Path: "notes.txt", Kind: "modified", Why: "review", Guest: &wsync.Entry{Path: "notes.txt", Type: 'f', Size: 12}}},
 		}})
 	})

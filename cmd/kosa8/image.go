@@ -273,7 +273,7 @@ func execWith(ctx context.Context, sb *sandbox.Sandbox, argv []string, user stri
 	if user == "root" {
 		dir = "/root"
 	}
-	conn, err := sandbox.NewClient(sb).Exec(ctx, &guest.ExecRequest{Argv: argv, User: user, Dir: dir})
+	conn, err := sb.Client().Exec(ctx, &guest.ExecRequest{Argv: argv, User: user, Dir: dir})
 	if err != nil {
 		return exitKosa8, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/sdk"
 )
@@ -18,10 +19,10 @@ import (
 // listing is one sandbox as ls --json and inspect show it.
 type listing struct {
 	Name    string         `json:"name"`
-	State   sandbox.State  `json:"state"`
+	State   api.State      `json:"state"`
 	Dir     string         `json:"dir"`
 	Config  sandbox.Config `json:"config"`
-	Status  sandbox.Status `json:"status"`
+	Status  api.Status     `json:"status"`
 	Network *networkView   `json:"network,omitempty"`
 	Guest   *sdk.GuestInfo `json:"guest,omitempty"`
 }
@@ -29,13 +30,13 @@ type listing struct {
 // networkView is what inspect shows of a sandbox's network as it is now
 // (net allow/deny and port changes included, not only the create flags).
 type networkView struct {
-	Rules   []string              `json:"rules"`
-	Secrets []string              `json:"secrets"`
-	Ports   []sandbox.PortForward `json:"ports"`
+	Rules   []string          `json:"rules"`
+	Secrets []string          `json:"secrets"`
+	Ports   []api.PortForward `json:"ports"`
 }
 
 func describeNetwork(sb *sandbox.Sandbox) (*networkView, error) {
-	v := &networkView{Rules: []string{}, Secrets: append([]string{}, sb.Config.Secrets...), Ports: []sandbox.PortForward{}}
+	v := &networkView{Rules: []string{}, Secrets: append([]string{}, sb.Config.Secrets...), Ports: []api.PortForward{}}
 	pol, err := sb.LoadPolicy()
 	if err != nil {
 		return nil, err
@@ -112,7 +113,7 @@ func lsCmd() *cobra.Command {
 				if l.Config.Ephemeral {
 					state += " (--rm)"
 				}
-				if n := l.Status.Pending; n > 0 && !l.Config.Ephemeral && l.State != sandbox.Running {
+				if n := l.Status.Pending; n > 0 && !l.Config.Ephemeral && l.State != api.Running {
 					state += fmt.Sprintf(" (%d pending)", n)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dG\t%s\n", sanitize(l.Name, false), state, accel, l.Config.CPUs, l.Config.MemoryMiB, l.Config.DiskGiB, ago(l.Config.Created))

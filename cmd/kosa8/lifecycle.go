@@ -15,11 +15,13 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/project"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 	"github.com/kosa8/kosa8/sdk"
@@ -244,7 +246,7 @@ func checkFolderFree(m *sandbox.Manager, self string, ws *sandbox.WorkspaceConfi
 
 // startSandbox starts the sandbox's supervisor, detached, and waits for it
 // to report the guest ready.
-func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*sandbox.Status, error) {
+func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*api.Status, error) {
 	return startSandboxFrom(ctx, sb, quiet, "", false)
 }
 
@@ -252,7 +254,7 @@ func startSandbox(ctx context.Context, sb *sandbox.Sandbox, quiet bool) (*sandbo
 // set.
 // startSandboxFrom starts a sandbox's supervisor: a cold boot, or with
 // restore a checkpoint's machine; rewind merges the host folder back to it.
-func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, restore string, rewind bool) (*sandbox.Status, error) {
+func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, restore string, rewind bool) (*api.Status, error) {
 	m, err := manager()
 	if err != nil {
 		return nil, err
@@ -280,12 +282,12 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 			p.Step("booting sandbox " + sb.Config.Name)
 		}
 	}
-	progress := func(cp sandbox.CopyProgress) {
+	progress := func(cp supervisor.CopyProgress) {
 		if p != nil {
 			p.Step(fmt.Sprintf("copying %s in: %d files, %s", sb.Config.Workspace.Path, cp.Files, humanBytes(cp.Bytes)))
 		}
 	}
-	st, err := sandbox.Launch(ctx, sb, sandbox.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started, Progress: progress})
+	st, err := supervisor.Launch(ctx, sb, supervisor.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started, Progress: progress})
 	if p != nil {
 		p.Done()
 	}
@@ -294,7 +296,7 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 
 // warnTCG says, once per command, that the sandbox runs without hardware
 // isolation.
-func warnTCG(st *sandbox.Status) {
+func warnTCG(st *api.Status) {
 	if st != nil && st.Accel == string(vmm.TCG) {
 		if st.AccelFallback != "" {
 			fmt.Fprintln(os.Stderr, "kosa8: warning: "+oneLine(st.AccelFallback, 400)+"; fell back to tcg (see 'kosa8 doctor'; KOSA8_ACCEL=tcg skips the attempt)")
@@ -358,7 +360,7 @@ func runningSandbox(name string) (*sandbox.Sandbox, error) {
 	if !sb.Alive() {
 		st := sb.Status()
 		msg := fmt.Sprintf("sandbox %s is %s: 'kosa8 start %s' first", name, st.State, name)
-		if st.State == sandbox.Crashed && st.Error != "" {
+		if st.State == api.Crashed && st.Error != "" {
 			msg += " (" + st.Error + ")"
 		}
 		return nil, errors.New(msg)
@@ -388,7 +390,7 @@ func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error
 			req.Env = append([]string{"TERM=" + t}, req.Env...)
 		}
 	}
-	conn, err := sandbox.NewClient(sb).Exec(ctx, req)
+	conn, err := sb.Client().Exec(ctx, req)
 	if err != nil {
 		return exitKosa8, err
 	}

@@ -14,7 +14,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
@@ -43,7 +45,7 @@ const (
 // exitCode is the status kosa8 exits with for err.
 func exitCode(err error) int {
 	var ee *exitError
-	var ce *sandbox.CommandError
+	var ce *api.CommandError
 	switch {
 	case err == nil:
 		return 0
@@ -140,7 +142,7 @@ func agentPath(arch vmspec.Arch) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return sandbox.AgentPath(self, arch)
+	return supervisor.AgentPath(self, arch)
 }
 
 func lookTool(name string) bool {

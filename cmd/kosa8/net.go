@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/sdk"
@@ -337,7 +338,7 @@ func portCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			pf, err := sandbox.ParsePortForward(args[1], all)
+			pf, err := api.ParsePortForward(args[1], all)
 			if err != nil {
 				return err
 			}
@@ -371,7 +372,7 @@ func portCmd() *cobra.Command {
 				return printJSON(ports)
 			}
 			for _, p := range ports {
-				fmt.Println(sandbox.PortForward(p))
+				fmt.Println(api.PortForward(p))
 			}
 			return nil
 		},

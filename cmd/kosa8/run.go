@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/sandbox"
 )
@@ -260,14 +261,14 @@ disks as they were are kept as a checkpoint first, so nothing is lost.`,
 				}
 				restore, rewind := "", false
 				st := sb.Status()
-				if st.State == sandbox.Paused && !cold {
+				if st.State == api.Paused && !cold {
 					restore = st.Checkpoint
 				}
 				if from != "" {
 					if restore, err = resolveCheckpoint(sb, from, true); err != nil {
 						return err
 					}
-					if st.State != sandbox.Paused || restore != st.Checkpoint {
+					if st.State != api.Paused || restore != st.Checkpoint {
 						saved, err := sandbox.SaveDisks(sb, "disks before start --from "+restore)
 						if err != nil {
 							return fmt.Errorf("keep %s's disks before starting it from %s: %w", name, restore, err)

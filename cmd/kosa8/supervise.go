@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 )
 
@@ -38,7 +38,7 @@ func superviseCmd() *cobra.Command {
 			signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			err = m.Supervise(ctx, args[0], sandbox.SuperviseOptions{
+			err = supervisor.Supervise(ctx, m, args[0], supervisor.Options{
 				AgentPath: agent, Ready: ready, Log: log, BootTimeout: bootTimeout, Restore: restore, Rewind: rewind,
 				NewDriver: qemu.NewDriver, // the one VMM kosa8 runs today
 			})

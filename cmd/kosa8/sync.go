@@ -14,7 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/sdk"
 )
 
@@ -38,7 +38,7 @@ func reachWorkspace(ctx context.Context, name string) (s *sdk.Sandbox, done func
 		return s, func() {}, nil
 	}
 	switch st := sb.Status(); st.State {
-	case sandbox.Paused:
+	case api.Paused:
 		return nil, nil, fmt.Errorf("sandbox %s is paused: 'kosa8 resume %s' first", name, name)
 	default:
 		fmt.Fprintf(os.Stderr, "kosa8: starting %s to reach its workspace (stopped again after)\n", name)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/sandbox"
 )
@@ -125,7 +126,7 @@ func TestGuestTextCleaned(t *testing.T) {
 	}
 	cfg := sandbox.Config{Name: name, Arch: "amd64", CPUs: 1, MemoryMiB: 512, DiskGiB: 8, User: "kosa8", UID: 1000, GID: 1000}
 	writeJSON(t, filepath.Join(dir, "sandbox.json"), cfg)
-	writeJSON(t, filepath.Join(dir, "state.json"), sandbox.Status{State: sandbox.Crashed, Error: "guest said " + evil})
+	writeJSON(t, filepath.Join(dir, "state.json"), api.Status{State: api.Crashed, Error: "guest said " + evil})
 	if err := os.WriteFile(filepath.Join(dir, sandbox.ConsoleLog), []byte("boot\n"+evil+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/sandbox"
@@ -138,7 +139,7 @@ func Resolve(o Options, proj *config.Project, configDir string) (sandbox.Config,
 	}
 	c.Network.AllowBroad = o.AllowBroad
 	for _, p := range concat(proj.Network.Ports, o.Ports) {
-		pf, err := sandbox.ParsePortForward(p, o.PublishAll)
+		pf, err := api.ParsePortForward(p, o.PublishAll)
 		if err != nil {
 			return c, err
 		}

@@ -1,51 +1,26 @@
 package sandbox
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/kosa8/kosa8/internal/depstest"
 )
 
-// The supervisor holds vmm interfaces only: the VMM is picked by its
-// caller (SuperviseOptions.NewDriver), so no driver is among its
-// dependencies.
+// The state directory is files and locks: its package needs no VMM driver
+// (the Manager's disk layers are handed in, as vmm.DiskLayers), nor the
+// supervisor, nor the network stack the supervisor runs (gVisor).
 func TestNoDriverDependency(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go tool to list the package's dependencies")
-	}
-	out, err := exec.Command(goTool, "list", "-deps", ".").Output()
-	if err != nil {
-		t.Skipf("go list: %v", err)
-	}
-	for _, dep := range strings.Fields(string(out)) {
-		if strings.HasPrefix(dep, "github.com/kosa8/kosa8/internal/vmm/") {
-			t.Errorf("internal/sandbox depends on %s", dep)
-		}
-	}
+	depstest.Forbid(t,
+		"github.com/kosa8/kosa8/internal/vmm/",
+		"github.com/kosa8/kosa8/internal/supervisor",
+		"github.com/kosa8/kosa8/internal/egress",
+		"github.com/kosa8/kosa8/internal/netstack",
+		"gvisor.dev/",
+	)
 }
 
 // Disk layers are the driver's business too: nothing here runs qemu-img
 // or reads a qcow2 header (vmm.DiskLayers does, in internal/vmm/qemu).
 func TestNoDiskFormatCode(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, bad := range []string{`"qemu-img"`, `QFI\xfb`} {
-			if strings.Contains(string(b), bad) {
-				t.Errorf("%s has %s", f, bad)
-			}
-		}
-	}
+	depstest.NoDiskFormatCode(t)
 }

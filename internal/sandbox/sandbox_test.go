@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netpolicy"
@@ -120,7 +121,7 @@ func TestCreateOpenListRemove(t *testing.T) {
 	if info.Format != "qcow2" || info.Backing != img.RootFS() || info.VirtualSize != 4<<30 {
 		t.Fatalf("root disk: %+v", info)
 	}
-	if st := sb.Status(); st.State != Created {
+	if st := sb.Status(); st.State != api.Created {
 		t.Fatalf("new sandbox state %q", st.State)
 	}
 	if _, err := m.Create(context.Background(), validConfig("one"), img); !errors.Is(err, ErrExists) {
@@ -163,20 +164,20 @@ func TestStatusFollowsSupervisorLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sb.WriteStatus(Status{State: Running, SupervisorPID: 424242}); err != nil {
+	if err := sb.WriteStatus(api.Status{State: api.Running, SupervisorPID: 424242}); err != nil {
 		t.Fatal(err)
 	}
-	if st := sb.Status(); st.State != Crashed || !strings.Contains(st.Error, "424242") {
+	if st := sb.Status(); st.State != api.Crashed || !strings.Contains(st.Error, "424242") {
 		t.Fatalf("running without a supervisor: %+v", st)
 	}
-	lock, err := lockSupervisor(sb.Dir)
+	lock, err := LockSupervisor(sb.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := sb.Status(); st.State != Running || !sb.Alive() {
+	if st := sb.Status(); st.State != api.Running || !sb.Alive() {
 		t.Fatalf("with the lock held: %+v alive=%v", st, sb.Alive())
 	}
-	if _, err := lockSupervisor(sb.Dir); !errors.Is(err, ErrRunning) {
+	if _, err := LockSupervisor(sb.Dir); !errors.Is(err, ErrRunning) {
 		t.Fatalf("second supervisor: %v", err)
 	}
 	if err := m.Remove("live"); !errors.Is(err, ErrRunning) {
@@ -185,16 +186,6 @@ func TestStatusFollowsSupervisorLock(t *testing.T) {
 	lock.Close()
 	if sb.Alive() {
 		t.Fatal("alive after the lock was released")
-	}
-}
-
-func TestCmdline(t *testing.T) {
-	c := validConfig("Box_1")
-	got := Cmdline(&c)
-	for _, want := range []string{"kosa8.user=u", "kosa8.uid=1000", "kosa8.gid=1000", "kosa8.hostname=box-1", "panic=-1"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("cmdline %q lacks %q", got, want)
-		}
 	}
 }
 
@@ -263,17 +254,17 @@ func TestStoppedEditsTakeTheSupervisorLock(t *testing.T) {
 	if _, err := AllowStopped(sb, []string{"example.com"}, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := AddPortStopped(sb, PortForward{HostPort: 3000, GuestPort: 3000}); err != nil {
+	if err := AddPortStopped(sb, api.PortForward{HostPort: 3000, GuestPort: 3000}); err != nil {
 		t.Fatal(err)
 	}
-	if err := AddPortStopped(sb, PortForward{HostPort: 3000, GuestPort: 80}); err == nil {
+	if err := AddPortStopped(sb, api.PortForward{HostPort: 3000, GuestPort: 80}); err == nil {
 		t.Fatal("a host port forwarded twice")
 	}
 	events, err := audit.Read(sb.Path(AuditLog))
 	if err != nil || len(events) != 1 || events[0].Kind != audit.KindPolicy || events[0].Rule != "example.com" {
 		t.Fatalf("the stopped sandbox's rule change is not in its audit log: %+v %v", events, err)
 	}
-	lock, err := lockSupervisor(sb.Dir)
+	lock, err := LockSupervisor(sb.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +273,7 @@ func TestStoppedEditsTakeTheSupervisorLock(t *testing.T) {
 		"allow":             func() error { _, err := AllowStopped(sb, []string{"other.example"}, false); return err }(),
 		"deny":              func() error { _, err := DenyStopped(sb, []string{"other.example"}); return err }(),
 		"remove":            func() error { _, err := RemoveStopped(sb, []string{"example.com"}); return err }(),
-		"add a port":        AddPortStopped(sb, PortForward{HostPort: 4000, GuestPort: 4000}),
+		"add a port":        AddPortStopped(sb, api.PortForward{HostPort: 4000, GuestPort: 4000}),
 		"remove a port":     RemovePortStopped(sb, 3000),
 		"delete checkpoint": DeleteCheckpoint(sb, "20261201-000000-0000"),
 	} {
@@ -310,7 +301,7 @@ func TestStartWaitsForAStoppedEdit(t *testing.T) {
 		time.Sleep(400 * time.Millisecond) // past the 200 ms a real supervisor gets
 		release()
 	}()
-	lock, err := lockSupervisor(dir)
+	lock, err := LockSupervisor(dir)
 	if err != nil {
 		t.Fatalf("the start did not wait for the edit: %v", err)
 	}

@@ -11,46 +11,6 @@ import (
 	"time"
 )
 
-// State is where a sandbox is in its life.
-type State string
-
-const (
-	Created  State = "created"  // never started
-	Starting State = "starting" // supervisor booting the VM
-	Running  State = "running"
-	Stopping State = "stopping"
-	Stopped  State = "stopped"
-	Crashed  State = "crashed" // the supervisor or QEMU died without a clean stop
-	Paused   State = "paused"  // written out to a checkpoint; resume continues it
-)
-
-// Status is what the supervisor records in state.json, and what ls shows.
-type Status struct {
-	State         State  `json:"state"`
-	SupervisorPID int    `json:"supervisor_pid,omitempty"`
-	QEMUPID       int    `json:"qemu_pid,omitempty"`
-	Accel         string `json:"accel,omitempty"`
-	// AccelFallback says why the sandbox runs under TCG although the host
-	// offered hardware acceleration: it failed to boot the sandbox.
-	AccelFallback string    `json:"accel_fallback,omitempty"`
-	Started       time.Time `json:"started,omitzero"`
-	Stopped       time.Time `json:"stopped,omitzero"`
-	// BootMillis: supervisor start to agent ready.
-	BootMillis float64 `json:"boot_ms,omitempty"`
-	Kernel     string  `json:"guest_kernel,omitempty"`
-	Error      string  `json:"error,omitempty"`
-	// Checkpoint is the checkpoint the running machine descends from (the
-	// parent of the next one); for a paused sandbox, the one to resume.
-	Checkpoint string `json:"checkpoint,omitempty"`
-	// ColdBoot says why a start from a checkpoint booted from its disks
-	// instead of loading its machine (saved by another QEMU build).
-	ColdBoot string `json:"cold_boot,omitempty"`
-	// Pending counts the workspace changes left waiting for review or
-	// approval when the sandbox stopped: they live on its disk, and
-	// 'kosa8 diff', 'apply', 'discard' and 'rm' must not forget them.
-	Pending int `json:"pending,omitempty"`
-}
-
 // Files in a sandbox's directory.
 const (
 	configFile    = "sandbox.json"
@@ -62,8 +22,8 @@ const (
 	SupervisorLog = "supervisor.log"
 )
 
-// writeJSONAtomic replaces path with v, never leaving half a file.
-func writeJSONAtomic(path string, v any) error {
+// WriteJSONAtomic replaces path with v, never leaving half a file.
+func WriteJSONAtomic(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
@@ -181,9 +141,9 @@ func flockPolling(f *os.File, how int, keepTrying func(tries int) bool) error {
 	}
 }
 
-// lockSupervisor takes the sandbox's supervisor lock for the life of the
+// LockSupervisor takes the sandbox's supervisor lock for the life of the
 // process, or fails if another supervisor holds it.
-func lockSupervisor(dir string) (*os.File, error) {
+func LockSupervisor(dir string) (*os.File, error) {
 	f, err := openLock(dir, lockFile)
 	if err != nil {
 		return nil, err

@@ -1,11 +1,13 @@
 // Package sandbox keeps sandboxes on the host: each has a state directory
 // ($KOSA8_HOME/sandboxes/NAME) with its settings, disks, logs and the
-// socket of its supervisor, the one process that owns its VM.
+// socket of its supervisor, the one process that owns its VM. This package
+// is the directory alone: the supervisor is internal/supervisor, its API
+// internal/api.
 //
 // # State directory
 //
 //	sandbox.json     Config, written at create
-//	state.json       Status, written by the supervisor on every transition
+//	state.json       api.Status, written by the supervisor on every transition
 //	supervisor.lock  flock held by the running supervisor (liveness)
 //	api.sock         the supervisor's HTTP+JSON API (directory is 0700)
 //	root.qcow2       root disk: a qcow2 overlay on the image's rootfs.ext4
@@ -29,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/secrets"
 	"github.com/kosa8/kosa8/internal/vmm"
@@ -57,8 +60,8 @@ type Sandbox struct {
 	Disks vmm.DiskLayers
 }
 
-// diskLayers is sb.Disks, or the error that says none were given.
-func (sb *Sandbox) diskLayers() (vmm.DiskLayers, error) {
+// DiskLayers is sb.Disks, or the error that says none were given.
+func (sb *Sandbox) DiskLayers() (vmm.DiskLayers, error) {
 	if sb.Disks == nil {
 		return nil, errors.New("internal error: this sandbox was opened without a disk layer driver (sandbox.Manager.Disks)")
 	}
@@ -109,17 +112,17 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 			return nil, err
 		}
 	}
-	if err := writeJSONAtomic(filepath.Join(stage, configFile), &cfg); err != nil {
+	if err := WriteJSONAtomic(filepath.Join(stage, configFile), &cfg); err != nil {
 		return nil, err
 	}
 	ph := map[string]string{}
 	for _, name := range cfg.Secrets {
 		ph[name] = secrets.NewPlaceholder()
 	}
-	if err := writeJSONAtomic(filepath.Join(stage, placeholdersFile), ph); err != nil {
+	if err := WriteJSONAtomic(filepath.Join(stage, placeholdersFile), ph); err != nil {
 		return nil, err
 	}
-	if err := writeJSONAtomic(filepath.Join(stage, stateFile), &Status{State: Created}); err != nil {
+	if err := WriteJSONAtomic(filepath.Join(stage, stateFile), &api.Status{State: api.Created}); err != nil {
 		return nil, err
 	}
 	if err := renameNoReplace(stage, final); err != nil {
@@ -186,23 +189,23 @@ func (m *Manager) List() ([]*Sandbox, error) {
 // Status reads the sandbox's recorded state and checks it against its
 // supervisor's lock: a sandbox recorded as up whose supervisor is gone has
 // crashed, whatever the file says.
-func (s *Sandbox) Status() Status {
-	var st Status
+func (s *Sandbox) Status() api.Status {
+	var st api.Status
 	if err := readJSON(filepath.Join(s.Dir, stateFile), &st); err != nil {
-		return Status{State: Crashed, Error: err.Error()}
+		return api.Status{State: api.Crashed, Error: err.Error()}
 	}
 	alive := supervisorAlive(s.Dir)
 	switch st.State {
-	case Starting, Running, Stopping:
+	case api.Starting, api.Running, api.Stopping:
 		if !alive {
 			if st.Error == "" {
 				st.Error = fmt.Sprintf("the supervisor (pid %d) exited without stopping the sandbox", st.SupervisorPID)
 			}
-			st.State = Crashed
+			st.State = api.Crashed
 		}
 	default:
-		if alive && st.State != Crashed {
-			st.State = Running
+		if alive && st.State != api.Crashed {
+			st.State = api.Running
 		}
 	}
 	return st
@@ -214,9 +217,12 @@ func (s *Sandbox) Alive() bool { return supervisorAlive(s.Dir) }
 // Path names a file in the sandbox's directory.
 func (s *Sandbox) Path(name string) string { return filepath.Join(s.Dir, name) }
 
+// Client returns a client for the API of the sandbox's supervisor.
+func (s *Sandbox) Client() *api.Client { return api.NewClient(s.Path(APISocket)) }
+
 // WriteStatus records st.
-func (s *Sandbox) WriteStatus(st Status) error {
-	return writeJSONAtomic(filepath.Join(s.Dir, stateFile), &st)
+func (s *Sandbox) WriteStatus(st api.Status) error {
+	return WriteJSONAtomic(filepath.Join(s.Dir, stateFile), &st)
 }
 
 // Remove deletes a stopped sandbox. The directory leaves its name at once
@@ -275,7 +281,7 @@ func (s *Sandbox) SaveConfig() error {
 	if err := s.Config.Validate(); err != nil {
 		return err
 	}
-	return writeJSONAtomic(filepath.Join(s.Dir, configFile), &s.Config)
+	return WriteJSONAtomic(filepath.Join(s.Dir, configFile), &s.Config)
 }
 
 // FailedDir holds the logs of sandboxes removed after a failure.
@@ -332,7 +338,7 @@ func (m *Manager) WorkspaceOverlap(self, folder string) (*Sandbox, error) {
 		if !Overlaps(sb.Config.Workspace.Path, folder) {
 			continue
 		}
-		if sb.Alive() || sb.Status().State == Paused {
+		if sb.Alive() || sb.Status().State == api.Paused {
 			return sb, nil
 		}
 	}

@@ -1,4 +1,4 @@
-package sandbox
+package supervisor
 
 import (
 	"context"
@@ -10,46 +10,19 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 	"github.com/kosa8/kosa8/internal/wsync"
 )
 
-const (
-	disksFile      = "disks.json" // the disk layers QEMU writes to now
-	checkpointsDir = "checkpoints"
-	disksDir       = "disks"
-)
-
-// Checkpoints is the sandbox's checkpoint store.
-func (s *Sandbox) Checkpoints() checkpoint.Store {
-	return checkpoint.Store{Dir: s.Path(checkpointsDir)}
-}
-
-// activeDisks are the layers new writes go to (paths relative to the
-// sandbox directory).
-func (s *Sandbox) activeDisks() map[string]checkpoint.Disk {
-	m := map[string]checkpoint.Disk{}
-	if err := readJSON(s.Path(disksFile), &m); err == nil && len(m) > 0 {
-		return m
-	}
-	m["root"] = checkpoint.Disk{Path: RootDisk, Format: "qcow2"}
-	if s.Config.Workspace != nil {
-		m["ws"] = checkpoint.Disk{Path: WorkspaceDisk, Format: "raw"}
-	}
-	return m
-}
-
-func (s *Sandbox) saveActiveDisks(m map[string]checkpoint.Disk) error {
-	return writeJSONAtomic(s.Path(disksFile), m)
-}
-
 func (s *supervisor) disks() []vmspec.Disk {
 	var out []vmspec.Disk
-	act := s.sb.activeDisks()
+	act := s.sb.ActiveDisks()
 	for _, id := range []string{"root", "ws"} {
 		if d, ok := act[id]; ok {
 			out = append(out, vmspec.Disk{ID: id, Path: s.sb.Path(d.Path), Format: d.Format})
@@ -174,11 +147,11 @@ func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err 
 			if werr := m.Wait(context.Background()); werr != nil {
 				why = werr.Error()
 			}
-			return fmt.Errorf("the VM stopped while booting: %s%s", why, consoleTail(s.sb.Path(ConsoleLog)))
+			return fmt.Errorf("the VM stopped while booting: %s%s", why, consoleTail(s.sb.Path(sandbox.ConsoleLog)))
 		case <-grace.C:
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-			return fmt.Errorf("the guest agent did not answer%s", consoleTail(s.sb.Path(ConsoleLog)))
+			return fmt.Errorf("the guest agent did not answer%s", consoleTail(s.sb.Path(sandbox.ConsoleLog)))
 		}
 		return err
 	}
@@ -260,11 +233,11 @@ func (s *supervisor) prepareRestore(id string) (*checkpoint.Meta, error) {
 	if err := s.branchDisks(target, checkpoint.NewID()); err != nil {
 		return nil, err
 	}
-	s.setStatus(func(st *Status) { st.Checkpoint = id })
+	s.setStatus(func(st *api.Status) { st.Checkpoint = id })
 	if ok, why := target.Loadable(s.qemuVersion, s.qemuFirmware); !ok {
 		if !target.DisksOnly {
 			s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "why", why)
-			s.setStatus(func(st *Status) { st.ColdBoot = why })
+			s.setStatus(func(st *api.Status) { st.ColdBoot = why })
 		}
 		return nil, nil
 	}
@@ -274,39 +247,11 @@ func (s *supervisor) prepareRestore(id string) (*checkpoint.Meta, error) {
 // branchDisks puts new overlays on a checkpoint's frozen disk layers and
 // makes them the active disks.
 func (s *supervisor) branchDisks(target *checkpoint.Meta, id string) error {
-	next, err := s.sb.newOverlays(target.Disks, id)
+	next, err := s.sb.NewOverlays(target.Disks, id)
 	if err != nil {
 		return err
 	}
-	return s.sb.saveActiveDisks(next)
-}
-
-// newOverlays makes an empty layer over each of layers (in parallel),
-// named for id, and returns them.
-func (sb *Sandbox) newOverlays(layers map[string]checkpoint.Disk, id string) (map[string]checkpoint.Disk, error) {
-	dl, err := sb.diskLayers()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(sb.Path(disksDir), 0o700); err != nil {
-		return nil, err
-	}
-	next := map[string]checkpoint.Disk{}
-	errs := make(chan error, len(layers))
-	for diskID, d := range layers {
-		overlay := filepath.Join(disksDir, id+"-"+diskID+"."+dl.Format())
-		next[diskID] = checkpoint.Disk{Path: overlay, Format: dl.Format()}
-		go func() {
-			errs <- dl.Create(context.Background(), sb.Path(overlay), sb.Path(d.Path), d.Format, 0)
-		}()
-	}
-	var first error
-	for range layers {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	return next, first
+	return s.sb.SaveActiveDisks(next)
 }
 
 // Deadlines of a checkpoint's steps. A guest or QEMU that does not answer
@@ -394,7 +339,7 @@ func (s *supervisor) checkpointFinal(ctx context.Context, message, kind string, 
 	meta, finish, err := s.takeCheckpoint(ctx, message, kind, final)
 	if err != nil {
 		s.log.Warn("checkpoint failed", "err", err)
-		if diskFull(err, s.sb.Path(checkpointsDir)) {
+		if diskFull(err, s.sb.Checkpoints().Dir) {
 			err = fmt.Errorf("not enough disk space for a checkpoint in %s (%w): delete old checkpoints ('kosa8 checkpoints %s', 'kosa8 checkpoint rm %s ID') or free space; the sandbox runs on unchanged",
 				s.sb.Dir, err, s.sb.Config.Name, s.sb.Config.Name)
 		}
@@ -421,7 +366,7 @@ func (s *supervisor) canWriteOutLater() bool {
 		return true
 	}
 	var fst syscall.Stat_t
-	if syscall.Fstat(int(m.RAM().Fd()), &fst) != nil || syscall.Statfs(s.sb.Path(checkpointsDir), &st) != nil {
+	if syscall.Fstat(int(m.RAM().Fd()), &fst) != nil || syscall.Statfs(s.sb.Checkpoints().Dir, &st) != nil {
 		return false
 	}
 	return int64(st.Bavail)*int64(st.Bsize) > int64(fst.Blocks)*512+256<<20
@@ -441,47 +386,6 @@ func diskFull(err error, dir string) bool {
 	return int64(st.Bavail)*int64(st.Bsize) < 16<<20
 }
 
-// SaveDisks keeps a stopped sandbox's disks as a checkpoint (no RAM, no
-// devices: restoring it boots from them), so that starting it from an
-// older checkpoint loses nothing. Its layers are frozen; the next start
-// writes to new ones on top.
-func SaveDisks(sb *Sandbox, message string) (*checkpoint.Meta, error) {
-	// No start can begin meanwhile.
-	release, err := lockStopped(sb.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s", err, sb.Config.Name)
-	}
-	defer release()
-	store := sb.Checkpoints()
-	store.Sweep()
-	id := checkpoint.NewID()
-	tmp, err := store.Begin(id)
-	if err != nil {
-		return nil, err
-	}
-	frozen := sb.activeDisks()
-	next, err := sb.newOverlays(frozen, id)
-	if err != nil {
-		store.Abort(tmp)
-		return nil, err
-	}
-	st := sb.Status()
-	meta := &checkpoint.Meta{
-		ID: id, Parent: st.Checkpoint, Created: time.Now().UTC(), Message: message, Kind: "disks", DisksOnly: true,
-		Arch: sb.Config.Arch, MemoryMiB: sb.Config.MemoryMiB, Disks: frozen,
-	}
-	if err := store.Commit(tmp, meta); err != nil {
-		store.Abort(tmp)
-		return nil, err
-	}
-	// Only now: until the checkpoint exists, the old layers stay the live ones.
-	if err := sb.saveActiveDisks(next); err != nil {
-		_ = store.Delete(id) // its layers must not be written to
-		return nil, err
-	}
-	return meta, nil
-}
-
 // dupFile opens a second descriptor of f, close-on-exec.
 func dupFile(f *os.File) (*os.File, error) {
 	syscall.ForkLock.RLock()
@@ -496,25 +400,12 @@ func dupFile(f *os.File) (*os.File, error) {
 	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
-// RewindResult reports a rewind.
-type RewindResult struct {
-	To     string           `json:"to"`
-	Saved  *checkpoint.Meta `json:"saved"` // the state just before the rewind
-	Millis float64          `json:"ms"`    // until the restored machine runs
-	// SavedMillis: until the state before is on disk too (its RAM is
-	// written out while the restored machine already runs).
-	SavedMillis float64          `json:"saved_ms,omitempty"`
-	Warning     string           `json:"warning,omitempty"`
-	ColdBoot    bool             `json:"cold_boot,omitempty"`
-	Conflicts   []wsync.Conflict `json:"conflicts,omitempty"`
-}
-
 // rewind returns the machine to a checkpoint: the state just before is
 // saved as a checkpoint first; QEMU restarts on new disk layers over the
 // checkpoint's, with its RAM and devices; the agent reseeds the RNG and
 // steps the clock before the workloads run; the host folder is merged back
 // (Engine.Rewind). The network policy and secrets stay as they are now.
-func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, error) {
+func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, error) {
 	s.cpMu.Lock()
 	defer s.cpMu.Unlock()
 	ctx, cancel := withTimeout(ctx, rewindTimeout)
@@ -578,7 +469,7 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 		return nil, fmt.Errorf("restore %s: %w", id, err)
 	}
 	tLaunched := time.Now()
-	res := &RewindResult{To: id, Saved: pre, ColdBoot: cold}
+	res := &api.RewindResult{To: id, Saved: pre, ColdBoot: cold}
 	if s.ws != nil {
 		if err := s.ws.attach(ctx, s.currentClient(), manifest, true); err != nil {
 			return nil, fmt.Errorf("workspace after the rewind: %w", err)
@@ -587,7 +478,7 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*RewindResult, erro
 	}
 	s.log.Info("rewind phases", "save_before_ms", msBetween(start, tSaved), "disks_ms", msBetween(tSaved, tBranched),
 		"restore_ms", msBetween(tBranched, tLaunched), "workspace_ms", msBetween(tLaunched, time.Now()))
-	s.setStatus(func(st *Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
+	s.setStatus(func(st *api.Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
 	res.Millis = msSince(start)
 	if restore != nil {
 		// Once the state before is out: the likeliest next rewind is
@@ -613,76 +504,12 @@ func (s *supervisor) expectExit(m vmm.Machine) {
 	s.replacing.Store(m)
 }
 
-// DeleteCheckpoint removes a stopped sandbox's checkpoint and the disk
-// layers nothing uses any more, under the supervisor's lock: a start
-// meanwhile could build on a layer being deleted. A running sandbox's
-// supervisor does it (Client.DeleteCheckpoint); here that is ErrRunning.
-func DeleteCheckpoint(sb *Sandbox, id string) error {
-	release, err := lockStopped(sb.Dir)
-	if err != nil {
-		return fmt.Errorf("%w: %s started meanwhile: try again", err, sb.Config.Name)
-	}
-	defer release()
-	return deleteCheckpoint(sb, id)
-}
-
-// deleteCheckpoint is DeleteCheckpoint by whoever holds the supervisor's
-// lock.
-func deleteCheckpoint(sb *Sandbox, id string) error {
-	if err := sb.Checkpoints().Delete(id); err != nil {
-		return err
-	}
-	return gcDisks(sb)
-}
-
-// gcDisks removes disk layers that no checkpoint and no active disk
-// depends on.
-func gcDisks(sb *Sandbox) error {
-	keep := map[string]bool{}
-	var roots []string
-	for _, d := range sb.activeDisks() {
-		roots = append(roots, sb.Path(d.Path))
-	}
-	list, err := sb.Checkpoints().List()
-	if err != nil {
-		return err
-	}
-	for _, m := range list {
-		for _, d := range m.Disks {
-			roots = append(roots, sb.Path(d.Path))
-		}
-	}
-	dl, err := sb.diskLayers()
-	if err != nil {
-		return err
-	}
-	for _, r := range roots {
-		chain, err := dl.Chain(context.Background(), r)
-		if err != nil {
-			return err // unsure what is used: delete nothing
-		}
-		for _, p := range chain {
-			keep[p] = true
-		}
-	}
-	files, _ := filepath.Glob(sb.Path(filepath.Join(disksDir, "*")))
-	for _, f := range files {
-		if !keep[f] {
-			os.Remove(f)
-		}
-	}
-	return nil
-}
-
-// DefaultMaxCheckpoints is how many checkpoints a sandbox keeps unless told.
-const DefaultMaxCheckpoints = 20
-
 // enforceRetention deletes the oldest checkpoints beyond the sandbox's
 // maximum, never the one the machine descends from.
 func (s *supervisor) enforceRetention() {
 	max := s.sb.Config.MaxCheckpoints
 	if max <= 0 {
-		max = DefaultMaxCheckpoints
+		max = sandbox.DefaultMaxCheckpoints
 	}
 	s.cpMu.Lock()
 	defer s.cpMu.Unlock()
@@ -700,7 +527,7 @@ func (s *supervisor) enforceRetention() {
 			s.log.Info("checkpoint removed (retention)", "id", list[i].ID)
 		}
 	}
-	_ = gcDisks(s.sb)
+	_ = sandbox.GCDisks(s.sb)
 }
 
 // autoCheckpoints takes a checkpoint every interval until ctx ends.
@@ -736,65 +563,6 @@ func (s *supervisor) takeSpare(dst string) (bool, string) {
 	r := s.ramSaver()
 	base, ok := r.Spares.Take(dst, r.Want())
 	return ok, base
-}
-
-// CheckpointUsage is the host disk space a sandbox's checkpoints take.
-type CheckpointUsage struct {
-	// PerCheckpoint: the checkpoint's own files (RAM, devices, manifest)
-	// plus the disk layers it froze, in allocated bytes.
-	PerCheckpoint map[string]int64 `json:"per_checkpoint"`
-	Checkpoints   int64            `json:"checkpoints_bytes"` // all checkpoints
-	Spare         int64            `json:"spare_bytes"`       // the spare RAM file waiting for the next one
-	Active        int64            `json:"active_bytes"`      // the disk layers the machine writes to now
-	Total         int64            `json:"total_bytes"`       // the whole sandbox directory
-}
-
-// Usage measures the space the sandbox's checkpoints take on the host.
-// Sizes are allocated blocks, so sparse RAM and disk files count for what
-// they hold, not their length.
-func (s *Sandbox) Usage() (*CheckpointUsage, error) {
-	list, err := s.Checkpoints().List()
-	if err != nil {
-		return nil, err
-	}
-	u := &CheckpointUsage{PerCheckpoint: map[string]int64{}}
-	for _, m := range list {
-		n := allocatedTree(s.Checkpoints().Path(m.ID))
-		for _, d := range m.Disks {
-			n += allocated(s.Path(d.Path))
-		}
-		u.PerCheckpoint[m.ID] = n
-		u.Checkpoints += n
-	}
-	for _, p := range s.spareFiles() {
-		u.Spare += allocated(p)
-	}
-	for _, d := range s.activeDisks() {
-		u.Active += allocated(s.Path(d.Path))
-	}
-	u.Total = allocatedTree(s.Dir)
-	return u, nil
-}
-
-// allocated is the space a file takes on disk (0 if it is not there).
-func allocated(path string) int64 {
-	var st syscall.Stat_t
-	if err := syscall.Lstat(path, &st); err != nil {
-		return 0
-	}
-	return int64(st.Blocks) * 512
-}
-
-// allocatedTree sums allocated over a directory tree, never following links.
-func allocatedTree(dir string) int64 {
-	var n int64
-	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			n += allocated(p)
-		}
-		return nil
-	})
-	return n
 }
 
 // msBetween is b-a in milliseconds, for the log and reports.

@@ -1,4 +1,4 @@
-package sandbox
+package supervisor
 
 import (
 	"os"
@@ -20,7 +20,7 @@ const spareSlots = 2
 // ramSaver is the supervisor's checkpoint RAM saver and its spares.
 func (s *supervisor) ramSaver() *checkpoint.RAMSaver {
 	s.undoOnce.Do(func() {
-		dir := s.sb.Path(checkpointsDir)
+		dir := s.sb.Checkpoints().Dir
 		// Spares a previous supervisor left: their content is not known.
 		old, _ := filepath.Glob(filepath.Join(dir, checkpoint.SpareName+"*"))
 		for _, p := range old {
@@ -61,12 +61,6 @@ func (s *supervisor) saveRAM(ram *os.File, m vmm.Machine, snap vmm.Snapshotter, 
 func (s *supervisor) ramCommitted(id string, res *checkpoint.SaveResult) {
 	ramPath := filepath.Join(s.sb.Checkpoints().Path(id), checkpoint.RAMFile)
 	s.ramSaver().Committed(id, ramPath, res)
-}
-
-// spareFiles lists a sandbox's spare RAM files.
-func (sb *Sandbox) spareFiles() []string {
-	m, _ := filepath.Glob(filepath.Join(sb.Path(checkpointsDir), checkpoint.SpareName+"*"))
-	return m
 }
 
 // EnvRewindRAM, set to 0, turns off the RAM prepared for rewinds (it costs

@@ -1,4 +1,4 @@
-package sandbox
+package supervisor
 
 import (
 	"context"
@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
 )
 
@@ -251,25 +253,25 @@ func (j *cpJob) resume(context.Context) error {
 // this must restart on the new layer, which holds every write from now on).
 func (j *cpJob) snapshotDisks(ctx context.Context) error {
 	sb := j.s.sb
-	frozen := sb.activeDisks()
-	dl, err := sb.diskLayers() // the machine's own format: the same backend's
+	frozen := sb.ActiveDisks()
+	dl, err := sb.DiskLayers() // the machine's own format: the same backend's
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(sb.Path(disksDir), 0o700); err != nil {
+	if err := os.MkdirAll(sb.Path(sandbox.DisksDir), 0o700); err != nil {
 		return err
 	}
 	for diskID := range frozen {
-		overlay := filepath.Join(disksDir, j.id+"-"+diskID+"."+dl.Format())
+		overlay := filepath.Join(sandbox.DisksDir, j.id+"-"+diskID+"."+dl.Format())
 		sctx, cancel := withTimeout(ctx, vmCallTimeout)
 		err := j.m.SnapshotDisk(sctx, diskID, sb.Path(overlay))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("snapshot disk %s: %w", diskID, err)
 		}
-		cur := sb.activeDisks()
+		cur := sb.ActiveDisks()
 		cur[diskID] = checkpoint.Disk{Path: overlay, Format: dl.Format()}
-		if err := sb.saveActiveDisks(cur); err != nil {
+		if err := sb.SaveActiveDisks(cur); err != nil {
 			return err
 		}
 	}
@@ -387,7 +389,7 @@ func (j *cpJob) commitStep(context.Context) error {
 	if err := j.commit(); err != nil {
 		return err
 	}
-	j.s.setStatus(func(st *Status) { st.Checkpoint = j.id })
+	j.s.setStatus(func(st *api.Status) { st.Checkpoint = j.id })
 	// Not for a paused sandbox, which stops now, nor for the state before
 	// a rewind (saved here when its RAM is copied during the pause): that
 	// would take the RAM prepared for the rewind's likeliest target, and
@@ -405,7 +407,7 @@ func (j *cpJob) writeManifest() error {
 	if s.ws == nil || s.ws.engine == nil {
 		return nil
 	}
-	return writeJSONAtomic(filepath.Join(j.tmp, checkpoint.ManifestFile), s.ws.engine.Manifest())
+	return sandbox.WriteJSONAtomic(filepath.Join(j.tmp, checkpoint.ManifestFile), s.ws.engine.Manifest())
 }
 
 // commit makes the checkpoint visible, complete.

@@ -1,4 +1,9 @@
-package sandbox
+// Package supervisor is the per-sandbox process ('kosa8 supervise'): it
+// boots the sandbox's VM through a driver its caller picks (it holds vmm
+// interfaces only), wires the guest's network and workspace, takes
+// checkpoints and rewinds, and serves the API (internal/api) on the
+// sandbox's api.sock until the sandbox stops. Launch starts it, detached.
+package supervisor
 
 import (
 	"bytes"
@@ -15,17 +20,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/egress"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/netstack"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
-// SuperviseOptions configure the supervisor process.
-type SuperviseOptions struct {
+// Options configure the supervisor process.
+type Options struct {
 	// Restore resumes the sandbox from this checkpoint instead of booting;
 	// with Rewind the host folder is merged back to it too (else it is a
 	// resume: edits made on the host meanwhile flow in).
@@ -42,9 +49,9 @@ type SuperviseOptions struct {
 
 // ReadyMessage is what the supervisor writes to its ready pipe.
 type ReadyMessage struct {
-	OK     bool    `json:"ok"`
-	Error  string  `json:"error,omitempty"`
-	Status *Status `json:"status,omitempty"`
+	OK     bool        `json:"ok"`
+	Error  string      `json:"error,omitempty"`
+	Status *api.Status `json:"status,omitempty"`
 	// Progress lines come before the last one (OK or Error set), while
 	// the host folder is copied in.
 	Progress *CopyProgress `json:"progress,omitempty"`
@@ -52,7 +59,7 @@ type ReadyMessage struct {
 
 // supervisor owns one running sandbox.
 type supervisor struct {
-	sb      *Sandbox
+	sb      *sandbox.Sandbox
 	log     *slog.Logger
 	machine vmm.Machine
 	client  *guest.Client
@@ -78,7 +85,7 @@ type supervisor struct {
 	qemuFirmware string
 
 	mu     sync.Mutex
-	status Status
+	status api.Status
 
 	stop     chan stopRequest
 	stopOnce sync.Once
@@ -121,9 +128,9 @@ type stopRequest struct {
 	done     chan error // told the outcome of a pause
 }
 
-// Supervise boots the sandbox and serves it until it stops. It is the body
-// of the detached 'kosa8 supervise' process.
-func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions) (err error) {
+// Supervise boots m's sandbox name and serves it until it stops. It is
+// the body of the detached 'kosa8 supervise' process.
+func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) (err error) {
 	log := o.Log
 	if log == nil {
 		log = slog.Default()
@@ -146,7 +153,7 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 	if err != nil {
 		return err
 	}
-	lock, err := lockSupervisor(sb.Dir)
+	lock, err := sandbox.LockSupervisor(sb.Dir)
 	if err != nil {
 		return fmt.Errorf("%w: %s", err, name)
 	}
@@ -155,15 +162,15 @@ func (m *Manager) Supervise(ctx context.Context, name string, o SuperviseOptions
 	s := &supervisor{sb: sb, log: log, stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
 	start := time.Now()
 	parent := sb.Status().Checkpoint // the checkpoint tree carries across restarts
-	s.setStatus(func(st *Status) {
-		*st = Status{State: Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
+	s.setStatus(func(st *api.Status) {
+		*st = api.Status{State: api.Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
 	})
 	if err := s.boot(ctx, m, o); err != nil {
 		s.failedStart(err)
 		return err
 	}
-	s.setStatus(func(st *Status) {
-		st.State = Running
+	s.setStatus(func(st *api.Status) {
+		st.State = api.Running
 		st.QEMUPID = s.machine.Pid()
 		st.Accel = string(s.accel)
 		st.BootMillis = msSince(start)
@@ -232,7 +239,7 @@ wait:
 		default:
 		}
 	}
-	s.setStatus(func(st *Status) { st.State = Stopping })
+	s.setStatus(func(st *api.Status) { st.State = api.Stopping })
 	stopped := exited
 	kill := req.kill
 	if !stopped && !kill {
@@ -301,16 +308,16 @@ wait:
 	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = srv.Shutdown(shutCtx)
 	cancel()
-	os.Remove(sb.Path(APISocket))
-	s.setStatus(func(st *Status) {
+	os.Remove(sb.Path(sandbox.APISocket))
+	s.setStatus(func(st *api.Status) {
 		st.Stopped = time.Now().UTC()
-		st.State = Stopped
+		st.State = api.Stopped
 		st.QEMUPID = 0
 		if exitErr != nil && !req.kill {
-			st.State, st.Error = Crashed, exitErr.Error()
+			st.State, st.Error = api.Crashed, exitErr.Error()
 		}
 		if req.pausedAt != "" {
-			st.State, st.Checkpoint = Paused, req.pausedAt
+			st.State, st.Checkpoint = api.Paused, req.pausedAt
 		}
 		st.Pending = pending
 	})
@@ -338,13 +345,13 @@ func (s *supervisor) failedStart(err error) {
 	if s.net != nil {
 		s.net.close()
 	}
-	os.Remove(s.sb.Path(APISocket))
-	s.setStatus(func(st *Status) {
-		st.State, st.Error, st.Stopped, st.QEMUPID = Crashed, err.Error(), time.Now().UTC(), 0
+	os.Remove(s.sb.Path(sandbox.APISocket))
+	s.setStatus(func(st *api.Status) {
+		st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
 	})
 }
 
-func (s *supervisor) setStatus(f func(*Status)) {
+func (s *supervisor) setStatus(f func(*api.Status)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f(&s.status)
@@ -353,14 +360,14 @@ func (s *supervisor) setStatus(f func(*Status)) {
 	}
 }
 
-func (s *supervisor) getStatus() Status {
+func (s *supervisor) getStatus() api.Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.status
 }
 
 // Cmdline is the guest kernel's command line for a sandbox.
-func Cmdline(c *Config) string {
+func Cmdline(c *sandbox.Config) string {
 	parts := []string{
 		// A panic ends QEMU (-no-reboot) instead of hanging; warnings and
 		// worse reach the console log.
@@ -368,12 +375,12 @@ func Cmdline(c *Config) string {
 		"kosa8.user=" + c.User,
 		"kosa8.uid=" + strconv.Itoa(c.UID),
 		"kosa8.gid=" + strconv.Itoa(c.GID),
-		"kosa8.hostname=" + Hostname(c.Name),
+		"kosa8.hostname=" + sandbox.Hostname(c.Name),
 	}
 	return strings.Join(parts, " ")
 }
 
-func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) error {
+func (s *supervisor) boot(ctx context.Context, m *sandbox.Manager, o Options) error {
 	// Each step's time goes to the log ("boot steps"): where a start's
 	// time beyond the guest's own boot goes.
 	var steps []any
@@ -406,10 +413,10 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	s.newDriver = o.NewDriver
 	s.driverOpts = vmm.DriverOptions{
 		Arch: vmspec.Arch(cfg.Arch), Accel: forced, RecordDir: m.Paths.Home,
-		ReadWrite: []string{s.sb.Path(disksDir)}, ReadOnly: []string{img.Dir, s.sb.Path(RootDisk)},
+		ReadWrite: []string{s.sb.Path(sandbox.DisksDir)}, ReadOnly: []string{img.Dir, s.sb.Path(sandbox.RootDisk)},
 	}
 	if cfg.Workspace != nil {
-		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(WorkspaceDisk))
+		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(sandbox.WorkspaceDisk))
 	}
 	drv, err := s.newDriver(s.driverOpts)
 	if err != nil {
@@ -423,7 +430,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	if s.accel == vmm.TCG {
 		if why := vinfo.AccelFallback; why != "" {
 			s.log.Warn("not using hardware acceleration", "why", why)
-			s.setStatus(func(st *Status) { st.AccelFallback = why })
+			s.setStatus(func(st *api.Status) { st.AccelFallback = why })
 		}
 		s.log.Warn(vmm.IsolationWarning)
 	}
@@ -446,7 +453,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 		Kernel:     img.Kernel().Image,
 		Initrd:     initrd,
 		Cmdline:    Cmdline(cfg) + " " + NetCmdline(),
-		ConsoleLog: s.sb.Path(ConsoleLog),
+		ConsoleLog: s.sb.Path(sandbox.ConsoleLog),
 		AgentPort:  guestPortName,
 		Net:        &vmspec.Net{MAC: netstack.GuestMAC.String()},
 	}
@@ -472,7 +479,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 	go func() {
 		info, err := s.currentClient().Info(bootCtx)
 		if err == nil {
-			s.setStatus(func(st *Status) { st.Kernel = info.Kernel })
+			s.setStatus(func(st *api.Status) { st.Kernel = info.Kernel })
 			if err = s.installCA(bootCtx); err != nil {
 				err = fmt.Errorf("install the sandbox CA in the guest: %w", err)
 			}
@@ -491,7 +498,7 @@ func (s *supervisor) boot(ctx context.Context, m *Manager, o SuperviseOptions) e
 				_, _ = ready.Write(append(b, '\n'))
 			}
 		}
-		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.loadManifest(), o.Restore != "" && o.Rewind); err != nil {
+		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.LoadManifest(), o.Restore != "" && o.Rewind); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
 		mark("workspace")
@@ -565,7 +572,7 @@ func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, 
 			s.log.Warn("record the accelerator's failure", "err", rerr)
 		}
 	}
-	s.setStatus(func(st *Status) { st.AccelFallback = reason })
+	s.setStatus(func(st *api.Status) { st.AccelFallback = reason })
 	return nil
 }
 
@@ -577,8 +584,8 @@ func (s *supervisor) installCA(ctx context.Context) error {
 	ca := s.net.ca.CertPEM()
 	var bundle bytes.Buffer
 	c := s.currentClient()
-	if _, err := c.ReadFile(ctx, GuestCABundle, &bundle); err != nil {
-		return fmt.Errorf("read %s: %w", GuestCABundle, err)
+	if _, err := c.ReadFile(ctx, sandbox.GuestCABundle, &bundle); err != nil {
+		return fmt.Errorf("read %s: %w", sandbox.GuestCABundle, err)
 	}
 	// The host's own roots beyond the guest's (a TLS-inspecting proxy's
 	// CA), unless the sandbox was made with --no-host-ca.
@@ -589,11 +596,11 @@ func (s *supervisor) installCA(ctx context.Context) error {
 	if bytes.Contains(bundle.Bytes(), ca) && len(extra) == 0 {
 		return nil
 	}
-	if err := c.WriteFile(ctx, GuestCAPath, 0o644, "root", bytes.NewReader(ca)); err != nil {
+	if err := c.WriteFile(ctx, sandbox.GuestCAPath, 0o644, "root", bytes.NewReader(ca)); err != nil {
 		return err
 	}
 	if len(extra) > 0 {
-		if err := c.WriteFile(ctx, GuestHostCAPath, 0o644, "root", bytes.NewReader(extra)); err != nil {
+		if err := c.WriteFile(ctx, sandbox.GuestHostCAPath, 0o644, "root", bytes.NewReader(extra)); err != nil {
 			return err
 		}
 	}
@@ -604,7 +611,7 @@ func (s *supervisor) installCA(ctx context.Context) error {
 	if !bytes.Contains(b, ca) {
 		b = append(b, ca...)
 	}
-	return c.WriteFile(ctx, GuestCABundle, 0o644, "root", bytes.NewReader(append(b, extra...)))
+	return c.WriteFile(ctx, sandbox.GuestCABundle, 0o644, "root", bytes.NewReader(append(b, extra...)))
 }
 
 // guestPortName must match the agent's agent.DefaultPortName.
@@ -613,7 +620,7 @@ const guestPortName = "org.kosa8.agent"
 // resetConsoleLog empties the console log, and removes the older half
 // the driver keeps of a long one (console.log.1), for a new boot.
 func (s *supervisor) resetConsoleLog() {
-	p := s.sb.Path(ConsoleLog)
+	p := s.sb.Path(sandbox.ConsoleLog)
 	_ = os.Truncate(p, 0)
 	_ = os.Remove(p + ".1")
 }
@@ -702,7 +709,7 @@ func listenAPI(path string) (net.Listener, error) {
 }
 
 func (s *supervisor) serveAPI() (*http.Server, error) {
-	l, err := listenAPI(s.sb.Path(APISocket))
+	l, err := listenAPI(s.sb.Path(sandbox.APISocket))
 	if err != nil {
 		return nil, err
 	}

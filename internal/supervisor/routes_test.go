@@ -1,15 +1,17 @@
-package sandbox
+package supervisor
 
 import (
 	"slices"
 	"testing"
+
+	"github.com/kosa8/kosa8/internal/api"
 )
 
-// Routes is the API's documentation: every route in it is served, and
+// api.Routes is the API's documentation: every route in it is served, and
 // routes() panics on one that is not in it, so the two cannot drift.
 func TestRoutesDocumentedAndServed(t *testing.T) {
 	_, registered := (&supervisor{}).routeMux()
-	for _, r := range Routes {
+	for _, r := range api.Routes {
 		if !slices.Contains(registered, r.Pattern) {
 			t.Errorf("%s is documented in Routes but not served", r.Pattern)
 		}
@@ -17,7 +19,7 @@ func TestRoutesDocumentedAndServed(t *testing.T) {
 			t.Errorf("%s has no documentation", r.Pattern)
 		}
 	}
-	if len(registered) != len(Routes) {
-		t.Errorf("%d routes served, %d documented", len(registered), len(Routes))
+	if len(registered) != len(api.Routes) {
+		t.Errorf("%d routes served, %d documented", len(registered), len(api.Routes))
 	}
 }

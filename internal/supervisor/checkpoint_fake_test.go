@@ -1,4 +1,4 @@
-package sandbox
+package supervisor
 
 import (
 	"bytes"
@@ -23,6 +23,7 @@ import (
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/guest/agent"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
 	"github.com/kosa8/kosa8/internal/vmspec"
@@ -90,7 +91,7 @@ func (r *fakeRig) guest(m *vmmtest.Machine) *fakeGuest {
 func newFakeRig(t *testing.T, netstack bool) *fakeRig {
 	t.Helper()
 	ctx := context.Background()
-	sb := &Sandbox{Dir: t.TempDir(), Config: validConfig("fake"), Disks: vmmtest.Layers{}}
+	sb := &sandbox.Sandbox{Dir: t.TempDir(), Config: validConfig("fake"), Disks: vmmtest.Layers{}}
 	sb.Config.MemoryMiB = 2
 	log := slog.New(slog.DiscardHandler)
 	r := &fakeRig{guests: map[*vmmtest.Machine]*fakeGuest{}}
@@ -229,10 +230,10 @@ func TestCheckpointPausesSavesAndResumes(t *testing.T) {
 
 	// The disk layer: the checkpoint keeps the frozen one, new writes go
 	// to the overlay the machine snapshotted to, and the sandbox says so.
-	if d := meta.Disks["root"]; d.Path != RootDisk {
-		t.Errorf("checkpoint's root layer %q, want %q", d.Path, RootDisk)
+	if d := meta.Disks["root"]; d.Path != sandbox.RootDisk {
+		t.Errorf("checkpoint's root layer %q, want %q", d.Path, sandbox.RootDisk)
 	}
-	active := s.sb.activeDisks()["root"]
+	active := s.sb.ActiveDisks()["root"]
 	if !strings.Contains(active.Path, meta.ID) || m.Disk("root") != s.sb.Path(active.Path) {
 		t.Errorf("active root layer %q, the machine writes to %q", active.Path, m.Disk("root"))
 	}
@@ -311,7 +312,7 @@ func testCheckpointFailure(t *testing.T, fail string, final bool, wantCalls []st
 	if err != nil || len(list) != 0 {
 		t.Errorf("checkpoints after a failed one: %v (%v)", list, err)
 	}
-	if half, _ := filepath.Glob(filepath.Join(s.sb.Path(checkpointsDir), ".tmp-*")); len(half) > 0 {
+	if half, _ := filepath.Glob(filepath.Join(s.sb.Checkpoints().Dir, ".tmp-*")); len(half) > 0 {
 		t.Errorf("half-written checkpoint left: %v", half)
 	}
 	if st := s.getStatus(); st.Checkpoint != "" {
@@ -398,7 +399,7 @@ func newRewindRig(t *testing.T) *fakeRig {
 		t.Skip("qemu-img not installed (qemu-utils): a rewind's new disk layers need it")
 	}
 	r := newFakeRig(t, true)
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", r.s.sb.Path(RootDisk), "16M").CombinedOutput(); err != nil {
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", r.s.sb.Path(sandbox.RootDisk), "16M").CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img: %v: %s", err, out)
 	}
 	return r

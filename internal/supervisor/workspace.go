@@ -1,100 +1,22 @@
-package sandbox
+package supervisor
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/wsync"
 )
-
-// WorkspaceConfig is the folder a sandbox works in.
-type WorkspaceConfig struct {
-	// Path is the host folder (absolute, symlinks resolved); the guest
-	// sees it at the same path.
-	Path    string   `json:"path"`
-	Review  bool     `json:"review,omitempty"`
-	Exclude []string `json:"exclude,omitempty"`
-	Hold    []string `json:"hold,omitempty"`
-	// QuotaBytes and QuotaFiles bound what the sync may keep of the
-	// agent's making in the host folder (0: wsync's defaults, 10 GiB and
-	// 200,000 entries).
-	QuotaBytes int64 `json:"quota_bytes,omitempty"`
-	QuotaFiles int   `json:"quota_files,omitempty"`
-}
-
-const (
-	WorkspaceDisk     = "workspace.img"
-	workspaceManifest = "workspace-manifest.json"
-	// fullSyncEvery repairs whatever a watcher missed.
-	fullSyncEvery = 30 * time.Second
-)
-
-// CheckWorkspace validates a host folder for use as a workspace and
-// returns its canonical path. The home directory and / need force.
-func CheckWorkspace(dir string, force bool) (string, error) {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return "", err
-	}
-	real, err := filepath.EvalSymlinks(abs)
-	if err != nil {
-		return "", fmt.Errorf("workspace %s: %w", dir, err)
-	}
-	fi, err := os.Stat(real)
-	if err != nil {
-		return "", fmt.Errorf("workspace %s: %w", dir, err)
-	}
-	if !fi.IsDir() {
-		return "", fmt.Errorf("workspace %s is not a directory", dir)
-	}
-	if !force {
-		home, _ := os.UserHomeDir()
-		if rh, err := filepath.EvalSymlinks(home); err == nil && rh == real {
-			return "", fmt.Errorf("refusing to use your home directory %s as the workspace: cd into a project folder, pass --workspace DIR or --no-workspace (or --force)", real)
-		}
-		if real == "/" {
-			return "", errors.New("refusing to use / as the workspace: pass --workspace DIR or --no-workspace (or --force)")
-		}
-	}
-	return real, nil
-}
-
-// createWorkspaceDisk makes an empty ext4 disk for the workspace, its root
-// owned by the guest user.
-func createWorkspaceDisk(ctx context.Context, path string, gib, uid, gid int) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if err := f.Truncate(int64(gib) << 30); err != nil {
-		f.Close()
-		return err
-	}
-	f.Close()
-	mkfs, err := exec.LookPath("mkfs.ext4")
-	if err != nil {
-		mkfs = "/sbin/mkfs.ext4"
-	}
-	out, err := exec.CommandContext(ctx, mkfs, "-q", "-F", "-L", "kosa8-ws", "-m", "0",
-		"-E", "root_owner="+strconv.Itoa(uid)+":"+strconv.Itoa(gid)+",lazy_itable_init=1,lazy_journal_init=1", path).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("format the workspace disk: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
 
 // lockFolder takes the host folder's sync lock: one sandbox at a time may
 // sync a folder.
@@ -119,9 +41,12 @@ func lockFolder(home, folder, name string) (*os.File, error) {
 	return f, nil
 }
 
+// fullSyncEvery repairs whatever a watcher missed.
+const fullSyncEvery = 30 * time.Second
+
 // workspace runs the sync of one sandbox.
 type workspace struct {
-	sb     *Sandbox
+	sb     *sandbox.Sandbox
 	log    *slog.Logger
 	root   *wsync.Root
 	guest  *wsync.GuestSide
@@ -140,16 +65,8 @@ type workspace struct {
 	quiet sync.Mutex
 }
 
-func (s *Sandbox) loadManifest() map[string]*wsync.Entry {
-	var m map[string]*wsync.Entry
-	if err := readJSON(s.Path(workspaceManifest), &m); err != nil {
-		return nil
-	}
-	return m
-}
-
 // openWorkspace takes the folder's lock and opens it on the host.
-func openWorkspace(sb *Sandbox, home string, log *slog.Logger) (*workspace, error) {
+func openWorkspace(sb *sandbox.Sandbox, home string, log *slog.Logger) (*workspace, error) {
 	cfg := sb.Config.Workspace
 	lock, err := lockFolder(home, cfg.Path, sb.Config.Name)
 	if err != nil {
@@ -180,7 +97,7 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, manifest m
 			return // a big tree: at most once a second; a stale manifest only costs rescans
 		}
 		lastSave = time.Now()
-		if err := writeJSONAtomic(w.sb.Path(workspaceManifest), m); err != nil {
+		if err := w.sb.SaveManifest(m); err != nil {
 			w.log.Warn("save workspace manifest", "err", err)
 		}
 	}
@@ -361,10 +278,4 @@ func (w *workspace) stop(ctx context.Context) {
 		w.syncNow(ctx, nil)
 	}
 	w.closeFiles()
-}
-
-// SyncStatus is /v1/sync.
-type SyncStatus struct {
-	Path string `json:"path"`
-	wsync.Status
 }

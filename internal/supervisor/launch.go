@@ -1,4 +1,4 @@
-package sandbox
+package supervisor
 
 import (
 	"bufio"
@@ -15,6 +15,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -45,15 +47,15 @@ type LaunchOptions struct {
 // CLI and the SDK start a sandbox. The supervisor outlives the caller; if
 // ctx ends first (^C while booting) the supervisor is killed and the
 // sandbox is put back in the state it had, not left crashed.
-func Launch(ctx context.Context, sb *Sandbox, o LaunchOptions) (*Status, error) {
+func Launch(ctx context.Context, sb *sandbox.Sandbox, o LaunchOptions) (*api.Status, error) {
 	if sb.Alive() {
-		return nil, fmt.Errorf("%w: %s", ErrRunning, sb.Config.Name)
+		return nil, fmt.Errorf("%w: %s", sandbox.ErrRunning, sb.Config.Name)
 	}
 	if o.Binary == "" || o.Agent == "" {
 		return nil, errors.New("launch: the kosa8 and kosa8-agent binaries must be named")
 	}
 	before := sb.Status()
-	logf, err := os.OpenFile(sb.Path(SupervisorLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	logf, err := os.OpenFile(sb.Path(sandbox.SupervisorLog), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +117,7 @@ func Launch(ctx context.Context, sb *Sandbox, o LaunchOptions) (*Status, error) 
 	select {
 	case r := <-res:
 		if r.err != nil {
-			return nil, fmt.Errorf("the supervisor exited before the sandbox was ready%s", logTail(sb.Path(SupervisorLog)))
+			return nil, fmt.Errorf("the supervisor exited before the sandbox was ready%s", logTail(sb.Path(sandbox.SupervisorLog)))
 		}
 		if !r.msg.OK {
 			return nil, errors.New(r.msg.Error)
@@ -134,10 +136,10 @@ func Launch(ctx context.Context, sb *Sandbox, o LaunchOptions) (*Status, error) 
 		_ = sb.WaitStopped(wctx)
 		if !sb.Alive() {
 			before.SupervisorPID, before.QEMUPID = 0, 0
-			if before.State != Paused {
-				before.State = Stopped
+			if before.State != api.Paused {
+				before.State = api.Stopped
 				if before.Started.IsZero() {
-					before.State = Created
+					before.State = api.Created
 				}
 			}
 			_ = sb.WriteStatus(before)

@@ -1,0 +1,276 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/guest"
+)
+
+// Client talks to a sandbox's supervisor.
+type Client struct {
+	sock string
+	http *http.Client
+}
+
+// NewClient returns a client for the supervisor listening on the unix
+// socket sock (a sandbox's api.sock).
+func NewClient(sock string) *Client {
+	return &Client{sock: sock, http: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}}}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body any, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://kosa8"+path, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("supervisor: %w", err)
+	}
+	defer resp.Body.Close()
+	return decodeResponse(resp, out)
+}
+
+func decodeResponse(resp *http.Response, out any) error {
+	if resp.StatusCode >= 300 {
+		var e ExecErrorResponse
+		_ = json.NewDecoder(io.LimitReader(resp.Body, MaxBody)).Decode(&e)
+		if e.Error == "" {
+			e.Error = resp.Status
+		}
+		if e.ExitCode != 0 {
+			return &CommandError{Code: e.ExitCode, Msg: e.Error}
+		}
+		return errors.New(e.Error)
+	}
+	if out != nil {
+		return json.NewDecoder(io.LimitReader(resp.Body, MaxBody)).Decode(out)
+	}
+	return nil
+}
+
+// Status asks the supervisor for the sandbox's status.
+func (c *Client) Status(ctx context.Context) (*StatusResponse, error) {
+	var out StatusResponse
+	return &out, c.do(ctx, "GET", "/v1/status", nil, &out)
+}
+
+// Info asks the guest agent for its Info.
+func (c *Client) Info(ctx context.Context) (*guest.Info, error) {
+	var out guest.Info
+	return &out, c.do(ctx, "GET", "/v1/info", nil, &out)
+}
+
+// Stop deadlines: a supervisor's stop is bounded (a last sync pass, a
+// poweroff, then SIGKILL); one that overruns these is wedged, and the
+// caller ends it (its QEMU dies with it).
+const (
+	stopTimeout = 3 * time.Minute
+	killTimeout = 30 * time.Second
+)
+
+// Stop stops the sandbox and returns once its VM is gone, or with an
+// error once the supervisor overran its deadline.
+func (c *Client) Stop(ctx context.Context, kill bool) error {
+	p, d := "/v1/stop", stopTimeout
+	if kill {
+		p, d = p+"?kill=1", killTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return c.do(ctx, "POST", p, nil, nil)
+}
+
+// Allow adds rules to a running sandbox's allow-list.
+func (c *Client) Allow(ctx context.Context, rules []string, broad bool) ([]string, error) {
+	var out NetResponse
+	err := c.do(ctx, "POST", "/v1/net/allow", NetRequest{Rules: rules, AllowBroad: broad}, &out)
+	return out.Rules, err
+}
+
+// Deny adds deny rules (which win over allow rules) to a running
+// sandbox's policy.
+func (c *Client) Deny(ctx context.Context, targets []string) ([]string, error) {
+	var out NetResponse
+	err := c.do(ctx, "POST", "/v1/net/deny", NetRequest{Rules: targets}, &out)
+	return out.Rules, err
+}
+
+// RemoveRules removes the rules for targets from a running sandbox's
+// policy; a target no rule has is an error.
+func (c *Client) RemoveRules(ctx context.Context, targets []string) ([]string, error) {
+	var out NetResponse
+	err := c.do(ctx, "POST", "/v1/net/rm", NetRequest{Rules: targets}, &out)
+	return out.Rules, err
+}
+
+// Refused calls f with each host the sandbox is refused, as it happens,
+// until ctx ends or f returns an error.
+func (c *Client) Refused(ctx context.Context, f func(Blocked) error) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://kosa8/v1/net/refused", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("supervisor: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return decodeResponse(resp, nil)
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var b Blocked
+		if err := dec.Decode(&b); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("supervisor stream: %w", err)
+		}
+		if err := f(b); err != nil {
+			return err
+		}
+	}
+}
+
+// Ports lists a running sandbox's port forwards.
+func (c *Client) Ports(ctx context.Context) ([]PortForward, error) {
+	var out []PortForward
+	err := c.do(ctx, "GET", "/v1/ports", nil, &out)
+	return out, err
+}
+
+// AddPort forwards a host port into a running sandbox.
+func (c *Client) AddPort(ctx context.Context, pf PortForward) ([]PortForward, error) {
+	var out []PortForward
+	err := c.do(ctx, "POST", "/v1/ports", pf, &out)
+	return out, err
+}
+
+// RemovePort stops forwarding a host port.
+func (c *Client) RemovePort(ctx context.Context, hostPort uint16) ([]PortForward, error) {
+	var out []PortForward
+	err := c.do(ctx, "DELETE", "/v1/ports/"+strconv.Itoa(int(hostPort)), nil, &out)
+	return out, err
+}
+
+// Memory streams the guest's RAM (the VM is paused meanwhile) to w.
+func (c *Client) Memory(ctx context.Context, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://kosa8/v1/debug/memory", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return decodeResponse(resp, nil)
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
+// Sync returns the workspace sync's status (now: after a full pass).
+func (c *Client) Sync(ctx context.Context, now bool) (*SyncStatus, error) {
+	var out SyncStatus
+	if now {
+		return &out, c.do(ctx, "POST", "/v1/sync/now", nil, &out)
+	}
+	return &out, c.do(ctx, "GET", "/v1/sync", nil, &out)
+}
+
+// SyncChange applies, approves or discards workspace paths.
+func (c *Client) SyncChange(ctx context.Context, what string, paths []string) ([]string, error) {
+	var out SyncResponse
+	err := c.do(ctx, "POST", "/v1/sync/"+what, SyncRequest{Paths: paths}, &out)
+	return out.Done, err
+}
+
+// Checkpoint saves the running machine.
+func (c *Client) Checkpoint(ctx context.Context, message string) (*checkpoint.Meta, error) {
+	var out checkpoint.Meta
+	err := c.do(ctx, "POST", "/v1/checkpoints", CheckpointRequest{Message: message}, &out)
+	return &out, err
+}
+
+// Rewind returns the machine to a checkpoint.
+func (c *Client) Rewind(ctx context.Context, id string) (*RewindResult, error) {
+	var out RewindResult
+	err := c.do(ctx, "POST", "/v1/rewind", CheckpointRequest{ID: id}, &out)
+	return &out, err
+}
+
+// DeleteCheckpoint removes a checkpoint of a running sandbox.
+func (c *Client) DeleteCheckpoint(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/v1/checkpoints/"+url.PathEscape(id), nil, nil)
+}
+
+// Pause writes the machine out to a checkpoint and stops it.
+func (c *Client) Pause(ctx context.Context) error {
+	return c.do(ctx, "POST", "/v1/pause", nil, nil)
+}
+
+// ExecConn is an upgraded exec connection: frames both ways.
+type ExecConn struct {
+	io.ReadWriteCloser
+	ID  string
+	Pid string
+}
+
+// Exec starts a process in the guest and returns its frame stream.
+func (c *Client) Exec(ctx context.Context, req *guest.ExecRequest) (*ExecConn, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, "POST", "http://kosa8/v1/exec", bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Connection", "Upgrade")
+	hreq.Header.Set("Upgrade", ExecUpgrade)
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("supervisor: %w", err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		defer resp.Body.Close()
+		return nil, decodeResponse(resp, nil)
+	}
+	rwc, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		resp.Body.Close()
+		return nil, errors.New("supervisor: exec connection not upgraded")
+	}
+	return &ExecConn{ReadWriteCloser: rwc, ID: resp.Header.Get("Kosa8-Exec-Id"), Pid: resp.Header.Get("Kosa8-Exec-Pid")}, nil
+}
