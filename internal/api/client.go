@@ -43,16 +43,38 @@ func (c *Client) do(ctx context.Context, method, path string, body any, out any)
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://kosa8"+path, rd)
+	resp, err := c.send(ctx, method, path, rd)
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("supervisor: %w", err)
-	}
 	defer resp.Body.Close()
 	return decodeResponse(resp, out)
+}
+
+// stream GETs path and returns its body when the supervisor answers 200
+// OK, or the error it sent.
+func (c *Client) stream(ctx context.Context, path string) (io.ReadCloser, error) {
+	resp, err := c.send(ctx, "GET", path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, decodeResponse(resp, nil)
+	}
+	return resp.Body, nil
+}
+
+func (c *Client) send(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://kosa8"+path, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("supervisor: %w", err)
+	}
+	return resp, nil
 }
 
 func decodeResponse(resp *http.Response, out any) error {
@@ -131,19 +153,12 @@ func (c *Client) RemoveRules(ctx context.Context, targets []string) ([]string, e
 // Refused calls f with each host the sandbox is refused, as it happens,
 // until ctx ends or f returns an error.
 func (c *Client) Refused(ctx context.Context, f func(Blocked) error) error {
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://kosa8/v1/net/refused", nil)
+	body, err := c.stream(ctx, "/v1/net/refused")
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("supervisor: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return decodeResponse(resp, nil)
-	}
-	dec := json.NewDecoder(resp.Body)
+	defer body.Close()
+	dec := json.NewDecoder(body)
 	for {
 		var b Blocked
 		if err := dec.Decode(&b); err != nil {
@@ -181,19 +196,12 @@ func (c *Client) RemovePort(ctx context.Context, hostPort uint16) ([]PortForward
 
 // Memory streams the guest's RAM (the VM is paused meanwhile) to w.
 func (c *Client) Memory(ctx context.Context, w io.Writer) error {
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://kosa8/v1/debug/memory", nil)
+	body, err := c.stream(ctx, "/v1/debug/memory")
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return decodeResponse(resp, nil)
-	}
-	_, err = io.Copy(w, resp.Body)
+	defer body.Close()
+	_, err = io.Copy(w, body)
 	return err
 }
 
