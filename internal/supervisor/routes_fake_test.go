@@ -1,0 +1,173 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kosa8/kosa8/internal/api"
+)
+
+// freePort returns a TCP port on 127.0.0.1 that nothing listens on now.
+func freePort(t *testing.T) uint16 {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return uint16(l.Addr().(*net.TCPAddr).Port)
+}
+
+// The routes a client uses on a running sandbox other than checkpoints,
+// rewinds and exec (tested with their own machinery), each against a
+// supervisor of a fake machine with the real network: the answer's code
+// and body, bad input refused with a 4xx and a message, and what each
+// change leaves behind (the allow-list in force and on disk, the ports).
+func TestAPIRoutesOnAFakeMachine(t *testing.T) {
+	r := newFakeRig(t, true)
+	s := r.s
+	h := s.routes()
+	call := func(method, path, body string) (int, string) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		var req *http.Request
+		if body == "" {
+			req = httptest.NewRequest(method, path, nil)
+		} else {
+			req = httptest.NewRequest(method, path, strings.NewReader(body))
+		}
+		h.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+	decode := func(body string, v any) {
+		t.Helper()
+		if err := json.Unmarshal([]byte(body), v); err != nil {
+			t.Fatalf("answer %q: %v", body, err)
+		}
+	}
+	wantError := func(route string, code int, body string, want int, says string) {
+		t.Helper()
+		var e api.ErrorResponse
+		_ = json.Unmarshal([]byte(body), &e)
+		if code != want || e.Error == "" || !strings.Contains(e.Error, says) {
+			t.Errorf("%s: %d %q, want %d and an error saying %q", route, code, body, want, says)
+		}
+	}
+
+	t.Run("status", func(t *testing.T) {
+		s.setStatus(func(st *api.Status) { st.State = api.Running })
+		code, body := call("GET", "/v1/status", "")
+		var st api.StatusResponse
+		decode(body, &st)
+		if code != http.StatusOK || st.Name != "fake" || st.Status.State != api.Running {
+			t.Errorf("GET /v1/status: %d %s", code, body)
+		}
+	})
+	t.Run("info from a guest that answers nothing", func(t *testing.T) {
+		// The fake guest answers every request with an empty response:
+		// the guest's fault, said as such, not a crash or an empty 200.
+		code, body := call("GET", "/v1/info", "")
+		wantError("GET /v1/info", code, body, http.StatusBadGateway, "info missing")
+	})
+
+	t.Run("network rules", func(t *testing.T) {
+		rules := func(body string) []string {
+			var n api.NetResponse
+			decode(body, &n)
+			return n.Rules
+		}
+		code, body := call("POST", "/v1/net/allow", `{"rules":["example.test:443"]}`)
+		if code != http.StatusOK || !slices.Contains(rules(body), "example.test:443") {
+			t.Fatalf("allow: %d %s", code, body)
+		}
+		if code, body := call("GET", "/v1/net", ""); code != http.StatusOK || !slices.Contains(rules(body), "example.test:443") {
+			t.Errorf("GET /v1/net after allow: %d %s", code, body)
+		}
+		if p, err := s.sb.LoadPolicy(); err != nil || !slices.Contains(ruleTexts(p), "example.test:443") {
+			t.Errorf("the allow-list on disk after allow: %v %v", err, p)
+		}
+		code, body = call("POST", "/v1/net/deny", `{"rules":["evil.test"]}`)
+		if code != http.StatusOK || !slices.ContainsFunc(rules(body), func(r string) bool { return strings.Contains(r, "evil.test") }) {
+			t.Errorf("deny: %d %s", code, body)
+		}
+		code, body = call("POST", "/v1/net/rm", `{"rules":["example.test:443"]}`)
+		if code != http.StatusOK || slices.Contains(rules(body), "example.test:443") {
+			t.Errorf("rm: %d %s", code, body)
+		}
+		// Bad input: refused with what to fix, and the rules unchanged.
+		_, before := call("GET", "/v1/net", "")
+		code, body = call("POST", "/v1/net/allow", `{"rules":`)
+		wantError("allow with a cut body", code, body, http.StatusBadRequest, "")
+		code, body = call("POST", "/v1/net/allow", `{"rules":["*"]}`)
+		wantError("allow of everything without allow_broad", code, body, http.StatusBadRequest, "")
+		code, body = call("POST", "/v1/net/allow", `{"rules":["bad host name!:443"]}`)
+		wantError("allow of a malformed host", code, body, http.StatusBadRequest, "")
+		if _, after := call("GET", "/v1/net", ""); after != before {
+			t.Errorf("refused changes changed the rules: %s, then %s", before, after)
+		}
+	})
+
+	t.Run("ports", func(t *testing.T) {
+		port := freePort(t)
+		code, body := call("POST", "/v1/ports", fmt.Sprintf(`{"host_port":%d,"guest_port":8080}`, port))
+		var list []api.PortForward
+		decode(body, &list)
+		if code != http.StatusOK || !slices.Contains(list, api.PortForward{HostPort: port, GuestPort: 8080}) {
+			t.Fatalf("POST /v1/ports: %d %s", code, body)
+		}
+		// The host port listens, on loopback only.
+		if c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+			t.Errorf("the forwarded port does not listen: %v", err)
+		} else {
+			c.Close()
+		}
+		code, body = call("POST", "/v1/ports", fmt.Sprintf(`{"host_port":%d,"guest_port":9090}`, port))
+		wantError("a port forwarded twice", code, body, http.StatusConflict, "already forwarded")
+		code, body = call("GET", "/v1/ports", "")
+		decode(body, &list)
+		if code != http.StatusOK || len(list) != 1 {
+			t.Errorf("GET /v1/ports: %d %s", code, body)
+		}
+		code, body = call("DELETE", fmt.Sprintf("/v1/ports/%d", port), "")
+		decode(body, &list)
+		if code != http.StatusOK || len(list) != 0 {
+			t.Errorf("DELETE /v1/ports: %d %s", code, body)
+		}
+		if c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			c.Close()
+			t.Errorf("port %d still listens after its forward ended", port)
+		}
+		code, body = call("DELETE", "/v1/ports/notaport", "")
+		wantError("DELETE of a port that is not a number", code, body, http.StatusBadRequest, "")
+		code, body = call("DELETE", fmt.Sprintf("/v1/ports/%d", port), "")
+		wantError("DELETE of a port not forwarded", code, body, http.StatusBadRequest, "")
+	})
+
+	t.Run("sync without a workspace", func(t *testing.T) {
+		for _, rt := range []struct{ method, path string }{{"GET", "/v1/sync"}, {"POST", "/v1/sync/now"}} {
+			code, body := call(rt.method, rt.path, "")
+			wantError(rt.method+" "+rt.path, code, body, http.StatusNotFound, "no workspace")
+		}
+	})
+
+	t.Run("checkpoints that do not exist", func(t *testing.T) {
+		code, body := call("POST", "/v1/rewind", `{"id":"nope"}`)
+		wantError("rewind to an unknown checkpoint", code, body, http.StatusNotFound, "nope")
+		code, body = call("DELETE", "/v1/checkpoints/nope", "")
+		wantError("DELETE of an unknown checkpoint", code, body, http.StatusBadRequest, "nope")
+	})
+
+	t.Run("methods and paths outside the table", func(t *testing.T) {
+		for _, rt := range []struct{ method, path string }{{"DELETE", "/v1/status"}, {"GET", "/v1/nothing"}, {"GET", "/v2/status"}} {
+			if code, _ := call(rt.method, rt.path, ""); code < 400 || code >= 500 {
+				t.Errorf("%s %s: %d, want a 4xx", rt.method, rt.path, code)
+			}
+		}
+	})
+}
