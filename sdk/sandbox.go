@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/sandbox"
-	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -124,11 +124,11 @@ func (s *Sandbox) launch(ctx context.Context, restore string, rewind bool) error
 	if err != nil {
 		return err
 	}
-	agent, err := supervisor.AgentPath(bin, vmspec.Arch(s.sb.Config.Arch))
+	agent, err := launch.AgentPath(bin, vmspec.Arch(s.sb.Config.Arch))
 	if err != nil {
 		return err
 	}
-	_, err = supervisor.Launch(ctx, s.sb, supervisor.LaunchOptions{Binary: bin, Agent: agent, Restore: restore, Rewind: rewind, Env: s.c.env()})
+	_, err = launch.Launch(ctx, s.sb, launch.LaunchOptions{Binary: bin, Agent: agent, Restore: restore, Rewind: rewind, Env: s.c.env()})
 	if err != nil {
 		return fmt.Errorf("start %s: %w", s.Name(), err)
 	}

@@ -18,10 +18,10 @@ import (
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/project"
 	"github.com/kosa8/kosa8/internal/sandbox"
-	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 	"github.com/kosa8/kosa8/sdk"
@@ -282,12 +282,12 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 			p.Step("booting sandbox " + sb.Config.Name)
 		}
 	}
-	progress := func(cp supervisor.CopyProgress) {
+	progress := func(cp launch.CopyProgress) {
 		if p != nil {
 			p.Step(fmt.Sprintf("copying %s in: %d files, %s", sb.Config.Workspace.Path, cp.Files, humanBytes(cp.Bytes)))
 		}
 	}
-	st, err := supervisor.Launch(ctx, sb, supervisor.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started, Progress: progress})
+	st, err := launch.Launch(ctx, sb, launch.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started, Progress: progress})
 	if p != nil {
 		p.Done()
 	}

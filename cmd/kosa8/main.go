@@ -15,8 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/sandbox"
-	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
@@ -142,7 +142,7 @@ func agentPath(arch vmspec.Arch) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return supervisor.AgentPath(self, arch)
+	return launch.AgentPath(self, arch)
 }
 
 func lookTool(name string) bool {

@@ -6,16 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/wsync"
 )
-
-// CopyProgress is how far copying the host folder into the guest has come:
-// sent on the ready pipe while a sandbox boots, so the user sees a large
-// folder move (files and bytes) instead of a silent wait.
-type CopyProgress struct {
-	Files int   `json:"files"`
-	Bytes int64 `json:"bytes"`
-}
 
 // countingGuest is the guest side of the sync with the files it writes
 // counted, during the first pass only: the engine sees the same GuestSide,
@@ -23,9 +16,9 @@ type CopyProgress struct {
 type countingGuest struct {
 	*wsync.GuestSide
 	mu    sync.Mutex
-	total CopyProgress
+	total launch.CopyProgress
 	last  time.Time
-	tell  func(CopyProgress) // at most every interval; nil: nobody listens
+	tell  func(launch.CopyProgress) // at most every interval; nil: nobody listens
 }
 
 const progressInterval = time.Second

@@ -25,6 +25,7 @@ import (
 	"github.com/kosa8/kosa8/internal/egress"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/netstack"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
@@ -45,16 +46,6 @@ type Options struct {
 	// NewDriver makes the driver that runs the sandbox's machine (the
 	// caller picks the VMM: cmd/kosa8 passes qemu.NewDriver).
 	NewDriver vmm.NewDriver
-}
-
-// ReadyMessage is what the supervisor writes to its ready pipe.
-type ReadyMessage struct {
-	OK     bool        `json:"ok"`
-	Error  string      `json:"error,omitempty"`
-	Status *api.Status `json:"status,omitempty"`
-	// Progress lines come before the last one (OK or Error set), while
-	// the host folder is copied in.
-	Progress *CopyProgress `json:"progress,omitempty"`
 }
 
 // supervisor owns one running sandbox.
@@ -135,7 +126,7 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 	if log == nil {
 		log = slog.Default()
 	}
-	ready := func(msg ReadyMessage) {
+	ready := func(msg launch.ReadyMessage) {
 		if o.Ready == nil {
 			return
 		}
@@ -146,7 +137,7 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 	}
 	defer func() {
 		if err != nil {
-			ready(ReadyMessage{Error: err.Error()})
+			ready(launch.ReadyMessage{Error: err.Error()})
 		}
 	}()
 	sb, err := m.Open(name)
@@ -188,7 +179,7 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 		go s.autoCheckpoints(actx, every)
 	}
 	st := s.getStatus()
-	ready(ReadyMessage{OK: true, Status: &st})
+	ready(launch.ReadyMessage{OK: true, Status: &st})
 	log.Info("running", "accel", s.accel, "boot_ms", st.BootMillis, "qemu_pid", st.QEMUPID)
 
 	var req stopRequest
@@ -493,8 +484,8 @@ func (s *supervisor) boot(ctx context.Context, m *sandbox.Manager, o Options) er
 		if ready := o.Ready; ready != nil {
 			// Once the sandbox is ready the pipe is closed: later writes
 			// fail at once, harmlessly.
-			s.ws.progress = func(p CopyProgress) {
-				b, _ := json.Marshal(ReadyMessage{Progress: &p})
+			s.ws.progress = func(p launch.CopyProgress) {
+				b, _ := json.Marshal(launch.ReadyMessage{Progress: &p})
 				_, _ = ready.Write(append(b, '\n'))
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/wsync"
 )
@@ -53,7 +54,7 @@ type workspace struct {
 	engine *wsync.Engine
 	lock   *os.File
 	// progress hears how far the first copy has come (progress.go).
-	progress func(CopyProgress)
+	progress func(launch.CopyProgress)
 	cancel   context.CancelFunc
 	done     chan struct{}
 

@@ -1,4 +1,8 @@
-package supervisor
+// Package launch starts a sandbox's supervisor (`kosa8 supervise NAME`)
+// as a detached process and waits for its ready message: the one start
+// path of the CLI and the SDK. It is light on purpose (no network stack,
+// no VMM driver), so that the SDK links only what a client needs.
+package launch
 
 import (
 	"bufio"
@@ -19,6 +23,24 @@ import (
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
+
+// ReadyMessage is what the supervisor writes to its ready pipe.
+type ReadyMessage struct {
+	OK     bool        `json:"ok"`
+	Error  string      `json:"error,omitempty"`
+	Status *api.Status `json:"status,omitempty"`
+	// Progress lines come before the last one (OK or Error set), while
+	// the host folder is copied in.
+	Progress *CopyProgress `json:"progress,omitempty"`
+}
+
+// CopyProgress is how far copying the host folder into the guest has come:
+// sent on the ready pipe while a sandbox boots, so the user sees a large
+// folder move (files and bytes) instead of a silent wait.
+type CopyProgress struct {
+	Files int   `json:"files"`
+	Bytes int64 `json:"bytes"`
+}
 
 // LaunchOptions say how to start a sandbox's supervisor.
 type LaunchOptions struct {
