@@ -37,7 +37,7 @@ func (s *supervisor) routes() http.Handler {
 // routeMux registers the API's handlers, each only if api.Routes documents it,
 // and returns the patterns it registered.
 func (s *supervisor) routeMux() (*http.ServeMux, []string) {
-	mux := &documentedMux{ServeMux: http.NewServeMux()}
+	mux := &documentedMux{mux: http.NewServeMux()}
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, api.StatusResponse{Name: s.sb.Config.Name, Status: s.getStatus()})
 	})
@@ -176,7 +176,7 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 		}
 		writeJSON(w, http.StatusOK, s.net.ports())
 	})
-	return mux.ServeMux, mux.registered
+	return mux.mux, mux.registered
 }
 
 // netChange is a route that changes the allow-list: a api.NetRequest in, the
@@ -197,8 +197,10 @@ func netChange(change func(api.NetRequest) (*netpolicy.Policy, error)) func(http
 }
 
 // documentedMux registers a handler only for a route api.Routes documents.
+// Its ServeMux is a field, not embedded, so that no Handle can register a
+// route past the check.
 type documentedMux struct {
-	*http.ServeMux
+	mux        *http.ServeMux
 	registered []string
 }
 
@@ -207,7 +209,7 @@ func (m *documentedMux) HandleFunc(pattern string, h func(http.ResponseWriter, *
 		panic("api route " + pattern + " is not in api.Routes: document it there")
 	}
 	m.registered = append(m.registered, pattern)
-	m.ServeMux.HandleFunc(pattern, h)
+	m.mux.HandleFunc(pattern, h)
 }
 
 func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, what string) {
