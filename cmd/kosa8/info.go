@@ -177,25 +177,33 @@ func logsCmd() *cobra.Command {
 			if supervisorLog {
 				p = sb.Path(sandbox.SupervisorLog)
 			}
-			f, err := os.Open(p)
-			if os.IsNotExist(err) {
-				return fmt.Errorf("no log yet: %s has not been started", args[0])
-			}
-			if err != nil {
-				return err
-			}
-			defer func() { f.Close() }()
 			// The console carries what the guest printed: never raw to the
 			// user's terminal.
 			w := os.Stdout // cleaned by guardOutput
+			var older *os.File
 			if !supervisorLog {
-				// A long console log's older half (the driver bounds each).
-				if old, err := os.Open(p + ".1"); err == nil {
-					_, err = io.Copy(w, old)
-					old.Close()
-					if err != nil {
-						return err
-					}
+				// A long console log's older half (the driver bounds
+				// each), opened first: should the log move between the
+				// two opens, what is lost is the middle, not the newest
+				// lines.
+				older, _ = os.Open(p + ".1")
+			}
+			f, err := os.Open(p)
+			if err != nil {
+				if older != nil {
+					older.Close()
+				}
+				if os.IsNotExist(err) {
+					return fmt.Errorf("no log yet: %s has not been started", args[0])
+				}
+				return err
+			}
+			defer func() { f.Close() }()
+			if older != nil {
+				_, err = io.Copy(w, older)
+				older.Close()
+				if err != nil {
+					return err
 				}
 			}
 			if _, err := io.Copy(w, f); err != nil {

@@ -300,7 +300,7 @@ func (m *Manager) KeepLogs(name string) (string, error) {
 		return "", fmt.Errorf("keep logs: %w", err)
 	}
 	kept := 0
-	for _, f := range []string{ConsoleLog, SupervisorLog, stateFile, configFile} {
+	for _, f := range []string{ConsoleLog + ".1", ConsoleLog, SupervisorLog, stateFile, configFile} {
 		src := sb.Path(f)
 		if f == configFile || f == stateFile {
 			// Small, and still needed by the sandbox until it is removed.

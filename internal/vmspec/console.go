@@ -3,6 +3,8 @@ package vmspec
 import (
 	"os"
 	"strings"
+
+	"github.com/kosa8/kosa8/internal/termsafe"
 )
 
 // consoleTailBytes bounds how much of a console log ConsoleTail reads:
@@ -13,18 +15,37 @@ const consoleTailBytes = 64 << 10
 const MaxConsoleLine = 512
 
 // ConsoleTail returns the last n lines of the console log at path (a
-// Spec's ConsoleLog), read from its last 64 KiB only, each clipped to
-// MaxConsoleLine bytes, for an error that explains a failed boot. It
-// returns nil when there is no log or it is empty. The lines are the
-// guest's words: clean them before a terminal sees them.
+// Spec's ConsoleLog), and of the older half a driver keeps beside a long
+// one (path + ".1") when the log has fewer, for an error that explains a
+// failed boot. Each file is read from its last 64 KiB only, and each line
+// is clipped to MaxConsoleLine bytes and cleaned of control sequences:
+// the lines are the guest's words, and errors reach terminals. It returns
+// nil when there is nothing to show.
 func ConsoleTail(path string, n int) []string {
+	lines := tailLines(path, n)
+	if len(lines) < n {
+		lines = append(tailLines(path+".1", n-len(lines)), lines...)
+	}
+	for i, l := range lines {
+		l = termsafe.Clean(strings.TrimRight(l, "\r"), false)
+		if len(l) > MaxConsoleLine {
+			l = l[:MaxConsoleLine] + "..."
+		}
+		lines[i] = l
+	}
+	return lines
+}
+
+// tailLines returns the last n lines of the file at path, read from its
+// last consoleTailBytes.
+func tailLines(path string, n int) []string {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
 	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() || fi.Size() == 0 {
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() == 0 || n <= 0 {
 		return nil
 	}
 	b := make([]byte, min(fi.Size(), consoleTailBytes))
@@ -38,13 +59,6 @@ func ConsoleTail(path string, n int) []string {
 	lines := strings.Split(text, "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
-	}
-	for i, l := range lines {
-		l = strings.TrimRight(l, "\r")
-		if len(l) > MaxConsoleLine {
-			l = l[:MaxConsoleLine] + "..."
-		}
-		lines[i] = l
 	}
 	return lines
 }
