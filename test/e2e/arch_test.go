@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"testing"
 )
@@ -34,4 +36,21 @@ func requireNativeGuest(t *testing.T, why string) {
 	if a := guestArch(); a != runtime.GOARCH {
 		t.Skipf("this run's guests are %s (KOSA8_ARCH) on a %s host: %s", a, runtime.GOARCH, why)
 	}
+}
+
+// buildForGuest builds the one-file Go program src, static, for this
+// run's guests, and returns the binary's path.
+func buildForGuest(t *testing.T, src string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", "prog", "main.go")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GO111MODULE=off", "GOOS=linux", "GOARCH="+guestArch())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build a program for the guest: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "prog")
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -320,8 +321,14 @@ func TestFolderConflictBeforeBoot(t *testing.T) {
 // but its console and supervisor logs are kept, and the error names them.
 func TestBootFailureKeepsLogs(t *testing.T) {
 	cmd := kosa8Cmd(t.Context(), "run", "--rm", "--name", "doomed", "--", "true")
-	// Not an agent: the guest's /init fails and the kernel panics.
-	cmd.Env = append(cmd.Env, "KOSA8_AGENT=/bin/true")
+	// Not an agent: the guest's /init fails and the kernel panics. For a
+	// guest of another arch, a program built for it that only exits (the
+	// host's /bin/true is refused before the boot, for its arch).
+	notAgent := "/bin/true"
+	if guestArch() != runtime.GOARCH {
+		notAgent = buildForGuest(t, "package main\n\nfunc main() {}\n")
+	}
+	cmd.Env = append(cmd.Env, "KOSA8_AGENT="+notAgent)
 	out, err := cmd.CombinedOutput()
 	ee, ok := err.(*exec.ExitError)
 	if !ok || ee.ExitCode() != 125 {

@@ -167,7 +167,6 @@ func scanSparse(t *testing.T, path string, needles map[string][]byte) (map[strin
 }
 
 func buildGoClient(t *testing.T) string {
-	dir := t.TempDir()
 	src := `package main
 
 import (
@@ -189,16 +188,7 @@ func main() {
 	fmt.Println(resp.StatusCode, string(b))
 }
 `
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "build", "-o", "goget", "main.go")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GO111MODULE=off", "GOOS=linux", "GOARCH="+guestArch())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the Go client: %v\n%s", err, out)
-	}
-	return filepath.Join(dir, "goget")
+	return buildForGuest(t, src)
 }
 
 func TestSecrets(t *testing.T) {
