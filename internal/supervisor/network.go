@@ -210,50 +210,35 @@ func (n *network) close() {
 
 // allow adds rules and applies them to new connections at once.
 func (n *network) allow(rules []string, broad bool) (*netpolicy.Policy, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	p := n.gw.Policy().Clone()
-	if err := sandbox.AddAllowRules(p, rules, broad); err != nil {
-		return nil, err
-	}
-	if err := n.sb.SavePolicy(p); err != nil {
-		return nil, err
-	}
-	n.gw.SetPolicy(p)
-	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: "allow", Rule: strings.Join(rules, " ")})
-	return p, nil
+	return n.changePolicy("allow", rules, func(p *netpolicy.Policy) error { return sandbox.AddAllowRules(p, rules, broad) })
 }
 
 // deny adds deny rules for targets (hosts, wildcards, ranges, with ports
 // or not): they win over every allow rule, at once.
 func (n *network) deny(targets []string) (*netpolicy.Policy, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	p := n.gw.Policy().Clone()
-	if err := sandbox.AddDenyRules(p, targets); err != nil {
-		return nil, err
-	}
-	if err := n.sb.SavePolicy(p); err != nil {
-		return nil, err
-	}
-	n.gw.SetPolicy(p)
-	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: "deny", Rule: strings.Join(targets, " ")})
-	return p, nil
+	return n.changePolicy("deny", targets, func(p *netpolicy.Policy) error { return sandbox.AddDenyRules(p, targets) })
 }
 
 // remove takes the rules for targets out of the policy.
 func (n *network) remove(targets []string) (*netpolicy.Policy, error) {
+	return n.changePolicy("remove", targets, func(p *netpolicy.Policy) error { return sandbox.RemoveRules(p, targets) })
+}
+
+// changePolicy edits a copy of the policy in force, saves it, applies it
+// to new connections and records the change in the audit log; a refused
+// edit changes nothing.
+func (n *network) changePolicy(decision string, rules []string, edit func(*netpolicy.Policy) error) (*netpolicy.Policy, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	p := n.gw.Policy().Clone()
-	if err := sandbox.RemoveRules(p, targets); err != nil {
+	if err := edit(p); err != nil {
 		return nil, err
 	}
 	if err := n.sb.SavePolicy(p); err != nil {
 		return nil, err
 	}
 	n.gw.SetPolicy(p)
-	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: "remove", Rule: strings.Join(targets, " ")})
+	n.audit.Add(audit.Event{Kind: audit.KindPolicy, Decision: decision, Rule: strings.Join(rules, " ")})
 	return p, nil
 }
 
