@@ -150,6 +150,8 @@ func benchBoot() {
 		fmt.Fprintf(os.Stderr, "no %s guest boots: %s\n", foreignArch(), why)
 	}
 
+	rows = append(rows, archesSideBySide(paths)...)
+
 	fmt.Fprintf(os.Stderr, "create-to-first-exec (%d)...\n", *runs)
 	first := measure(*runs, firstOutput)
 	rows = append(rows, row{"kosa8 run --rm -- echo: to first output", ms(median(first)), a, ratio(median(first), median(bare))})
@@ -208,6 +210,42 @@ func foreignBoots(paths sandbox.Paths, n int) ([]time.Duration, string) {
 		kosa8("rm", "-f", name)
 	}
 	return ready, ""
+}
+
+// archesSideBySide runs a 1 GiB sandbox of this host's architecture and
+// one of the emulated one, both under TCG, one after the other in the
+// same run: exec round trip and a checkpoint's pause beside QEMU's plain
+// migrate of the same machine. A foreign arch without its QEMU or image
+// is left out, with the reason on stderr.
+func archesSideBySide(paths sandbox.Paths) []row {
+	var rows []row
+	for _, arch := range []vmspec.Arch{vmspec.HostArch(), foreignArch()} {
+		if _, err := qemu.FindBinary(arch, ""); err != nil {
+			fmt.Fprintf(os.Stderr, "no %s guest beside: %v\n", arch, err)
+			continue
+		}
+		if _, err := (image.Store{Dir: paths.Cache}).Lookup(image.DefaultRecipe(arch)); err != nil {
+			fmt.Fprintf(os.Stderr, "no %s guest beside: %v\n", arch, err)
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "%s guest under tcg: exec, checkpoint, plain migrate...\n", arch)
+		name := "bench-arch-" + string(arch)
+		kosa8("create", "--arch", string(arch), "--accel", string(vmm.TCG), "--memory", "1G", "--no-workspace", name)
+		kosa8("start", name)
+		time.Sleep(3 * time.Second) // past the guest's own start-up work
+		rt := execRoundTrips(open(paths, name), *execs)
+		var cp cpOut
+		kosa8JSON(&cp, "checkpoint", name, "--json")
+		pm := plainMigrate(name)
+		kosa8("rm", "-f", name)
+		a := string(arch) + " guest (tcg)"
+		rows = append(rows,
+			row{a + ": exec round trip, API p50", ms(pct(rt, 50)), string(vmm.TCG), fmt.Sprintf("p99 %s, n=%d", ms(pct(rt, 99)), len(rt))},
+			row{a + ": checkpoint pause, 1 GiB", fmt.Sprintf("%.0f ms", cp.PauseMillis), string(vmm.TCG),
+				fmt.Sprintf("plain migrate of the same machine %.0f ms (%.1fx); %d MiB of RAM in use", pm.PauseMillis, pm.PauseMillis/max(cp.PauseMillis, 1), cp.RAMBytes>>20)},
+		)
+	}
+	return rows
 }
 
 func must(err error) {
