@@ -37,7 +37,12 @@ func benchImage() {
 		out, err := cmd.CombinedOutput()
 		d := time.Since(t0)
 		if err != nil {
-			rows = append(rows, row{"image build: " + method, "failed", a, lastLine(string(out))})
+			// The cache goes with the run: its build log is kept beside it.
+			kept := filepath.Join(os.TempDir(), "kosa8-bench-image-"+method+".log")
+			if b, rerr := os.ReadFile(filepath.Join(cache, "image-build.log")); rerr == nil && os.WriteFile(kept, b, 0o600) == nil {
+				fmt.Fprintf(os.Stderr, "image build, %s, failed: its log is kept in %s\n", method, kept)
+			}
+			rows = append(rows, row{"image build: " + method, "failed", a, failure(string(out))})
 			continue
 		}
 		times[method] = d
@@ -58,7 +63,21 @@ func benchImage() {
 	printTable(fmt.Sprintf("Guest image build, default recipe, %s", vmspec.HostArch()), rows, accel)
 }
 
-func lastLine(s string) string {
+// failure is what a failed build said: its error line and, where the
+// error quotes the builder's console, the last line of that (the log it
+// names goes with the bench's cache).
+func failure(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for len(lines) > 1 && strings.HasPrefix(lines[len(lines)-1], "(full log:") {
+		lines = lines[:len(lines)-1]
+	}
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.HasPrefix(lines[i], "kosa8:") {
+			if i < len(lines)-1 {
+				return lines[i] + " … " + strings.TrimSpace(lines[len(lines)-1])
+			}
+			return lines[i]
+		}
+	}
 	return lines[len(lines)-1]
 }
