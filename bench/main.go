@@ -190,14 +190,21 @@ func foreignArch() vmspec.Arch {
 	return vmspec.ARM64
 }
 
+// archReady says why sandboxes of arch cannot run here (its QEMU or its
+// image missing), or nil.
+func archReady(paths sandbox.Paths, arch vmspec.Arch) error {
+	if _, err := qemu.FindBinary(arch, ""); err != nil {
+		return err
+	}
+	_, err := (image.Store{Dir: paths.Cache}).Lookup(image.DefaultRecipe(arch))
+	return err
+}
+
 // foreignBoots boots sandboxes of the other architecture (emulated, TCG)
 // n times and returns their times to agent ready, or why it could not.
 func foreignBoots(paths sandbox.Paths, n int) ([]time.Duration, string) {
 	arch := foreignArch()
-	if _, err := qemu.FindBinary(arch, ""); err != nil {
-		return nil, err.Error()
-	}
-	if _, err := (image.Store{Dir: paths.Cache}).Lookup(image.DefaultRecipe(arch)); err != nil {
+	if err := archReady(paths, arch); err != nil {
 		return nil, err.Error()
 	}
 	fmt.Fprintf(os.Stderr, "kosa8 %s cold boots (%d)...\n", arch, n)
@@ -220,11 +227,7 @@ func foreignBoots(paths sandbox.Paths, n int) ([]time.Duration, string) {
 func archesSideBySide(paths sandbox.Paths) []row {
 	var rows []row
 	for _, arch := range []vmspec.Arch{vmspec.HostArch(), foreignArch()} {
-		if _, err := qemu.FindBinary(arch, ""); err != nil {
-			fmt.Fprintf(os.Stderr, "no %s guest beside: %v\n", arch, err)
-			continue
-		}
-		if _, err := (image.Store{Dir: paths.Cache}).Lookup(image.DefaultRecipe(arch)); err != nil {
+		if err := archReady(paths, arch); err != nil {
 			fmt.Fprintf(os.Stderr, "no %s guest beside: %v\n", arch, err)
 			continue
 		}

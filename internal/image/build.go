@@ -340,7 +340,7 @@ func newLineLog(log io.Writer, onLine func(string)) *lineLog {
 			line := sc.Text()
 			fmt.Fprintln(log, line)
 			onLine(line)
-			l.last = append(l.last, clipLine(line))
+			l.last = append(l.last, vmspec.ClipLine(line))
 			if len(l.last) > 15 {
 				l.last = l.last[1:]
 			}

@@ -182,11 +182,3 @@ func consoleLines(p string, n int) string {
 	}
 	return "\nlast console lines:\n" + strings.Join(l, "\n")
 }
-
-// clipLine bounds a line of guest output quoted in an error.
-func clipLine(s string) string {
-	if len(s) > vmspec.MaxConsoleLine {
-		return s[:vmspec.MaxConsoleLine] + "..."
-	}
-	return s
-}

@@ -11,7 +11,7 @@ import (
 // the guest decides how much it writes to its console.
 const consoleTailBytes = 64 << 10
 
-// MaxConsoleLine bounds each line ConsoleTail returns.
+// MaxConsoleLine bounds each line ConsoleTail returns (ClipLine).
 const MaxConsoleLine = 512
 
 // ConsoleTail returns the last n lines of the console log at path (a
@@ -27,13 +27,18 @@ func ConsoleTail(path string, n int) []string {
 		lines = append(tailLines(path+".1", n-len(lines)), lines...)
 	}
 	for i, l := range lines {
-		l = termsafe.Clean(strings.TrimRight(l, "\r"), false)
-		if len(l) > MaxConsoleLine {
-			l = l[:MaxConsoleLine] + "..."
-		}
-		lines[i] = l
+		lines[i] = ClipLine(termsafe.Clean(strings.TrimRight(l, "\r"), false))
 	}
 	return lines
+}
+
+// ClipLine bounds a line of guest output quoted in an error or a log to
+// MaxConsoleLine bytes.
+func ClipLine(s string) string {
+	if len(s) > MaxConsoleLine {
+		return s[:MaxConsoleLine] + "..."
+	}
+	return s
 }
 
 // tailLines returns the last n lines of the file at path, read from its

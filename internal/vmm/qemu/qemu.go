@@ -370,14 +370,14 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		extra = append(extra, opts.Net)
 		o.NetFd = 2 + len(extra)
 	}
-	var consoleHost *os.File
+	var consoleHost, consoleQemu *os.File
 	if spec.ConsoleLog != "" {
 		host, qemuEnd, err := vmm.SocketPair("console")
 		if err != nil {
 			return fail(err)
 		}
 		cleanup = append(cleanup, func() { host.Close(); qemuEnd.Close() })
-		consoleHost = host
+		consoleHost, consoleQemu = host, qemuEnd
 		extra = append(extra, qemuEnd)
 		o.ConsoleFd = 2 + len(extra)
 	}
@@ -454,7 +454,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	qmpQemu.Close()
 	agentQemu.Close()
 	if consoleHost != nil {
-		extra[len(extra)-1].Close()
+		consoleQemu.Close()
 		go func() {
 			defer close(consoleDone)
 			defer consoleHost.Close()
