@@ -38,6 +38,15 @@ func requireNativeGuest(t *testing.T, why string) {
 	}
 }
 
+// setupAdvice is the command kosa8 names when this run's guests lack
+// their QEMU or image: `kosa8 setup`, with --arch for a foreign guest.
+func setupAdvice() string {
+	if a := guestArch(); a != runtime.GOARCH {
+		return "kosa8 setup --arch " + a
+	}
+	return "kosa8 setup"
+}
+
 // buildForGuest builds the one-file Go program src, static, for this
 // run's guests, and returns the binary's path.
 func buildForGuest(t *testing.T, src string) string {

@@ -281,7 +281,7 @@ func TestBadInput(t *testing.T) {
 		{"bad memory", nil, []string{"create", "--memory", "lots", "x1"}, "invalid size"},
 		{"too little memory", nil, []string{"create", "--memory", "64M", "x2"}, "out of range"},
 		{"bad env", nil, []string{"create", "--env", "NOT_SET_ON_HOST_KOSA8", "x3"}, "not set on the host"},
-		{"qemu missing", []string{"KOSA8_QEMU=/nonexistent/qemu"}, []string{"run", "--rm", "--", "true"}, "run 'kosa8 setup"}, // "… --arch arm64'" for an arm64 guest
+		{"qemu missing", []string{"KOSA8_QEMU=/nonexistent/qemu"}, []string{"run", "--rm", "--", "true"}, "run '" + setupAdvice() + "'"},
 		{"image missing", []string{"KOSA8_CACHE=" + t.TempDir()}, []string{"create", "x4"}, "guest image not built"},
 		{"state dir unwritable", []string{"KOSA8_HOME=/proc/kosa8"}, []string{"create", "x5"}, "KOSA8_HOME"},
 		{"not enough memory", nil, []string{"run", "--rm", "--memory", "200G", "--", "true"}, "not enough memory"},
