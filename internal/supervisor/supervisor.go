@@ -24,9 +24,7 @@ import (
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/egress"
 	"github.com/kosa8/kosa8/internal/guest"
-	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/launch"
-	"github.com/kosa8/kosa8/internal/netstack"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
@@ -156,19 +154,8 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 	s.setStatus(func(st *api.Status) {
 		*st = api.Status{State: api.Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
 	})
-	if err := s.boot(ctx, m, o); err != nil {
-		s.failedStart(err)
-		return err
-	}
-	s.setStatus(func(st *api.Status) {
-		st.State = api.Running
-		st.QEMUPID = s.machine.Pid()
-		st.Accel = string(s.accel)
-		st.BootMillis = msSince(start)
-	})
-	srv, err := s.serveAPI()
+	srv, err := s.start(ctx, m, o)
 	if err != nil {
-		s.failedStart(err) // closes the network too
 		return err
 	}
 	defer s.net.close()
@@ -320,28 +307,6 @@ wait:
 	return nil
 }
 
-// failedStart undoes what a start that failed had set up: QEMU (with it
-// its descriptors of the unlinked RAM file), the workspace's watchers and
-// lock, the network; the API socket is never left behind.
-func (s *supervisor) failedStart(err error) {
-	if m := s.currentMachine(); m != nil {
-		if kerr := m.Kill(); kerr != nil {
-			s.log.Error("kill QEMU after a failed start", "err", kerr)
-		}
-	}
-	if s.ws != nil {
-		s.ws.detach()
-		s.ws.closeFiles()
-	}
-	if s.net != nil {
-		s.net.close()
-	}
-	os.Remove(s.sb.Path(sandbox.APISocket))
-	s.setStatus(func(st *api.Status) {
-		st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
-	})
-}
-
 func (s *supervisor) setStatus(f func(*api.Status)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -369,145 +334,6 @@ func Cmdline(c *sandbox.Config) string {
 		"kosa8.hostname=" + sandbox.Hostname(c.Name),
 	}
 	return strings.Join(parts, " ")
-}
-
-func (s *supervisor) boot(ctx context.Context, m *sandbox.Manager, o Options) error {
-	// Each step's time goes to the log ("boot steps"): where a start's
-	// time beyond the guest's own boot goes.
-	var steps []any
-	last := time.Now()
-	mark := func(step string) {
-		now := time.Now()
-		steps = append(steps, step+"_ms", msBetween(last, now))
-		last = now
-	}
-	defer func() { s.log.Info("boot steps", steps...) }()
-	cfg := &s.sb.Config
-	img, err := image.Store{Dir: m.Paths.Cache}.Open(cfg.ImageDir)
-	if err != nil {
-		return fmt.Errorf("the sandbox's image is gone (%v): recreate the sandbox", err)
-	}
-	if o.AgentPath == "" {
-		return errors.New("kosa8-agent not found")
-	}
-	initrd, err := img.Initramfs(o.AgentPath)
-	if err != nil {
-		return err
-	}
-	mark("image")
-	if o.NewDriver == nil {
-		return errors.New("no VMM driver: the supervisor was started without one")
-	}
-	// The VMM reaches its image and this sandbox's disk layers and nothing
-	// else of the host (QEMU runs as a uid of its own under root).
-	forced := vmm.Accel(cfg.Accel)
-	s.newDriver = o.NewDriver
-	s.driverOpts = vmm.DriverOptions{
-		Arch: vmspec.Arch(cfg.Arch), Accel: forced, RecordDir: m.Paths.Home,
-		ReadWrite: []string{s.sb.Path(sandbox.DisksDir)}, ReadOnly: []string{img.Dir, s.sb.Path(sandbox.RootDisk)},
-	}
-	if cfg.Workspace != nil {
-		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(sandbox.WorkspaceDisk))
-	}
-	drv, err := s.newDriver(s.driverOpts)
-	if err != nil {
-		return err
-	}
-	var vinfo vmm.Info
-	if i, ok := drv.(vmm.Informer); ok {
-		vinfo = i.Info()
-	}
-	s.accel = drv.Accel()
-	if s.accel == vmm.TCG {
-		if why := vinfo.AccelFallback; why != "" {
-			s.log.Warn("not using hardware acceleration", "why", why)
-			s.setStatus(func(st *api.Status) { st.AccelFallback = why })
-		}
-		s.log.Warn(vmm.IsolationWarning)
-	}
-	mark("driver")
-	if s.net, err = startNetwork(s.sb, m.Paths.Config, s.log); err != nil {
-		return err
-	}
-	mark("network")
-	s.qemuVersion = vinfo.Version
-	s.qemuFirmware = vinfo.Firmware
-	if vinfo.Version != "" && !vinfo.Tested {
-		s.log.Warn("VMM outside the tested range", "vmm", drv.Name(), "version", vinfo.Version, "supported", vinfo.TestedRange)
-	}
-	s.drv = drv
-	s.spec = &vmspec.Spec{
-		Name:       cfg.Name,
-		Arch:       vmspec.Arch(cfg.Arch),
-		CPUs:       cfg.CPUs,
-		MemoryMiB:  cfg.MemoryMiB,
-		Kernel:     img.Kernel().Image,
-		Initrd:     initrd,
-		Cmdline:    Cmdline(cfg) + " " + NetCmdline(),
-		ConsoleLog: s.sb.Path(sandbox.ConsoleLog),
-		AgentPort:  guestPortName,
-		Net:        &vmspec.Net{MAC: netstack.GuestMAC.String()},
-	}
-	s.resetConsoleLog() // one log per start; restores append to it
-	bootCtx, cancel := context.WithTimeout(ctx, o.BootTimeout)
-	defer cancel()
-	var restore *checkpoint.Meta
-	if o.Restore != "" {
-		if restore, err = s.prepareRestore(o.Restore); err != nil {
-			return err
-		}
-	}
-	if err := s.launchFirst(bootCtx, restore, forced); err != nil {
-		return err
-	}
-	mark("machine") // QEMU started, the guest booted, its agent answering
-	// The guest's setup (its kernel's name, the sandbox CA in its roots)
-	// runs beside the workspace's first copy: neither needs the other, and
-	// the copy's host side (scanning and hashing the folder) overlaps the
-	// guest's work. Both end before the sandbox is ready: no command runs
-	// before the CA is in place.
-	guestSetup := make(chan error, 1)
-	go func() {
-		info, err := s.currentClient().Info(bootCtx)
-		if err == nil {
-			s.setStatus(func(st *api.Status) { st.Kernel = info.Kernel })
-			if err = s.installCA(bootCtx); err != nil {
-				err = fmt.Errorf("install the sandbox CA in the guest: %w", err)
-			}
-		}
-		guestSetup <- err
-	}()
-	if cfg.Workspace != nil {
-		if s.ws, err = openWorkspace(s.sb, m.Paths.Home, s.log); err != nil {
-			return fmt.Errorf("workspace: %w", err)
-		}
-		if ready := o.Ready; ready != nil {
-			// Once the sandbox is ready the pipe is closed: later writes
-			// fail at once, harmlessly.
-			s.ws.progress = func(p launch.CopyProgress) {
-				b, _ := json.Marshal(launch.ReadyMessage{Progress: &p})
-				_, _ = ready.Write(append(b, '\n'))
-			}
-		}
-		if err := s.ws.attach(bootCtx, s.currentClient(), s.sb.LoadManifest(), o.Restore != "" && o.Rewind); err != nil {
-			return fmt.Errorf("workspace: %w", err)
-		}
-		mark("workspace")
-	}
-	if err := <-guestSetup; err != nil {
-		return err
-	}
-	mark("guest_setup") // what was left of it after the workspace
-	ports, err := s.sb.LoadPorts()
-	if err != nil {
-		return err
-	}
-	for _, pf := range ports {
-		if err := s.net.addForward(pf, false); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // accelBootTimeout bounds a first boot under KVM or HVF before kosa8 gives

@@ -1,0 +1,298 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/launch"
+	"github.com/kosa8/kosa8/internal/netstack"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// start boots the sandbox and serves its API: named steps (startJob's
+// methods, in order below), each pushing what gives back what it took
+// (the network, QEMU, the workspace's watchers, the API socket) on the
+// job's undo stack. A start that fails runs the stack, last in first out,
+// and leaves the sandbox crashed with the error; one that succeeds hands
+// all of it to Supervise, whose stop path ends it.
+//
+// Each step's time goes to the log ("boot steps"): where a start's time
+// beyond the guest's own boot goes.
+func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (*http.Server, error) {
+	j := &startJob{s: s, m: m, o: o}
+	err := j.run(ctx, []startStep{
+		{"image", j.image},
+		{"driver", j.driver},
+		{"network", j.network},
+		{"machine", j.machine}, // QEMU started, the guest booted, its agent answering
+		{"guest_setup_begin", j.guestSetup},
+		{"workspace", j.workspace},
+		{"guest_setup", j.guestSetupDone}, // what was left of it after the workspace
+		{"ports", j.ports},
+		{"api", j.serve},
+	})
+	return j.srv, err
+}
+
+// run runs steps in order, within the boot timeout.
+func (j *startJob) run(ctx context.Context, steps []startStep) (err error) {
+	s := j.s
+	ctx, cancel := context.WithTimeout(ctx, j.o.BootTimeout)
+	defer cancel()
+	var times []any
+	defer func() { s.log.Info("boot steps", times...) }()
+	defer func() {
+		if err == nil {
+			return
+		}
+		j.srv = nil
+		err = j.undo.run(err)
+		s.setStatus(func(st *api.Status) {
+			st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
+		})
+	}()
+	for _, st := range steps {
+		t := time.Now()
+		if err := st.run(ctx); err != nil {
+			s.log.Debug("start step failed", "step", st.name, "err", err)
+			return err
+		}
+		times = append(times, st.name+"_ms", msSince(t))
+	}
+	return nil
+}
+
+// startStep is one named step of a start.
+type startStep struct {
+	name string
+	run  func(context.Context) error
+}
+
+// startJob is one start under way.
+type startJob struct {
+	s    *supervisor
+	m    *sandbox.Manager
+	o    Options
+	undo undoStack
+
+	img    *image.Image
+	initrd string
+	forced vmm.Accel    // the accelerator the user asked for, if any
+	setup  chan error   // the guest's setup, run beside the workspace's first copy
+	srv    *http.Server // the API, once served
+}
+
+// image opens the sandbox's image and its initramfs with this kosa8's
+// agent.
+func (j *startJob) image(context.Context) error {
+	img, err := image.Store{Dir: j.m.Paths.Cache}.Open(j.s.sb.Config.ImageDir)
+	if err != nil {
+		return fmt.Errorf("the sandbox's image is gone (%v): recreate the sandbox", err)
+	}
+	if j.o.AgentPath == "" {
+		return errors.New("kosa8-agent not found")
+	}
+	if j.initrd, err = img.Initramfs(j.o.AgentPath); err != nil {
+		return err
+	}
+	j.img = img
+	return nil
+}
+
+// driver makes the VMM driver. The VMM reaches its image and this
+// sandbox's disk layers and nothing else of the host (QEMU runs as a uid
+// of its own under root).
+func (j *startJob) driver(context.Context) error {
+	s, cfg := j.s, &j.s.sb.Config
+	if j.o.NewDriver == nil {
+		return errors.New("no VMM driver: the supervisor was started without one")
+	}
+	j.forced = vmm.Accel(cfg.Accel)
+	s.newDriver = j.o.NewDriver
+	s.driverOpts = vmm.DriverOptions{
+		Arch: vmspec.Arch(cfg.Arch), Accel: j.forced, RecordDir: j.m.Paths.Home,
+		ReadWrite: []string{s.sb.Path(sandbox.DisksDir)}, ReadOnly: []string{j.img.Dir, s.sb.Path(sandbox.RootDisk)},
+	}
+	if cfg.Workspace != nil {
+		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(sandbox.WorkspaceDisk))
+	}
+	drv, err := s.newDriver(s.driverOpts)
+	if err != nil {
+		return err
+	}
+	var vinfo vmm.Info
+	if i, ok := drv.(vmm.Informer); ok {
+		vinfo = i.Info()
+	}
+	s.accel = drv.Accel()
+	if s.accel == vmm.TCG {
+		if why := vinfo.AccelFallback; why != "" {
+			s.log.Warn("not using hardware acceleration", "why", why)
+			s.setStatus(func(st *api.Status) { st.AccelFallback = why })
+		}
+		s.log.Warn(vmm.IsolationWarning)
+	}
+	s.qemuVersion = vinfo.Version
+	s.qemuFirmware = vinfo.Firmware
+	if vinfo.Version != "" && !vinfo.Tested {
+		s.log.Warn("VMM outside the tested range", "vmm", drv.Name(), "version", vinfo.Version, "supported", vinfo.TestedRange)
+	}
+	s.drv = drv
+	return nil
+}
+
+// network starts the sandbox's network: its stack, DNS, egress broker and
+// audit log.
+func (j *startJob) network(context.Context) error {
+	s := j.s
+	n, err := startNetwork(s.sb, j.m.Paths.Config, s.log)
+	if err != nil {
+		return err
+	}
+	s.net = n
+	j.undo.push(func(err error) error { n.close(); return err })
+	return nil
+}
+
+// machine boots the guest, or restores it from a checkpoint, until its
+// agent answers.
+func (j *startJob) machine(ctx context.Context) error {
+	s, cfg := j.s, &j.s.sb.Config
+	s.spec = &vmspec.Spec{
+		Name:       cfg.Name,
+		Arch:       vmspec.Arch(cfg.Arch),
+		CPUs:       cfg.CPUs,
+		MemoryMiB:  cfg.MemoryMiB,
+		Kernel:     j.img.Kernel().Image,
+		Initrd:     j.initrd,
+		Cmdline:    Cmdline(cfg) + " " + NetCmdline(),
+		ConsoleLog: s.sb.Path(sandbox.ConsoleLog),
+		AgentPort:  guestPortName,
+		Net:        &vmspec.Net{MAC: netstack.GuestMAC.String()},
+	}
+	s.resetConsoleLog() // one log per start; restores append to it
+	var restore *checkpoint.Meta
+	if j.o.Restore != "" {
+		var err error
+		if restore, err = s.prepareRestore(j.o.Restore); err != nil {
+			return err
+		}
+	}
+	// Pushed first: a launch that fails may leave QEMU running (and with
+	// it its descriptors of the unlinked RAM file).
+	j.undo.push(func(err error) error {
+		if m := s.currentMachine(); m != nil {
+			if kerr := m.Kill(); kerr != nil {
+				s.log.Error("kill QEMU after a failed start", "err", kerr)
+			}
+		}
+		return err
+	})
+	return s.launchFirst(ctx, restore, j.forced)
+}
+
+// guestSetup starts the guest's setup (its kernel's name, the sandbox CA
+// in its roots). It runs beside the workspace's first copy: neither needs
+// the other, and the copy's host side (scanning and hashing the folder)
+// overlaps the guest's work. guestSetupDone waits for it: no command runs
+// before the CA is in place.
+func (j *startJob) guestSetup(ctx context.Context) error {
+	s := j.s
+	j.setup = make(chan error, 1)
+	go func() {
+		info, err := s.currentClient().Info(ctx)
+		if err == nil {
+			s.setStatus(func(st *api.Status) { st.Kernel = info.Kernel })
+			if err = s.installCA(ctx); err != nil {
+				err = fmt.Errorf("install the sandbox CA in the guest: %w", err)
+			}
+		}
+		j.setup <- err
+	}()
+	return nil
+}
+
+func (j *startJob) guestSetupDone(ctx context.Context) error {
+	select {
+	case err := <-j.setup:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("the guest's setup: %w", ctx.Err())
+	}
+}
+
+// workspace attaches the workspace folder, if the sandbox has one: its
+// first copy into the guest, or the merge after a restore.
+func (j *startJob) workspace(ctx context.Context) error {
+	s := j.s
+	if s.sb.Config.Workspace == nil {
+		return nil
+	}
+	ws, err := openWorkspace(s.sb, j.m.Paths.Home, s.log)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	s.ws = ws
+	j.undo.push(func(err error) error {
+		ws.detach()
+		ws.closeFiles()
+		return err
+	})
+	if ready := j.o.Ready; ready != nil {
+		// Once the sandbox is ready the pipe is closed: later writes
+		// fail at once, harmlessly.
+		ws.progress = func(p launch.CopyProgress) {
+			b, _ := json.Marshal(launch.ReadyMessage{Progress: &p})
+			_, _ = ready.Write(append(b, '\n'))
+		}
+	}
+	if err := ws.attach(ctx, s.currentClient(), s.sb.LoadManifest(), j.o.Restore != "" && j.o.Rewind); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	return nil
+}
+
+// ports forwards the host ports the sandbox was given.
+func (j *startJob) ports(context.Context) error {
+	ports, err := j.s.sb.LoadPorts()
+	if err != nil {
+		return err
+	}
+	for _, pf := range ports {
+		if err := j.s.net.addForward(pf, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serve marks the sandbox running and serves its API; the API socket is
+// never left behind by a start that fails.
+func (j *startJob) serve(context.Context) error {
+	s := j.s
+	sock := s.sb.Path(sandbox.APISocket)
+	j.undo.push(func(err error) error { os.Remove(sock); return err })
+	s.setStatus(func(st *api.Status) {
+		st.State = api.Running
+		st.QEMUPID = s.machine.Pid()
+		st.Accel = string(s.accel)
+		st.BootMillis = msSince(st.Started)
+	})
+	srv, err := s.serveAPI()
+	if err != nil {
+		return err
+	}
+	j.srv = srv
+	j.undo.push(func(err error) error { srv.Close(); return err })
+	return nil
+}

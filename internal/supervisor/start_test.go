@@ -1,0 +1,135 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
+)
+
+// newStartJob is a start of a fake machine: the real network, port
+// forwards and API, the fake driver's machine (its guest answering).
+func newStartJob(t *testing.T) (*startJob, *vmmtest.Driver) {
+	t.Helper()
+	sb := &sandbox.Sandbox{Dir: t.TempDir(), Config: validConfig("fake"), Disks: vmmtest.Layers{}}
+	sb.Config.MemoryMiB = 2
+	drv := &vmmtest.Driver{OnStart: func(m *vmmtest.Machine) { serveFakeGuest(t, m) }}
+	s := &supervisor{sb: sb, log: slog.New(slog.DiscardHandler), drv: drv, accel: vmm.TCG,
+		stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
+	t.Cleanup(func() {
+		if c := s.currentClient(); c != nil {
+			c.Close()
+		}
+		for _, m := range drv.Machines() {
+			m.Kill()
+		}
+	})
+	m := &sandbox.Manager{Paths: sandbox.Paths{Config: t.TempDir()}}
+	j := &startJob{s: s, m: m, o: Options{BootTimeout: 10 * time.Second}, img: &image.Image{Dir: t.TempDir()}}
+	return j, drv
+}
+
+// The steps a start runs after the image and driver (which need a built
+// image): each test below ends the same way or with a failure after them.
+func (j *startJob) fakeSteps() []startStep {
+	return []startStep{
+		{"network", j.network},
+		{"machine", j.machine},
+		{"ports", j.ports},
+		{"api", j.serve},
+	}
+}
+
+// A start that fails after every step has taken something gives all of
+// it back: QEMU killed, forwarded ports closed, no API socket left, the
+// network closed; the sandbox is crashed with the step's error. The same
+// steps without the failure leave a running sandbox that serves its API.
+func TestStartUndoesWhatItTookOnFailure(t *testing.T) {
+	port := freePort(t)
+	forwarded := fmt.Sprintf("127.0.0.1:%d", port)
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fail=%v", fail), func(t *testing.T) {
+			j, drv := newStartJob(t)
+			s := j.s
+			if err := s.sb.SavePorts([]api.PortForward{{HostPort: port, GuestPort: 8080}}); err != nil {
+				t.Fatal(err)
+			}
+			s.setStatus(func(st *api.Status) { st.State, st.Started = api.Starting, time.Now() })
+			injected := errors.New("injected step failure")
+			steps := j.fakeSteps()
+			if fail {
+				steps = append(steps, startStep{"fail", func(context.Context) error { return injected }})
+			}
+			err := j.run(context.Background(), steps)
+			sock := s.sb.Path(sandbox.APISocket)
+			ms := drv.Machines()
+			if len(ms) != 1 {
+				t.Fatalf("%d machines started, want 1", len(ms))
+			}
+			if !fail {
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() {
+					j.srv.Close()
+					s.net.close()
+				}()
+				if st := s.getStatus(); st.State != api.Running || st.Accel != string(vmm.TCG) || st.BootMillis <= 0 {
+					t.Errorf("status after a start: %+v", st)
+				}
+				hc := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+					return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+				}}}
+				resp, err := hc.Get("http://sandbox/v1/status")
+				if err != nil || resp.StatusCode != http.StatusOK {
+					t.Fatalf("the API after a start: %v %v", resp, err)
+				}
+				resp.Body.Close()
+				c, err := net.DialTimeout("tcp4", forwarded, 2*time.Second)
+				if err != nil {
+					t.Fatalf("the forwarded port after a start: %v", err)
+				}
+				c.Close()
+				return
+			}
+			if !errors.Is(err, injected) {
+				t.Fatalf("start: %v, want the injected failure", err)
+			}
+			if j.srv != nil {
+				t.Error("a failed start returned its API server")
+			}
+			st := s.getStatus()
+			if st.State != api.Crashed || !strings.Contains(st.Error, injected.Error()) || st.QEMUPID != 0 || st.Stopped.IsZero() {
+				t.Errorf("status after a failed start: %+v", st)
+			}
+			if onDisk := s.sb.Status(); onDisk.State != api.Crashed {
+				t.Errorf("status on disk after a failed start: %s", onDisk.State)
+			}
+			select {
+			case <-ms[0].Done():
+			case <-time.After(5 * time.Second):
+				t.Error("the machine still runs after a failed start")
+			}
+			if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the API socket is left behind: %v", err)
+			}
+			// Only closing the network closes its forwards.
+			if c, err := net.DialTimeout("tcp4", forwarded, 2*time.Second); err == nil {
+				c.Close()
+				t.Error("the forwarded port still listens after a failed start: the network was not closed")
+			}
+		})
+	}
+}
