@@ -52,63 +52,67 @@ func (j *startJob) fakeSteps() []startStep {
 	}
 }
 
-// A start that fails after every step has taken something gives all of
-// it back: QEMU killed, forwarded ports closed, no API socket left, the
-// network closed; the sandbox is crashed with the step's error. The same
-// steps without the failure leave a running sandbox that serves its API.
+// A start that fails after any step gives back all that the steps before
+// it took: QEMU killed, forwarded ports closed (only closing the network
+// closes them), no API socket left; the sandbox is crashed with the
+// step's error. The same steps without a failure leave a running sandbox
+// that serves its API and forwards its ports.
 func TestStartUndoesWhatItTookOnFailure(t *testing.T) {
 	port := freePort(t)
 	forwarded := fmt.Sprintf("127.0.0.1:%d", port)
-	for _, fail := range []bool{false, true} {
-		t.Run(fmt.Sprintf("fail=%v", fail), func(t *testing.T) {
-			j, drv := newStartJob(t)
+	injected := errors.New("injected step failure")
+	start := func(t *testing.T) (*startJob, *vmmtest.Driver) {
+		j, drv := newStartJob(t)
+		j.s.setStatus(func(st *api.Status) { st.State, st.Started = api.Starting, time.Now() })
+		if err := j.s.sb.SavePorts([]api.PortForward{{HostPort: port, GuestPort: 8080}}); err != nil {
+			t.Fatal(err)
+		}
+		return j, drv
+	}
+
+	t.Run("no failure", func(t *testing.T) {
+		j, drv := start(t)
+		s := j.s
+		if err := j.run(context.Background(), j.fakeSteps()); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			j.srv.Close()
+			s.net.close()
+		}()
+		if n := len(drv.Machines()); n != 1 {
+			t.Errorf("%d machines started, want 1", n)
+		}
+		if st := s.getStatus(); st.State != api.Running || st.Accel != string(vmm.TCG) || st.BootMillis <= 0 {
+			t.Errorf("status after a start: %+v", st)
+		}
+		sock := s.sb.Path(sandbox.APISocket)
+		hc := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+		resp, err := hc.Get("http://sandbox/v1/status")
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("the API after a start: %v %v", resp, err)
+		}
+		resp.Body.Close()
+		c, err := net.DialTimeout("tcp4", forwarded, 2*time.Second)
+		if err != nil {
+			t.Fatalf("the forwarded port after a start: %v", err)
+		}
+		c.Close()
+	})
+
+	steps := (&startJob{}).fakeSteps()
+	for k := range steps {
+		t.Run("failure after "+steps[k].name, func(t *testing.T) {
+			j, drv := start(t)
 			s := j.s
-			if err := s.sb.SavePorts([]api.PortForward{{HostPort: port, GuestPort: 8080}}); err != nil {
-				t.Fatal(err)
-			}
-			s.setStatus(func(st *api.Status) { st.State, st.Started = api.Starting, time.Now() })
-			injected := errors.New("injected step failure")
-			steps := j.fakeSteps()
-			if fail {
-				steps = append(steps, startStep{"fail", func(context.Context) error { return injected }})
-			}
-			err := j.run(context.Background(), steps)
-			sock := s.sb.Path(sandbox.APISocket)
-			ms := drv.Machines()
-			if len(ms) != 1 {
-				t.Fatalf("%d machines started, want 1", len(ms))
-			}
-			if !fail {
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() {
-					j.srv.Close()
-					s.net.close()
-				}()
-				if st := s.getStatus(); st.State != api.Running || st.Accel != string(vmm.TCG) || st.BootMillis <= 0 {
-					t.Errorf("status after a start: %+v", st)
-				}
-				hc := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-					return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-				}}}
-				resp, err := hc.Get("http://sandbox/v1/status")
-				if err != nil || resp.StatusCode != http.StatusOK {
-					t.Fatalf("the API after a start: %v %v", resp, err)
-				}
-				resp.Body.Close()
-				c, err := net.DialTimeout("tcp4", forwarded, 2*time.Second)
-				if err != nil {
-					t.Fatalf("the forwarded port after a start: %v", err)
-				}
-				c.Close()
-				return
-			}
-			if !errors.Is(err, injected) {
+			run := append(j.fakeSteps()[:k+1], startStep{"fail", func(context.Context) error { return injected }})
+			if err := j.run(context.Background(), run); !errors.Is(err, injected) {
 				t.Fatalf("start: %v, want the injected failure", err)
 			}
 			if j.srv != nil {
-				t.Error("a failed start returned its API server")
+				t.Error("a failed start kept its API server")
 			}
 			st := s.getStatus()
 			if st.State != api.Crashed || !strings.Contains(st.Error, injected.Error()) || st.QEMUPID != 0 || st.Stopped.IsZero() {
@@ -117,15 +121,16 @@ func TestStartUndoesWhatItTookOnFailure(t *testing.T) {
 			if onDisk := s.sb.Status(); onDisk.State != api.Crashed {
 				t.Errorf("status on disk after a failed start: %s", onDisk.State)
 			}
-			select {
-			case <-ms[0].Done():
-			case <-time.After(5 * time.Second):
-				t.Error("the machine still runs after a failed start")
+			for _, m := range drv.Machines() {
+				select {
+				case <-m.Done():
+				case <-time.After(5 * time.Second):
+					t.Error("the machine still runs after a failed start")
+				}
 			}
-			if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+			if _, err := os.Lstat(s.sb.Path(sandbox.APISocket)); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the API socket is left behind: %v", err)
 			}
-			// Only closing the network closes its forwards.
 			if c, err := net.DialTimeout("tcp4", forwarded, 2*time.Second); err == nil {
 				c.Close()
 				t.Error("the forwarded port still listens after a failed start: the network was not closed")
