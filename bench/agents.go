@@ -14,7 +14,7 @@ import (
 	"github.com/kosa8/kosa8/internal/sandbox"
 )
 
-var agentName = flag.String("agent", "claude", "the agent preset 'bench agents' runs")
+var agentName = flag.String("agent", "claude", "the agent preset 'bench agents' runs and 'bench image' builds a derived image of")
 
 // benchAgents times `kosa8 run --agent NAME -- NAME --version` to the
 // agent's first output line: the first run builds the derived image (in a
