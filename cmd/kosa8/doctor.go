@@ -101,7 +101,7 @@ func foreignCheck(m *sandbox.Manager, host vmspec.Arch) check {
 		return c
 	}
 	c.Detail = "optional, not set up: no " + strings.Join(missing, ", ")
-	c.Fix = image.SetupCommand(other)
+	c.Fix = vmspec.SetupCommand(other)
 	return c
 }
 

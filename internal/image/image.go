@@ -148,16 +148,9 @@ func (s Store) Lookup(r Recipe) (*Image, error) {
 			return img, nil
 		}
 	}
-	return nil, fmt.Errorf("%w for %s: run '%s'", ErrNoImage, r.Arch, SetupCommand(r.Arch))
+	return nil, fmt.Errorf("%w for %s: run '%s'", ErrNoImage, r.Arch, vmspec.SetupCommand(r.Arch))
 }
 
-// SetupCommand is the command that builds the base image for a.
-func SetupCommand(a vmspec.Arch) string {
-	if Foreign(a) {
-		return "kosa8 setup --arch " + string(a)
-	}
-	return "kosa8 setup"
-}
 
 // Open reads the image in dir.
 func (s Store) Open(dir string) (*Image, error) {

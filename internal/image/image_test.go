@@ -164,7 +164,7 @@ func TestBuilderStages(t *testing.T) {
 		if a != vmspec.HostArch() {
 			want += " --arch " + string(a)
 		}
-		if got := SetupCommand(a); got != want || Foreign(a) != (a != vmspec.HostArch()) {
+		if got := vmspec.SetupCommand(a); got != want || Foreign(a) != (a != vmspec.HostArch()) {
 			t.Errorf("%s: SetupCommand %q, Foreign %v", a, got, Foreign(a))
 		}
 	}

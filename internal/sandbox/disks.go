@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/vmm"
 )
 
 // Files of the disk layers and checkpoints, in the sandbox's directory.
@@ -42,6 +43,13 @@ func (s *Sandbox) SaveActiveDisks(m map[string]checkpoint.Disk) error {
 	return WriteJSONAtomic(s.Path(disksFile), m)
 }
 
+// Overlay is the disk layer, in dl's format, that id (a checkpoint, or a
+// start from one) puts on top of disk diskID; its path is relative to the
+// sandbox's directory.
+func Overlay(dl vmm.DiskLayers, id, diskID string) checkpoint.Disk {
+	return checkpoint.Disk{Path: filepath.Join(DisksDir, id+"-"+diskID+"."+dl.Format()), Format: dl.Format()}
+}
+
 // NewOverlays makes an empty layer over each of layers (in parallel),
 // named for id, and returns them.
 func (sb *Sandbox) NewOverlays(layers map[string]checkpoint.Disk, id string) (map[string]checkpoint.Disk, error) {
@@ -55,10 +63,10 @@ func (sb *Sandbox) NewOverlays(layers map[string]checkpoint.Disk, id string) (ma
 	next := map[string]checkpoint.Disk{}
 	errs := make(chan error, len(layers))
 	for diskID, d := range layers {
-		overlay := filepath.Join(DisksDir, id+"-"+diskID+"."+dl.Format())
-		next[diskID] = checkpoint.Disk{Path: overlay, Format: dl.Format()}
+		overlay := Overlay(dl, id, diskID)
+		next[diskID] = overlay
 		go func() {
-			errs <- dl.Create(context.Background(), sb.Path(overlay), sb.Path(d.Path), d.Format, 0)
+			errs <- dl.Create(context.Background(), sb.Path(overlay.Path), sb.Path(d.Path), d.Format, 0)
 		}()
 	}
 	var first error

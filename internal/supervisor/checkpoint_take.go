@@ -262,15 +262,15 @@ func (j *cpJob) snapshotDisks(ctx context.Context) error {
 		return err
 	}
 	for diskID := range frozen {
-		overlay := filepath.Join(sandbox.DisksDir, j.id+"-"+diskID+"."+dl.Format())
+		overlay := sandbox.Overlay(dl, j.id, diskID)
 		sctx, cancel := withTimeout(ctx, vmCallTimeout)
-		err := j.m.SnapshotDisk(sctx, diskID, sb.Path(overlay))
+		err := j.m.SnapshotDisk(sctx, diskID, sb.Path(overlay.Path))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("snapshot disk %s: %w", diskID, err)
 		}
 		cur := sb.ActiveDisks()
-		cur[diskID] = checkpoint.Disk{Path: overlay, Format: dl.Format()}
+		cur[diskID] = overlay
 		if err := sb.SaveActiveDisks(cur); err != nil {
 			return err
 		}

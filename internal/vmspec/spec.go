@@ -20,6 +20,15 @@ const (
 // HostArch is the architecture of this machine.
 func HostArch() Arch { return Arch(runtime.GOARCH) }
 
+// SetupCommand is the command that builds the base image for a (and
+// installs its QEMU): what an error about either missing tells the user.
+func SetupCommand(a Arch) string {
+	if a != HostArch() {
+		return "kosa8 setup --arch " + string(a)
+	}
+	return "kosa8 setup"
+}
+
 // ParseArch reads a guest architecture as a user types it: Go's and
 // Debian's names, or the kernel's (uname -m). Empty is the host's.
 func ParseArch(s string) (Arch, error) {

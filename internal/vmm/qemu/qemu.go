@@ -110,11 +110,7 @@ func FindBinary(arch vmspec.Arch, override string) (string, error) {
 		if arch == vmspec.ARM64 {
 			pkg = "qemu-system-arm"
 		}
-		setup := "kosa8 setup"
-		if arch != vmspec.HostArch() {
-			setup += " --arch " + string(arch)
-		}
-		hint := "run '" + setup + "' or install " + pkg
+		hint := "run '" + vmspec.SetupCommand(arch) + "' or install " + pkg
 		if runtime.GOOS == "darwin" {
 			hint = "run 'brew install qemu'"
 		}
