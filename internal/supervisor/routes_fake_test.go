@@ -3,6 +3,7 @@ package supervisor
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -24,6 +25,38 @@ func freePort(t *testing.T) uint16 {
 	return uint16(l.Addr().(*net.TCPAddr).Port)
 }
 
+// apiCall serves one request on h, as the API socket would, and returns
+// the answer's code and body.
+func apiCall(t *testing.T, h http.Handler, method, path, body string) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, path, rd))
+	return rec.Code, rec.Body.String()
+}
+
+// decodeAnswer decodes an answer's JSON body into v.
+func decodeAnswer(t *testing.T, body string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		t.Fatalf("answer %q: %v", body, err)
+	}
+}
+
+// wantAPIError checks that route answered code want with an
+// api.ErrorResponse whose message contains says.
+func wantAPIError(t *testing.T, route string, code int, body string, want int, says string) {
+	t.Helper()
+	var e api.ErrorResponse
+	_ = json.Unmarshal([]byte(body), &e)
+	if code != want || e.Error == "" || !strings.Contains(e.Error, says) {
+		t.Errorf("%s: %d %q, want %d and an error saying %q", route, code, body, want, says)
+	}
+}
+
 // The routes a client uses on a running sandbox other than checkpoints,
 // rewinds and exec (tested with their own machinery), each against a
 // supervisor of a fake machine with the real network: the answer's code
@@ -35,36 +68,14 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 	h := s.routes()
 	call := func(method, path, body string) (int, string) {
 		t.Helper()
-		rec := httptest.NewRecorder()
-		var req *http.Request
-		if body == "" {
-			req = httptest.NewRequest(method, path, nil)
-		} else {
-			req = httptest.NewRequest(method, path, strings.NewReader(body))
-		}
-		h.ServeHTTP(rec, req)
-		return rec.Code, rec.Body.String()
-	}
-	decode := func(body string, v any) {
-		t.Helper()
-		if err := json.Unmarshal([]byte(body), v); err != nil {
-			t.Fatalf("answer %q: %v", body, err)
-		}
-	}
-	wantError := func(route string, code int, body string, want int, says string) {
-		t.Helper()
-		var e api.ErrorResponse
-		_ = json.Unmarshal([]byte(body), &e)
-		if code != want || e.Error == "" || !strings.Contains(e.Error, says) {
-			t.Errorf("%s: %d %q, want %d and an error saying %q", route, code, body, want, says)
-		}
+		return apiCall(t, h, method, path, body)
 	}
 
 	t.Run("status", func(t *testing.T) {
 		s.setStatus(func(st *api.Status) { st.State = api.Running })
 		code, body := call("GET", "/v1/status", "")
 		var st api.StatusResponse
-		decode(body, &st)
+		decodeAnswer(t, body, &st)
 		if code != http.StatusOK || st.Name != "fake" || st.Status.State != api.Running {
 			t.Errorf("GET /v1/status: %d %s", code, body)
 		}
@@ -73,13 +84,13 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 		// The fake guest answers every request with an empty response:
 		// the guest's fault, said as such, not a crash or an empty 200.
 		code, body := call("GET", "/v1/info", "")
-		wantError("GET /v1/info", code, body, http.StatusBadGateway, "info missing")
+		wantAPIError(t, "GET /v1/info", code, body, http.StatusBadGateway, "info missing")
 	})
 
 	t.Run("network rules", func(t *testing.T) {
 		rules := func(body string) []string {
 			var n api.NetResponse
-			decode(body, &n)
+			decodeAnswer(t, body, &n)
 			return n.Rules
 		}
 		code, body := call("POST", "/v1/net/allow", `{"rules":["example.test:443"]}`)
@@ -103,11 +114,11 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 		// Bad input: refused with what to fix, and the rules unchanged.
 		_, before := call("GET", "/v1/net", "")
 		code, body = call("POST", "/v1/net/allow", `{"rules":`)
-		wantError("allow with a cut body", code, body, http.StatusBadRequest, "")
+		wantAPIError(t, "allow with a cut body", code, body, http.StatusBadRequest, "")
 		code, body = call("POST", "/v1/net/allow", `{"rules":["*"]}`)
-		wantError("allow of everything without allow_broad", code, body, http.StatusBadRequest, "")
+		wantAPIError(t, "allow of everything without allow_broad", code, body, http.StatusBadRequest, "")
 		code, body = call("POST", "/v1/net/allow", `{"rules":["bad host name!:443"]}`)
-		wantError("allow of a malformed host", code, body, http.StatusBadRequest, "")
+		wantAPIError(t, "allow of a malformed host", code, body, http.StatusBadRequest, "")
 		if _, after := call("GET", "/v1/net", ""); after != before {
 			t.Errorf("refused changes changed the rules: %s, then %s", before, after)
 		}
@@ -117,7 +128,7 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 		port := freePort(t)
 		code, body := call("POST", "/v1/ports", fmt.Sprintf(`{"host_port":%d,"guest_port":8080}`, port))
 		var list []api.PortForward
-		decode(body, &list)
+		decodeAnswer(t, body, &list)
 		if code != http.StatusOK || !slices.Contains(list, api.PortForward{HostPort: port, GuestPort: 8080}) {
 			t.Fatalf("POST /v1/ports: %d %s", code, body)
 		}
@@ -128,14 +139,14 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 			c.Close()
 		}
 		code, body = call("POST", "/v1/ports", fmt.Sprintf(`{"host_port":%d,"guest_port":9090}`, port))
-		wantError("a port forwarded twice", code, body, http.StatusConflict, "already forwarded")
+		wantAPIError(t, "a port forwarded twice", code, body, http.StatusConflict, "already forwarded")
 		code, body = call("GET", "/v1/ports", "")
-		decode(body, &list)
+		decodeAnswer(t, body, &list)
 		if code != http.StatusOK || len(list) != 1 {
 			t.Errorf("GET /v1/ports: %d %s", code, body)
 		}
 		code, body = call("DELETE", fmt.Sprintf("/v1/ports/%d", port), "")
-		decode(body, &list)
+		decodeAnswer(t, body, &list)
 		if code != http.StatusOK || len(list) != 0 {
 			t.Errorf("DELETE /v1/ports: %d %s", code, body)
 		}
@@ -144,23 +155,23 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 			t.Errorf("port %d still listens after its forward ended", port)
 		}
 		code, body = call("DELETE", "/v1/ports/notaport", "")
-		wantError("DELETE of a port that is not a number", code, body, http.StatusBadRequest, "")
+		wantAPIError(t, "DELETE of a port that is not a number", code, body, http.StatusBadRequest, "")
 		code, body = call("DELETE", fmt.Sprintf("/v1/ports/%d", port), "")
-		wantError("DELETE of a port not forwarded", code, body, http.StatusBadRequest, "")
+		wantAPIError(t, "DELETE of a port not forwarded", code, body, http.StatusBadRequest, "")
 	})
 
 	t.Run("sync without a workspace", func(t *testing.T) {
 		for _, rt := range []struct{ method, path string }{{"GET", "/v1/sync"}, {"POST", "/v1/sync/now"}} {
 			code, body := call(rt.method, rt.path, "")
-			wantError(rt.method+" "+rt.path, code, body, http.StatusNotFound, "no workspace")
+			wantAPIError(t, rt.method+" "+rt.path, code, body, http.StatusNotFound, "no workspace")
 		}
 	})
 
 	t.Run("checkpoints that do not exist", func(t *testing.T) {
 		code, body := call("POST", "/v1/rewind", `{"id":"nope"}`)
-		wantError("rewind to an unknown checkpoint", code, body, http.StatusNotFound, "nope")
+		wantAPIError(t, "rewind to an unknown checkpoint", code, body, http.StatusNotFound, "nope")
 		code, body = call("DELETE", "/v1/checkpoints/nope", "")
-		wantError("DELETE of an unknown checkpoint", code, body, http.StatusBadRequest, "nope")
+		wantAPIError(t, "DELETE of an unknown checkpoint", code, body, http.StatusBadRequest, "nope")
 	})
 
 	t.Run("methods and paths outside the table", func(t *testing.T) {
