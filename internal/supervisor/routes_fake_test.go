@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kosa8/kosa8/internal/api"
 )
@@ -181,4 +183,135 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 			}
 		}
 	})
+}
+
+// answerLater serves one request on h in the background, as a client
+// waiting on the API socket would be served.
+func answerLater(h http.Handler, method, path string) <-chan *httptest.ResponseRecorder {
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+		done <- rec
+	}()
+	return done
+}
+
+// answered is the answer answerLater's request got, within a deadline.
+func answered(t *testing.T, route string, ch <-chan *httptest.ResponseRecorder) *httptest.ResponseRecorder {
+	t.Helper()
+	select {
+	case rec := <-ch:
+		return rec
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: no answer in 5s", route)
+		return nil
+	}
+}
+
+// notAnsweredYet checks that answerLater's request is still waiting a
+// moment after it was sent.
+func notAnsweredYet(t *testing.T, route, until string, ch <-chan *httptest.ResponseRecorder) {
+	t.Helper()
+	select {
+	case rec := <-ch:
+		t.Fatalf("%s answered %d %s before %s", route, rec.Code, rec.Body, until)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// stopAsked is the stop request a handler handed to Supervise's loop (here
+// nobody's: the test takes it), within a deadline.
+func stopAsked(t *testing.T, s *supervisor) stopRequest {
+	t.Helper()
+	select {
+	case req := <-s.stop:
+		return req
+	case <-time.After(5 * time.Second):
+		t.Fatal("no stop request reached the supervisor in 5s")
+		return stopRequest{}
+	}
+}
+
+// Stop hands Supervise a stop request (a kill with ?kill=1) and answers
+// only once the machine is gone; a second stop meanwhile asks nothing
+// more and is answered as well.
+func TestAPIStopOnAFakeMachine(t *testing.T) {
+	for _, tc := range []struct {
+		name, query string
+		kill        bool
+	}{
+		{"clean", "", false},
+		{"kill", "?kill=1", true},
+		{"anything but 1 is no kill", "?kill=yes", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, m, _ := fakeSupervisor(t)
+			h := s.routes()
+			route := "POST /v1/stop" + tc.query
+			first := answerLater(h, "POST", "/v1/stop"+tc.query)
+			req := stopAsked(t, s)
+			if req.kill != tc.kill || req.pause || req.done != nil {
+				t.Errorf("%s asked for %+v, want kill %v and no pause", route, req, tc.kill)
+			}
+			notAnsweredYet(t, route, "the machine was gone", first)
+			second := answerLater(h, "POST", "/v1/stop")
+			notAnsweredYet(t, "a second stop", "the machine was gone", second)
+
+			if err := m.Kill(); err != nil { // what Supervise's loop does with the request
+				t.Fatal(err)
+			}
+			for _, ch := range []<-chan *httptest.ResponseRecorder{first, second} {
+				if rec := answered(t, route, ch); rec.Code != http.StatusOK || strings.TrimSpace(rec.Body.String()) != "{}" {
+					t.Errorf("%s once the machine is gone: %d %s, want 200 {}", route, rec.Code, rec.Body)
+				}
+			}
+			select {
+			case extra := <-s.stop:
+				t.Errorf("the second stop asked again: %+v", extra)
+			default:
+			}
+		})
+	}
+}
+
+// Pause hands Supervise a pause request and answers with its outcome: 200
+// once the machine is written out, 500 with the reason when that failed.
+func TestAPIPauseOnAFakeMachine(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		outcome error
+		code    int
+		says    string
+	}{
+		{"written out", nil, http.StatusOK, ""},
+		{"failed", errors.New("not enough disk space"), http.StatusInternalServerError, "pause: not enough disk space"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, _ := fakeSupervisor(t)
+			pause := answerLater(s.routes(), "POST", "/v1/pause")
+			req := stopAsked(t, s)
+			if !req.pause || req.kill || req.done == nil {
+				t.Fatalf("POST /v1/pause asked for %+v, want a pause with a channel for its outcome", req)
+			}
+			notAnsweredYet(t, "POST /v1/pause", "it was told the outcome", pause)
+			req.done <- tc.outcome
+			rec := answered(t, "POST /v1/pause", pause)
+			if tc.outcome == nil {
+				if rec.Code != http.StatusOK || strings.TrimSpace(rec.Body.String()) != "{}" {
+					t.Errorf("POST /v1/pause: %d %s, want 200 {}", rec.Code, rec.Body)
+				}
+				return
+			}
+			wantAPIError(t, "POST /v1/pause", rec.Code, rec.Body.String(), tc.code, tc.says)
+		})
+	}
+}
+
+// apiCallWithin is apiCall for a route that might never answer: it fails
+// the test after a deadline instead of hanging it.
+func apiCallWithin(t *testing.T, h http.Handler, method, path string) (int, string) {
+	t.Helper()
+	rec := answered(t, method+" "+path, answerLater(h, method, path))
+	return rec.Code, rec.Body.String()
 }
