@@ -60,7 +60,11 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 	})
 	mux.HandleFunc("POST /v1/pause", func(w http.ResponseWriter, r *http.Request) {
 		done := make(chan error, 1)
-		s.requestStop(stopRequest{pause: true, done: done})
+		if !s.requestStop(stopRequest{pause: true, done: done}) {
+			// Nobody would tell done an outcome: the sandbox stops as asked before.
+			writeJSON(w, http.StatusConflict, api.ErrorResponse{Error: "the sandbox is already stopping: it cannot be paused now"})
+			return
+		}
 		select {
 		case err := <-done:
 			if err != nil {

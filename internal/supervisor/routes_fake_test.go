@@ -308,6 +308,29 @@ func TestAPIPauseOnAFakeMachine(t *testing.T) {
 	}
 }
 
+// A pause asked for while a stop is under way cannot happen (Supervise
+// takes one request): it is refused at once, not left waiting for an
+// outcome nobody will send, and the stop goes on.
+func TestAPIPauseWhileStopping(t *testing.T) {
+	s, m, _ := fakeSupervisor(t)
+	h := s.routes()
+	stop := answerLater(h, "POST", "/v1/stop")
+	stopAsked(t, s)
+	code, body := apiCallWithin(t, h, "POST", "/v1/pause")
+	wantAPIError(t, "POST /v1/pause during a stop", code, body, http.StatusConflict, "already stopping")
+	select {
+	case req := <-s.stop:
+		t.Errorf("the pause reached the supervisor after the stop: %+v", req)
+	default:
+	}
+	if err := m.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if rec := answered(t, "POST /v1/stop", stop); rec.Code != http.StatusOK {
+		t.Errorf("the stop: %d %s", rec.Code, rec.Body)
+	}
+}
+
 // apiCallWithin is apiCall for a route that might never answer: it fails
 // the test after a deadline instead of hanging it.
 func apiCallWithin(t *testing.T, h http.Handler, method, path string) (int, string) {
