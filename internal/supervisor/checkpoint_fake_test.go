@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,10 +15,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/checkpoint"
@@ -29,17 +34,34 @@ import (
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
-// fakeGuest is the least of an agent a checkpoint needs: it answers every
-// request with an empty response and records the operations asked for.
+// fakeGuest is the least of an agent a checkpoint and the API need: it
+// records the operations asked for and answers each with an empty
+// response, but for exec, which runs one of fakeExec's programs.
 type fakeGuest struct {
-	mu  sync.Mutex
-	ops []guest.Op
+	mu      sync.Mutex
+	ops     []guest.Op
+	execs   []guest.ExecRequest
+	signals []syscall.Signal
 }
 
 func (g *fakeGuest) Ops() []guest.Op {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return slices.Clone(g.ops)
+}
+
+// Execs are the exec requests the guest was asked, oldest first.
+func (g *fakeGuest) Execs() []guest.ExecRequest {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.execs)
+}
+
+// Signals are the signals its processes were sent, oldest first.
+func (g *fakeGuest) Signals() []syscall.Signal {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.signals)
 }
 
 // serveFakeGuest runs a fakeGuest on m's guest end, through the agent's
@@ -61,10 +83,99 @@ func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
 		g.mu.Lock()
 		g.ops = append(g.ops, req.Op)
 		g.mu.Unlock()
+		if req.Op == guest.OpExec {
+			g.exec(s, req.Exec)
+			return
+		}
 		_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{})
 	}
 	go agent.ServeChannel(ctx, m.Guest(), handle, slog.New(slog.DiscardHandler))
 	return g
+}
+
+// exec serves an exec stream as the agent does (a response with the
+// process's id and pid, then its frames until the exit frame), running a
+// fake program named by argv[0]:
+//
+//	missing  is not found: the agent's error, exit code 127, no process
+//	yes      writes "y\n" to stdout until it gets a signal
+//	others   write their arguments, one line, and then their stdin to
+//	         stdout and "stderr\n" to stderr; they exit when stdin ends,
+//	         with the number in their EXIT environment entry (0 without)
+//
+// A process that gets signal n exits with 128+n.
+func (g *fakeGuest) exec(s net.Conn, req *guest.ExecRequest) {
+	if req == nil || req.Validate() != nil {
+		_ = guest.WriteJSON(s, guest.FrameError, guest.Response{Error: "exec: a request the agent refuses"})
+		return
+	}
+	g.mu.Lock()
+	g.execs = append(g.execs, *req)
+	n := len(g.execs)
+	g.mu.Unlock()
+	if req.Argv[0] == "missing" {
+		_ = guest.WriteJSON(s, guest.FrameError, guest.Response{Error: "exec missing: no such file or directory", ExitCode: 127})
+		return
+	}
+	id := req.ID
+	if id == "" {
+		id = fmt.Sprintf("fake-%d", n)
+	}
+	if guest.WriteJSON(s, guest.FrameResponse, guest.Response{ID: id, Pid: 1000 + n}) != nil {
+		return
+	}
+	code := 0
+	for _, e := range req.Env {
+		if v, ok := strings.CutPrefix(e, "EXIT="); ok {
+			code, _ = strconv.Atoi(v)
+		}
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	if req.Argv[0] == "yes" {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if guest.WriteFrame(s, guest.FrameStdout, []byte("y\n")) != nil {
+					return
+				}
+			}
+		}()
+	} else {
+		_ = guest.WriteFrame(s, guest.FrameStdout, []byte(strings.Join(req.Argv[1:], " ")+"\n"))
+		_ = guest.WriteFrame(s, guest.FrameStderr, []byte("stderr\n"))
+	}
+	for {
+		f, err := guest.ReadFrame(s)
+		if err != nil {
+			return
+		}
+		switch f.Kind {
+		case guest.FrameStdin:
+			if req.Argv[0] != "yes" {
+				_ = guest.WriteFrame(s, guest.FrameStdout, f.Payload)
+			}
+		case guest.FrameStdinEOF:
+			if req.Argv[0] != "yes" {
+				_ = guest.WriteJSON(s, guest.FrameExit, guest.ExitStatus{Code: code})
+				return
+			}
+		case guest.FrameSignal:
+			if len(f.Payload) != 1 {
+				continue
+			}
+			sig := syscall.Signal(f.Payload[0])
+			g.mu.Lock()
+			g.signals = append(g.signals, sig)
+			g.mu.Unlock()
+			_ = guest.WriteJSON(s, guest.FrameExit, guest.ExitStatus{Code: 128 + int(sig), Signal: unix.SignalName(sig)})
+			return
+		}
+	}
 }
 
 // fakeRig is a supervisor of a running fake machine: a sandbox directory
