@@ -336,6 +336,11 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: "bad exec request: " + err.Error()})
 		return
 	}
+	if err := req.Validate(); err != nil {
+		// The client's fault, said before any stream to the guest is opened.
+		writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: "bad exec request: " + err.Error()})
+		return
+	}
 	base, err := s.sb.GuestEnv()
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, api.ErrorResponse{Error: err.Error()})

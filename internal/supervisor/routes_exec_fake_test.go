@@ -143,6 +143,9 @@ func TestAPIExecOnAFakeMachine(t *testing.T) {
 		}{
 			{"a cut body", `{"argv":`, true, "bad exec request"},
 			{"no upgrade", `{"argv":["echo"]}`, false, "Upgrade: " + api.ExecUpgrade},
+			{"no command", `{"argv":[]}`, true, "no command"},
+			{"an empty command", `{"argv":[""]}`, true, "no command"},
+			{"an environment entry without =", `{"argv":["echo"],"env":["NOEQUALS"]}`, true, "KEY=VALUE"},
 		} {
 			req := httptest.NewRequest(http.MethodPost, "/v1/exec", strings.NewReader(tc.body))
 			if tc.upgrade {
