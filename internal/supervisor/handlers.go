@@ -490,11 +490,17 @@ func spliceExec(conn net.Conn, stream net.Conn, toGuest *switchWriter) spliceEnd
 				res <- result{end: spliceGuestLost}
 				return
 			}
+			last := f.Kind == guest.FrameExit || f.Kind == guest.FrameError
 			if err := guest.WriteFrame(conn, f.Kind, f.Payload); err != nil {
+				// The CLI went away with output on its way to it: the
+				// same hangup as below, or the process runs on unseen.
+				if !last {
+					_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
+				}
 				res <- result{end: spliceDone}
 				return
 			}
-			if f.Kind == guest.FrameExit || f.Kind == guest.FrameError {
+			if last {
 				res <- result{end: spliceDone, exit: true}
 				return
 			}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -71,7 +72,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // sees (stdout, stderr, its stdin echoed, the exit code), what reaches the
 // guest (the sandbox's environment under the request's, the project
 // folder), a command the guest cannot start, requests refused with a 400
-// before anything reaches the guest.
+// before anything reaches the guest, and a client that goes away.
 func TestAPIExecOnAFakeMachine(t *testing.T) {
 	r := newFakeRig(t, false)
 	s := r.s
@@ -160,4 +161,34 @@ func TestAPIExecOnAFakeMachine(t *testing.T) {
 			t.Errorf("refused requests reached the guest: %d execs, %d before", n, before)
 		}
 	})
+
+	// The process gets SIGHUP, as when its terminal closes: a quiet one
+	// and one whose output the supervisor is copying when the client goes.
+	for _, prog := range []string{"cat", "yes"} {
+		t.Run("the client goes away from "+prog, func(t *testing.T) {
+			before := len(g.Signals())
+			conn, err := c.Exec(ctx, &guest.ExecRequest{Argv: []string{prog}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := make(chan error, 1)
+			go func() {
+				_, err := guest.ReadFrame(conn)
+				first <- err
+			}()
+			select {
+			case err := <-first:
+				if err != nil {
+					t.Fatalf("first frame: %v", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("no output in 5s")
+			}
+			conn.Close()
+			waitFor(t, prog+" signalled", func() bool { return len(g.Signals()) > before })
+			if sig := g.Signals()[before]; sig != syscall.SIGHUP {
+				t.Errorf("%s got signal %v, want SIGHUP", prog, sig)
+			}
+		})
+	}
 }
