@@ -8,12 +8,15 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
 )
 
 // freePort returns a TCP port on 127.0.0.1 that nothing listens on now.
@@ -337,4 +340,85 @@ func apiCallWithin(t *testing.T, h http.Handler, method, path string) (int, stri
 	t.Helper()
 	rec := answered(t, method+" "+path, answerLater(h, method, path))
 	return rec.Code, rec.Body.String()
+}
+
+// Plain migrate, the checkpoint benchmark's baseline: the machine paused,
+// saved whole (RAM included) to a scratch file and resumed; the answer
+// says how big the file was, and it is gone after. A failed step answers
+// 500 and leaves the machine running; a machine that cannot save itself
+// whole answers 501 and is not paused.
+func TestAPIPlainMigrateOnAFakeMachine(t *testing.T) {
+	const route = "POST /v1/debug/plain-migrate"
+	scratchLeft := func(t *testing.T, s *supervisor) {
+		t.Helper()
+		if left, _ := filepath.Glob(filepath.Join(s.sb.Dir, ".plain-migrate-*")); len(left) > 0 {
+			t.Errorf("scratch files left: %v", left)
+		}
+	}
+	callsSince := func(m *vmmtest.Machine, n int) []string { return m.CallNames()[n:] }
+
+	t.Run("saved whole and resumed", func(t *testing.T) {
+		s, m, _ := fakeSupervisor(t)
+		n := len(m.CallNames())
+		code, body := apiCall(t, s.routes(), "POST", "/v1/debug/plain-migrate", "")
+		var pm api.PlainMigrate
+		decodeAnswer(t, body, &pm)
+		ram := int64(s.sb.Config.MemoryMiB) << 20
+		if code != http.StatusOK || pm.Bytes <= ram || pm.Bytes > ram+4096 || pm.PauseMillis <= 0 {
+			t.Errorf("%s: %d %s, want 200, the RAM's %d bytes and a little device state, a pause", route, code, body, ram)
+		}
+		if got := callsSince(m, n); !slices.Equal(got, []string{"Pause", "SaveAll", "Resume"}) || m.Paused() {
+			t.Errorf("machine calls %v, paused %v; want Pause, SaveAll, Resume and a running machine", got, m.Paused())
+		}
+		for _, c := range m.Calls() {
+			if c.Name == "SaveAll" && !c.Paused {
+				t.Error("SaveAll ran on a running machine")
+			}
+		}
+		scratchLeft(t, s)
+	})
+
+	for _, tc := range []struct {
+		fail  string
+		calls []string
+	}{
+		{"Pause", []string{"Pause"}},
+		{"SaveAll", []string{"Pause", "SaveAll", "Resume"}},
+	} {
+		t.Run("a failed "+tc.fail, func(t *testing.T) {
+			s, m, _ := fakeSupervisor(t)
+			n := len(m.CallNames())
+			m.Fail(tc.fail, errors.New("injected "+tc.fail+" failure"))
+			code, body := apiCall(t, s.routes(), "POST", "/v1/debug/plain-migrate", "")
+			wantAPIError(t, route, code, body, http.StatusInternalServerError, "injected "+tc.fail+" failure")
+			if got := callsSince(m, n); !slices.Equal(got, tc.calls) || m.Paused() {
+				t.Errorf("machine calls %v, paused %v; want %v and a running machine", got, m.Paused(), tc.calls)
+			}
+			scratchLeft(t, s)
+		})
+	}
+
+	for _, tc := range []struct {
+		name string
+		hide func(*vmmtest.Machine) vmm.Machine
+	}{
+		{"no whole-machine save", func(m *vmmtest.Machine) vmm.Machine {
+			return struct {
+				vmm.Machine
+				vmm.Snapshotter
+			}{m, m}
+		}},
+		{"no snapshots", func(m *vmmtest.Machine) vmm.Machine { return struct{ vmm.Machine }{m} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, m, _ := fakeSupervisor(t)
+			s.machine = tc.hide(m)
+			code, body := apiCall(t, s.routes(), "POST", "/v1/debug/plain-migrate", "")
+			wantAPIError(t, route, code, body, http.StatusNotImplemented, vmm.ErrNotSupported.Error())
+			if slices.Contains(m.CallNames(), "Pause") {
+				t.Error("a machine that cannot be saved whole was paused")
+			}
+			scratchLeft(t, s)
+		})
+	}
 }
