@@ -166,8 +166,11 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 	})
 
 	t.Run("sync without a workspace", func(t *testing.T) {
-		for _, rt := range []struct{ method, path string }{{"GET", "/v1/sync"}, {"POST", "/v1/sync/now"}} {
-			code, body := call(rt.method, rt.path, "")
+		for _, rt := range []struct{ method, path, body string }{
+			{"GET", "/v1/sync", ""}, {"POST", "/v1/sync/now", ""},
+			{"POST", "/v1/sync/apply", `{"paths":["a"]}`}, {"POST", "/v1/sync/approve", `{"paths":["a"]}`}, {"POST", "/v1/sync/discard", `{}`},
+		} {
+			code, body := call(rt.method, rt.path, rt.body)
 			wantAPIError(t, rt.method+" "+rt.path, code, body, http.StatusNotFound, "no workspace")
 		}
 	})
@@ -190,11 +193,12 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 
 // answerLater serves one request on h in the background, as a client
 // waiting on the API socket would be served.
-func answerLater(h http.Handler, method, path string) <-chan *httptest.ResponseRecorder {
+func answerLater(h http.Handler, method, path, body string) <-chan *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
 	done := make(chan *httptest.ResponseRecorder, 1)
 	go func() {
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+		h.ServeHTTP(rec, req)
 		done <- rec
 	}()
 	return done
@@ -252,13 +256,13 @@ func TestAPIStopOnAFakeMachine(t *testing.T) {
 			s, m, _ := fakeSupervisor(t)
 			h := s.routes()
 			route := "POST /v1/stop" + tc.query
-			first := answerLater(h, "POST", "/v1/stop"+tc.query)
+			first := answerLater(h, "POST", "/v1/stop"+tc.query, "")
 			req := stopAsked(t, s)
 			if req.kill != tc.kill || req.pause || req.done != nil {
 				t.Errorf("%s asked for %+v, want kill %v and no pause", route, req, tc.kill)
 			}
 			notAnsweredYet(t, route, "the machine was gone", first)
-			second := answerLater(h, "POST", "/v1/stop")
+			second := answerLater(h, "POST", "/v1/stop", "")
 			notAnsweredYet(t, "a second stop", "the machine was gone", second)
 
 			if err := m.Kill(); err != nil { // what Supervise's loop does with the request
@@ -292,7 +296,7 @@ func TestAPIPauseOnAFakeMachine(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, _, _ := fakeSupervisor(t)
-			pause := answerLater(s.routes(), "POST", "/v1/pause")
+			pause := answerLater(s.routes(), "POST", "/v1/pause", "")
 			req := stopAsked(t, s)
 			if !req.pause || req.kill || req.done == nil {
 				t.Fatalf("POST /v1/pause asked for %+v, want a pause with a channel for its outcome", req)
@@ -317,7 +321,7 @@ func TestAPIPauseOnAFakeMachine(t *testing.T) {
 func TestAPIPauseWhileStopping(t *testing.T) {
 	s, m, _ := fakeSupervisor(t)
 	h := s.routes()
-	stop := answerLater(h, "POST", "/v1/stop")
+	stop := answerLater(h, "POST", "/v1/stop", "")
 	stopAsked(t, s)
 	code, body := apiCallWithin(t, h, "POST", "/v1/pause")
 	wantAPIError(t, "POST /v1/pause during a stop", code, body, http.StatusConflict, "already stopping")
@@ -338,7 +342,7 @@ func TestAPIPauseWhileStopping(t *testing.T) {
 // the test after a deadline instead of hanging it.
 func apiCallWithin(t *testing.T, h http.Handler, method, path string) (int, string) {
 	t.Helper()
-	rec := answered(t, method+" "+path, answerLater(h, method, path))
+	rec := answered(t, method+" "+path, answerLater(h, method, path, ""))
 	return rec.Code, rec.Body.String()
 }
 
