@@ -502,6 +502,17 @@ func readAt(t *testing.T, f *os.File, off int64, n int) []byte {
 	return b
 }
 
+// waitRewindRAM waits until the RAM prepared in the background for a
+// rewind holds checkpoint id's.
+func waitRewindRAM(t *testing.T, s *supervisor, id string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); s.rewindRAM().Holds() != id; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("RAM for %s never got ready (holds %q)", id, s.rewindRAM().Holds())
+		}
+	}
+}
+
 // newRewindRig is newFakeRig with a network (a rewind attaches a new NIC
 // link) and a root disk (a rewind makes new layers over it).
 func newRewindRig(t *testing.T) *fakeRig {
@@ -608,14 +619,6 @@ func TestRewindUsesPreparedRAM(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ready := func(id string) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); s.rewindRAM().Holds() != id; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("RAM for %s never got ready (holds %q)", id, s.rewindRAM().Holds())
-			}
-		}
-	}
 	first := []byte("first checkpoint")
 	second := []byte("second checkpoint")
 	write(first)
@@ -623,13 +626,13 @@ func TestRewindUsesPreparedRAM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready(cp1.ID)
+	waitRewindRAM(t, s, cp1.ID)
 	write(second)
 	cp2, err := s.checkpoint(ctx, "two", "manual")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready(cp2.ID)
+	waitRewindRAM(t, s, cp2.ID)
 	write([]byte("after both........"))
 
 	rewindTo := func(cp *checkpoint.Meta, want []byte, copied bool) {
@@ -649,10 +652,10 @@ func TestRewindUsesPreparedRAM(t *testing.T) {
 	}
 	rewindTo(cp2, second, false)
 	// The same one again is prepared again once the rewind is done.
-	ready(cp2.ID)
+	waitRewindRAM(t, s, cp2.ID)
 	write([]byte("changed after the rewind"))
 	rewindTo(cp2, second, false)
-	ready(cp2.ID)
+	waitRewindRAM(t, s, cp2.ID)
 	rewindTo(cp1, first, true)
 	if n := r.drv.RAMFilesAhead(); n < 2 {
 		t.Errorf("%d RAM files made ahead, want one per handover at least", n)
@@ -674,11 +677,7 @@ func TestStateBeforeRewindKeepsPreparedRAM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); s.rewindRAM().Holds() != cp.ID; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("RAM for %s never got ready (holds %q)", cp.ID, s.rewindRAM().Holds())
-		}
-	}
+	waitRewindRAM(t, s, cp.ID)
 	s.cpMu.Lock()
 	_, _, err = s.checkpointFinal(ctx, "before rewind to "+cp.ID, "pre-rewind", false)
 	s.cpMu.Unlock()

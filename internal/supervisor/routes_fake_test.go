@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
 )
@@ -424,5 +425,81 @@ func TestAPIPlainMigrateOnAFakeMachine(t *testing.T) {
 			}
 			scratchLeft(t, s)
 		})
+	}
+}
+
+// The checkpoint routes past an unknown id, against a fake machine with a
+// root disk: a checkpoint's bad body refused with nothing taken, a delete
+// that removes the checkpoint and the RAM kept ready for rewinding to it,
+// and a rewind over the API that replaces the machine (a bad body
+// replacing nothing).
+func TestAPICheckpointDeleteAndRewind(t *testing.T) {
+	r := newRewindRig(t)
+	s := r.s
+	h := s.routes()
+	take := func(message string) checkpoint.Meta {
+		t.Helper()
+		code, body := apiCall(t, h, "POST", "/v1/checkpoints", `{"message":"`+message+`"}`)
+		var meta checkpoint.Meta
+		decodeAnswer(t, body, &meta)
+		if code != http.StatusOK || meta.ID == "" {
+			t.Fatalf("POST /v1/checkpoints: %d %s", code, body)
+		}
+		return meta
+	}
+	ids := func() []string {
+		t.Helper()
+		list, err := s.sb.Checkpoints().List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range list {
+			out = append(out, m.ID)
+		}
+		return out
+	}
+
+	code, body := apiCall(t, h, "POST", "/v1/checkpoints", `{"message":"x","parent":"y"}`)
+	wantAPIError(t, "a checkpoint with an unknown field", code, body, http.StatusBadRequest, "bad request")
+	if got := ids(); len(got) != 0 {
+		t.Fatalf("a refused checkpoint left %v", got)
+	}
+	cp1 := take("one")
+	cp2 := take("two")
+	waitRewindRAM(t, s, cp2.ID)
+
+	code, body = apiCall(t, h, "DELETE", "/v1/checkpoints/"+cp2.ID, "")
+	if code != http.StatusOK {
+		t.Fatalf("DELETE /v1/checkpoints/%s: %d %s", cp2.ID, code, body)
+	}
+	if got := ids(); !slices.Equal(got, []string{cp1.ID}) {
+		t.Errorf("checkpoints after the delete: %v, want just %s", got, cp1.ID)
+	}
+	if h := s.rewindRAM().Holds(); h == cp2.ID {
+		t.Errorf("the RAM kept ready still holds the deleted checkpoint %s", h)
+	}
+
+	old := s.currentMachine()
+	machines := len(r.drv.Machines())
+	code, body = apiCall(t, h, "POST", "/v1/rewind", `{"id":`)
+	wantAPIError(t, "a rewind with a cut body", code, body, http.StatusBadRequest, "bad request")
+	if s.currentMachine() != old || len(r.drv.Machines()) != machines {
+		t.Fatal("a refused rewind replaced the machine")
+	}
+	code, body = apiCall(t, h, "POST", "/v1/rewind", `{"id":"`+cp1.ID+`"}`)
+	var res api.RewindResult
+	decodeAnswer(t, body, &res)
+	if code != http.StatusOK || res.To != cp1.ID || res.Saved == nil || res.ColdBoot {
+		t.Fatalf("POST /v1/rewind: %d %s", code, body)
+	}
+	if s.currentMachine() == old || len(r.drv.Machines()) != machines+1 {
+		t.Error("the rewind did not replace the machine")
+	}
+	if st := s.getStatus(); st.Checkpoint != cp1.ID {
+		t.Errorf("status names checkpoint %q after the rewind, want %s", st.Checkpoint, cp1.ID)
+	}
+	if got := ids(); !slices.Contains(got, res.Saved.ID) {
+		t.Errorf("the state before the rewind, %s, is not among the checkpoints %v", res.Saved.ID, got)
 	}
 }
