@@ -36,12 +36,21 @@ import (
 
 // fakeGuest is the least of an agent a checkpoint and the API need: it
 // records the operations asked for and answers each with an empty
-// response, but for exec, which runs one of fakeExec's programs.
+// response, but for exec, which runs a fake program (see exec), and info
+// once it has one (SetInfo).
 type fakeGuest struct {
 	mu      sync.Mutex
 	ops     []guest.Op
 	execs   []guest.ExecRequest
 	signals []syscall.Signal
+	info    *guest.Info
+}
+
+// SetInfo is what the guest answers to info from now on.
+func (g *fakeGuest) SetInfo(i *guest.Info) {
+	g.mu.Lock()
+	g.info = i
+	g.mu.Unlock()
 }
 
 func (g *fakeGuest) Ops() []guest.Op {
@@ -82,12 +91,16 @@ func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
 		}
 		g.mu.Lock()
 		g.ops = append(g.ops, req.Op)
+		info := g.info
 		g.mu.Unlock()
-		if req.Op == guest.OpExec {
+		switch req.Op {
+		case guest.OpExec:
 			g.exec(s, req.Exec)
-			return
+		case guest.OpInfo:
+			_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{Info: info})
+		default:
+			_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{})
 		}
-		_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{})
 	}
 	go agent.ServeChannel(ctx, m.Guest(), handle, slog.New(slog.DiscardHandler))
 	return g

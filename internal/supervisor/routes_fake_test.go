@@ -16,6 +16,7 @@ import (
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
 )
@@ -87,10 +88,26 @@ func TestAPIRoutesOnAFakeMachine(t *testing.T) {
 		}
 	})
 	t.Run("info from a guest that answers nothing", func(t *testing.T) {
-		// The fake guest answers every request with an empty response:
-		// the guest's fault, said as such, not a crash or an empty 200.
+		// Until told an Info the fake guest answers info with an empty
+		// response: the guest's fault, said as such, not a crash or an
+		// empty 200.
 		code, body := call("GET", "/v1/info", "")
 		wantAPIError(t, "GET /v1/info", code, body, http.StatusBadGateway, "info missing")
+	})
+	t.Run("info from the guest", func(t *testing.T) {
+		g := r.guest(r.drv.Machines()[0])
+		want := guest.Info{Kernel: "6.12.0-fake", Machine: "x86_64", Hostname: "fake", User: "u", UID: 1000, GID: 1000}
+		g.SetInfo(&want)
+		defer g.SetInfo(nil)
+		code, body := call("GET", "/v1/info", "")
+		var got guest.Info
+		decodeAnswer(t, body, &got)
+		if code != http.StatusOK || got != want {
+			t.Errorf("GET /v1/info: %d %s, want 200 and %+v", code, body, want)
+		}
+		if ops := g.Ops(); len(ops) == 0 || ops[len(ops)-1] != guest.OpInfo {
+			t.Errorf("the guest was asked %v, want info last", ops)
+		}
 	})
 
 	t.Run("network rules", func(t *testing.T) {
