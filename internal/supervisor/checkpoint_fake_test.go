@@ -505,6 +505,31 @@ func TestMemoryWithoutSnapshotter(t *testing.T) {
 	}
 }
 
+// The memory route waits for a checkpoint or a rewind in progress (they
+// hold cpMu): it pauses the machine and resumes it when done, which in
+// the middle of a checkpoint would let the guest run between the disk
+// snapshot and the device state.
+func TestMemoryWaitsForACheckpoint(t *testing.T) {
+	s, m, _ := fakeSupervisor(t)
+	s.cpMu.Lock() // as a checkpoint holds it
+	var unlock sync.Once
+	defer unlock.Do(s.cpMu.Unlock)
+	n := len(m.CallNames())
+	mem := answerLater(s.routes(), "GET", "/v1/debug/memory", "")
+	notAnsweredYet(t, "GET /v1/debug/memory", "the checkpoint ended", mem)
+	if got := m.CallNames()[n:]; len(got) != 0 {
+		t.Errorf("the memory route called %v during a checkpoint", got)
+	}
+	unlock.Do(s.cpMu.Unlock)
+	rec := answered(t, "GET /v1/debug/memory", mem)
+	if rec.Code != http.StatusOK || rec.Body.Len() != s.sb.Config.MemoryMiB<<20 {
+		t.Errorf("GET /v1/debug/memory after the checkpoint: %d, %d bytes", rec.Code, rec.Body.Len())
+	}
+	if got := m.CallNames()[n:]; !slices.Equal(got, []string{"Pause", "Resume"}) || m.Paused() {
+		t.Errorf("memory route calls %v, paused %v; want Pause, Resume and a running machine", got, m.Paused())
+	}
+}
+
 // readAt is n bytes of f at off.
 func readAt(t *testing.T, f *os.File, off int64, n int) []byte {
 	t.Helper()

@@ -259,6 +259,10 @@ func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, wh
 // the proof that no secret is inside is a scan of it. The API socket is
 // the sandbox owner's alone.
 func (s *supervisor) handleMemory(w http.ResponseWriter, r *http.Request) {
+	// Not during a checkpoint or a rewind: its resume would let the guest
+	// run in the middle of theirs.
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
 	m, err := snapshotter(s.currentMachine())
 	if err != nil {
 		writeJSON(w, http.StatusNotImplemented, api.ErrorResponse{Error: err.Error()})

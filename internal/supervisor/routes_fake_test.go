@@ -240,7 +240,7 @@ func notAnsweredYet(t *testing.T, route, until string, ch <-chan *httptest.Respo
 	t.Helper()
 	select {
 	case rec := <-ch:
-		t.Fatalf("%s answered %d %s before %s", route, rec.Code, rec.Body, until)
+		t.Fatalf("%s answered %d %q before %s", route, rec.Code, rec.Body.Next(200), until)
 	case <-time.After(100 * time.Millisecond):
 	}
 }
