@@ -30,7 +30,7 @@ var Routes = []Route{
 	{"GET /v1/status", "StatusResponse: the sandbox's name and Status"},
 	{"GET /v1/info", "guest.Info: the guest's kernel, user and workspace, asked of its agent"},
 	{"POST /v1/stop", "?kill=1 for no clean poweroff; answers once QEMU is gone"},
-	{"POST /v1/pause", "saves the running machine and stops; start resumes it"},
+	{"POST /v1/pause", "saves the running machine and stops; start resumes it; 409 when a stop is under way"},
 	{"POST /v1/checkpoints", "CheckpointRequest{message} → checkpoint.Meta of the new checkpoint"},
 	{"DELETE /v1/checkpoints/{id}", "deletes a checkpoint and the disk layers nothing else uses"},
 	{"POST /v1/rewind", "CheckpointRequest{id} → RewindResult; 404 for an unknown checkpoint"},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,10 +15,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kosa8/kosa8/internal/audit"
 	"github.com/kosa8/kosa8/internal/checkpoint"
@@ -29,17 +34,43 @@ import (
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
-// fakeGuest is the least of an agent a checkpoint needs: it answers every
-// request with an empty response and records the operations asked for.
+// fakeGuest is the least of an agent a checkpoint and the API need: it
+// records the operations asked for and answers each with an empty
+// response, but for exec, which runs a fake program (see exec), and info
+// once it has one (SetInfo).
 type fakeGuest struct {
-	mu  sync.Mutex
-	ops []guest.Op
+	mu      sync.Mutex
+	ops     []guest.Op
+	execs   []guest.ExecRequest
+	signals []syscall.Signal
+	info    *guest.Info
+}
+
+// SetInfo is what the guest answers to info from now on.
+func (g *fakeGuest) SetInfo(i *guest.Info) {
+	g.mu.Lock()
+	g.info = i
+	g.mu.Unlock()
 }
 
 func (g *fakeGuest) Ops() []guest.Op {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return slices.Clone(g.ops)
+}
+
+// Execs are the exec requests the guest was asked, oldest first.
+func (g *fakeGuest) Execs() []guest.ExecRequest {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.execs)
+}
+
+// Signals are the signals its processes were sent, oldest first.
+func (g *fakeGuest) Signals() []syscall.Signal {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.signals)
 }
 
 // serveFakeGuest runs a fakeGuest on m's guest end, through the agent's
@@ -60,11 +91,104 @@ func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
 		}
 		g.mu.Lock()
 		g.ops = append(g.ops, req.Op)
+		info := g.info
 		g.mu.Unlock()
-		_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{})
+		switch req.Op {
+		case guest.OpExec:
+			g.exec(s, req.Exec)
+		case guest.OpInfo:
+			_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{Info: info})
+		default:
+			_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{})
+		}
 	}
 	go agent.ServeChannel(ctx, m.Guest(), handle, slog.New(slog.DiscardHandler))
 	return g
+}
+
+// exec serves an exec stream as the agent does (a response with the
+// process's id and pid, then its frames until the exit frame), running a
+// fake program named by argv[0]:
+//
+//	missing  is not found: the agent's error, exit code 127, no process
+//	yes      writes "y\n" to stdout until it gets a signal
+//	others   write their arguments, one line, and then their stdin to
+//	         stdout and "stderr\n" to stderr; they exit when stdin ends,
+//	         with the number in their EXIT environment entry (0 without)
+//
+// A process that gets signal n exits with 128+n.
+func (g *fakeGuest) exec(s net.Conn, req *guest.ExecRequest) {
+	if req == nil || req.Validate() != nil {
+		_ = guest.WriteJSON(s, guest.FrameError, guest.Response{Error: "exec: a request the agent refuses"})
+		return
+	}
+	g.mu.Lock()
+	g.execs = append(g.execs, *req)
+	n := len(g.execs)
+	g.mu.Unlock()
+	if req.Argv[0] == "missing" {
+		_ = guest.WriteJSON(s, guest.FrameError, guest.Response{Error: "exec missing: no such file or directory", ExitCode: 127})
+		return
+	}
+	id := req.ID
+	if id == "" {
+		id = fmt.Sprintf("fake-%d", n)
+	}
+	if guest.WriteJSON(s, guest.FrameResponse, guest.Response{ID: id, Pid: 1000 + n}) != nil {
+		return
+	}
+	code := 0
+	for _, e := range req.Env {
+		if v, ok := strings.CutPrefix(e, "EXIT="); ok {
+			code, _ = strconv.Atoi(v)
+		}
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	if req.Argv[0] == "yes" {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if guest.WriteFrame(s, guest.FrameStdout, []byte("y\n")) != nil {
+					return
+				}
+			}
+		}()
+	} else {
+		_ = guest.WriteFrame(s, guest.FrameStdout, []byte(strings.Join(req.Argv[1:], " ")+"\n"))
+		_ = guest.WriteFrame(s, guest.FrameStderr, []byte("stderr\n"))
+	}
+	for {
+		f, err := guest.ReadFrame(s)
+		if err != nil {
+			return
+		}
+		switch f.Kind {
+		case guest.FrameStdin:
+			if req.Argv[0] != "yes" {
+				_ = guest.WriteFrame(s, guest.FrameStdout, f.Payload)
+			}
+		case guest.FrameStdinEOF:
+			if req.Argv[0] != "yes" {
+				_ = guest.WriteJSON(s, guest.FrameExit, guest.ExitStatus{Code: code})
+				return
+			}
+		case guest.FrameSignal:
+			if len(f.Payload) != 1 {
+				continue
+			}
+			sig := syscall.Signal(f.Payload[0])
+			g.mu.Lock()
+			g.signals = append(g.signals, sig)
+			g.mu.Unlock()
+			_ = guest.WriteJSON(s, guest.FrameExit, guest.ExitStatus{Code: 128 + int(sig), Signal: unix.SignalName(sig)})
+			return
+		}
+	}
 }
 
 // fakeRig is a supervisor of a running fake machine: a sandbox directory
@@ -381,6 +505,31 @@ func TestMemoryWithoutSnapshotter(t *testing.T) {
 	}
 }
 
+// The memory route waits for a checkpoint or a rewind in progress (they
+// hold cpMu): it pauses the machine and resumes it when done, which in
+// the middle of a checkpoint would let the guest run between the disk
+// snapshot and the device state.
+func TestMemoryWaitsForACheckpoint(t *testing.T) {
+	s, m, _ := fakeSupervisor(t)
+	s.cpMu.Lock() // as a checkpoint holds it
+	var unlock sync.Once
+	defer unlock.Do(s.cpMu.Unlock)
+	n := len(m.CallNames())
+	mem := answerLater(s.routes(), "GET", "/v1/debug/memory", "")
+	notAnsweredYet(t, "GET /v1/debug/memory", "the checkpoint ended", mem)
+	if got := m.CallNames()[n:]; len(got) != 0 {
+		t.Errorf("the memory route called %v during a checkpoint", got)
+	}
+	unlock.Do(s.cpMu.Unlock)
+	rec := answered(t, "GET /v1/debug/memory", mem)
+	if rec.Code != http.StatusOK || rec.Body.Len() != s.sb.Config.MemoryMiB<<20 {
+		t.Errorf("GET /v1/debug/memory after the checkpoint: %d, %d bytes", rec.Code, rec.Body.Len())
+	}
+	if got := m.CallNames()[n:]; !slices.Equal(got, []string{"Pause", "Resume"}) || m.Paused() {
+		t.Errorf("memory route calls %v, paused %v; want Pause, Resume and a running machine", got, m.Paused())
+	}
+}
+
 // readAt is n bytes of f at off.
 func readAt(t *testing.T, f *os.File, off int64, n int) []byte {
 	t.Helper()
@@ -389,6 +538,17 @@ func readAt(t *testing.T, f *os.File, off int64, n int) []byte {
 		t.Fatalf("read %s: %v", f.Name(), err)
 	}
 	return b
+}
+
+// waitRewindRAM waits until the RAM prepared in the background for a
+// rewind holds checkpoint id's.
+func waitRewindRAM(t *testing.T, s *supervisor, id string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); s.rewindRAM().Holds() != id; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("RAM for %s never got ready (holds %q)", id, s.rewindRAM().Holds())
+		}
+	}
 }
 
 // newRewindRig is newFakeRig with a network (a rewind attaches a new NIC
@@ -497,14 +657,6 @@ func TestRewindUsesPreparedRAM(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ready := func(id string) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); s.rewindRAM().Holds() != id; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("RAM for %s never got ready (holds %q)", id, s.rewindRAM().Holds())
-			}
-		}
-	}
 	first := []byte("first checkpoint")
 	second := []byte("second checkpoint")
 	write(first)
@@ -512,13 +664,13 @@ func TestRewindUsesPreparedRAM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready(cp1.ID)
+	waitRewindRAM(t, s, cp1.ID)
 	write(second)
 	cp2, err := s.checkpoint(ctx, "two", "manual")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready(cp2.ID)
+	waitRewindRAM(t, s, cp2.ID)
 	write([]byte("after both........"))
 
 	rewindTo := func(cp *checkpoint.Meta, want []byte, copied bool) {
@@ -538,10 +690,10 @@ func TestRewindUsesPreparedRAM(t *testing.T) {
 	}
 	rewindTo(cp2, second, false)
 	// The same one again is prepared again once the rewind is done.
-	ready(cp2.ID)
+	waitRewindRAM(t, s, cp2.ID)
 	write([]byte("changed after the rewind"))
 	rewindTo(cp2, second, false)
-	ready(cp2.ID)
+	waitRewindRAM(t, s, cp2.ID)
 	rewindTo(cp1, first, true)
 	if n := r.drv.RAMFilesAhead(); n < 2 {
 		t.Errorf("%d RAM files made ahead, want one per handover at least", n)
@@ -563,11 +715,7 @@ func TestStateBeforeRewindKeepsPreparedRAM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); s.rewindRAM().Holds() != cp.ID; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("RAM for %s never got ready (holds %q)", cp.ID, s.rewindRAM().Holds())
-		}
-	}
+	waitRewindRAM(t, s, cp.ID)
 	s.cpMu.Lock()
 	_, _, err = s.checkpointFinal(ctx, "before rewind to "+cp.ID, "pre-rewind", false)
 	s.cpMu.Unlock()

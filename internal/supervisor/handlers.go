@@ -60,7 +60,11 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 	})
 	mux.HandleFunc("POST /v1/pause", func(w http.ResponseWriter, r *http.Request) {
 		done := make(chan error, 1)
-		s.requestStop(stopRequest{pause: true, done: done})
+		if !s.requestStop(stopRequest{pause: true, done: done}) {
+			// Nobody would tell done an outcome: the sandbox stops as asked before.
+			writeJSON(w, http.StatusConflict, api.ErrorResponse{Error: "the sandbox is already stopping: it cannot be paused now"})
+			return
+		}
 		select {
 		case err := <-done:
 			if err != nil {
@@ -255,6 +259,10 @@ func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, wh
 // the proof that no secret is inside is a scan of it. The API socket is
 // the sandbox owner's alone.
 func (s *supervisor) handleMemory(w http.ResponseWriter, r *http.Request) {
+	// Not during a checkpoint or a rewind: its resume would let the guest
+	// run in the middle of theirs.
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
 	m, err := snapshotter(s.currentMachine())
 	if err != nil {
 		writeJSON(w, http.StatusNotImplemented, api.ErrorResponse{Error: err.Error()})
@@ -329,6 +337,11 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 	var req guest.ExecRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, api.MaxBody)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: "bad exec request: " + err.Error()})
+		return
+	}
+	if err := req.Validate(); err != nil {
+		// The client's fault, said before any stream to the guest is opened.
 		writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: "bad exec request: " + err.Error()})
 		return
 	}
@@ -481,11 +494,17 @@ func spliceExec(conn net.Conn, stream net.Conn, toGuest *switchWriter) spliceEnd
 				res <- result{end: spliceGuestLost}
 				return
 			}
+			last := f.Kind == guest.FrameExit || f.Kind == guest.FrameError
 			if err := guest.WriteFrame(conn, f.Kind, f.Payload); err != nil {
+				// The CLI went away with output on its way to it: the
+				// same hangup as below, or the process runs on unseen.
+				if !last {
+					_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
+				}
 				res <- result{end: spliceDone}
 				return
 			}
-			if f.Kind == guest.FrameExit || f.Kind == guest.FrameError {
+			if last {
 				res <- result{end: spliceDone, exit: true}
 				return
 			}

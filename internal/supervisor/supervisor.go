@@ -495,8 +495,12 @@ func within(ctx context.Context, f func(context.Context) error) error {
 	}
 }
 
-func (s *supervisor) requestStop(req stopRequest) {
-	s.stopOnce.Do(func() { s.stop <- req })
+// requestStop hands req to Supervise, which takes one request: it reports
+// false, and drops req, when a stop or pause was asked for already.
+func (s *supervisor) requestStop(req stopRequest) bool {
+	taken := false
+	s.stopOnce.Do(func() { s.stop <- req; taken = true })
+	return taken
 }
 
 // logWriter turns QEMU's output into log lines.
