@@ -215,13 +215,8 @@ func ExampleSandbox_Exec_terminal() {
 	sb, _ := c.Open("dev")
 	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
 	cols, rows, _ := term.GetSize(out)
-	if old, err := term.MakeRaw(in); err == nil {
-		defer term.Restore(in, old)
-	}
-	winch := make(chan os.Signal, 1)
-	signal.Notify(winch, syscall.SIGWINCH)
-	defer signal.Stop(winch)
 	resize := make(chan sdk.WindowSize, 1)
+	winch := make(chan os.Signal, 1)
 	go func() {
 		for range winch {
 			if cols, rows, err := term.GetSize(out); err == nil {
@@ -229,6 +224,7 @@ func ExampleSandbox_Exec_terminal() {
 			}
 		}
 	}()
+	var restore func()
 	res, err := sb.Exec(ctx, sdk.Cmd{
 		Args:   []string{"bash", "-l"},
 		Env:    []string{"TERM=" + os.Getenv("TERM")},
@@ -237,7 +233,18 @@ func ExampleSandbox_Exec_terminal() {
 		Resize: resize,
 		Stdin:  os.Stdin,
 		Stdout: os.Stdout,
+		// Raw once the shell runs: until then ^C interrupts this program.
+		Started: func(int) {
+			if old, err := term.MakeRaw(in); err == nil {
+				restore = func() { term.Restore(in, old) }
+			}
+			signal.Notify(winch, syscall.SIGWINCH)
+		},
 	})
+	signal.Stop(winch)
+	if restore != nil {
+		restore()
+	}
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -60,6 +61,12 @@ type Cmd struct {
 	// Linux does not have is dropped. Signals may be nil, and once closed it
 	// is not read.
 	Signals <-chan os.Signal
+	// Started, if set, is called once the command runs in the guest,
+	// before any of its output is passed on; pid is its process id there.
+	// What should wait until then goes here: a program on a terminal puts
+	// it in raw mode, or starts forwarding signals, from here, so that a ^C
+	// while the command is being started still interrupts the program.
+	Started func(pid int)
 }
 
 // WindowSize is a terminal's size in character cells.
@@ -174,6 +181,10 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (*ExecResult, error) {
 		return nil, &OpError{Op: op, Err: err}
 	}
 	defer conn.Close()
+	if cmd.Started != nil {
+		pid, _ := strconv.Atoi(conn.Pid)
+		cmd.Started(pid)
+	}
 
 	sigs := make(chan byte, 8)
 	var resize chan guest.WindowSize

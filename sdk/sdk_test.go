@@ -356,7 +356,7 @@ func (notASignal) String() string { return "not a signal" }
 func (notASignal) Signal()        {}
 
 // A command on a terminal gets its size at the start and later, and the
-// signals sent it, as the guest's numbers.
+// signals sent it, as the guest's numbers; Started hears of it first.
 func TestExecTerminal(t *testing.T) {
 	_, sb, f := newRunning(t, "x")
 	resize := make(chan WindowSize, 1)
@@ -365,12 +365,17 @@ func TestExecTerminal(t *testing.T) {
 	sigs <- notASignal{} // dropped
 	sigs <- syscall.SIGUSR1
 	var out bytes.Buffer
-	res, err := sb.Exec(context.Background(), Cmd{Args: []string{"tty"}, TTY: true, Size: WindowSize{Rows: 24, Cols: 80}, Resize: resize, Signals: sigs, Stdout: &out})
+	pid, before := 0, -1
+	res, err := sb.Exec(context.Background(), Cmd{Args: []string{"tty"}, TTY: true, Size: WindowSize{Rows: 24, Cols: 80}, Resize: resize, Signals: sigs, Stdout: &out,
+		Started: func(p int) { pid, before = p, out.Len() }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if out.String() != "tty true 24x80\nresized 50x132\n" || res.ExitCode != 128+10 {
 		t.Fatalf("exit %d, output %q", res.ExitCode, out.String())
+	}
+	if pid != 7 || before != 0 {
+		t.Fatalf("started: pid %d with %d bytes of output passed on", pid, before)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
