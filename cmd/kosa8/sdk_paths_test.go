@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -217,6 +218,9 @@ func fakeExec(t *testing.T) http.HandlerFunc {
 			exit(guest.ExitStatus{Error: "wait: no child processes"})
 		case "hangup":
 			// The stream ends without an exit.
+		case "env":
+			guest.WriteFrame(conn, guest.FrameStdout, fmt.Appendf(nil, "tty=%v %s dir=%s\n", req.TTY, strings.Join(req.Env, ","), req.Dir))
+			exit(guest.ExitStatus{})
 		case "sigwait":
 			// Exits with the first signal it is sent, as a shell would.
 			guest.WriteFrame(conn, guest.FrameStdout, []byte("waiting\n"))
@@ -282,5 +286,88 @@ func TestExecExitCodesAndErrors(t *testing.T) {
 	}()
 	if code, _, stderr := kosa8(t, "exec", "ex", "--", "sigwait"); code != 128+10 { // SIGUSR1 is 10 on Linux
 		t.Errorf("exec sigwait: exit %d %q, want %d", code, stderr, 128+10)
+	}
+
+	// -t asks for a terminal and passes TERM on.
+	t.Setenv("TERM", "vt220")
+	outFile.Truncate(0)
+	outFile.Seek(0, 0)
+	if code, _, stderr := kosa8(t, "exec", "-t", "-e", "A=1", "ex", "--", "env"); code != 0 {
+		t.Errorf("exec -t: exit %d %q", code, stderr)
+	}
+	if b, _ := os.ReadFile(outFile.Name()); string(b) != "tty=true TERM=vt220,A=1 dir=\n" {
+		t.Errorf("exec -t: %q", b)
+	}
+}
+
+// The image build's steps and the agent-home copies run without the
+// terminal: the output to writers, root's in /root, and a ^C (ctx) ends
+// the command and the wait, as kosa8's failure.
+func TestExecWith(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/exec", fakeExec(t))
+	sb := fakeRunning(t, "bx", mux)
+	var out strings.Builder
+	code, err := execCapture(t.Context(), sb, []string{"env"}, "root", &out, &out)
+	if code != 0 || err != nil || out.String() != "tty=false  dir=/root\n" {
+		t.Fatalf("execCapture as root: %d %v %q", code, err, out.String())
+	}
+	code, err = execCapture(t.Context(), sb, []string{"waitfail"}, "kosa8", &out, &out)
+	if code != exitKosa8 || err == nil || err.Error() != "wait: no child processes" {
+		t.Fatalf("execCapture of a failed wait: %d %v", code, err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w := writerFunc(func(b []byte) (int, error) {
+		if strings.Contains(string(b), "waiting") {
+			cancel()
+		}
+		return len(b), nil
+	})
+	code, err = execCapture(ctx, sb, []string{"sigwait"}, "root", w, w)
+	if code != exitKosa8 || err == nil || err.Error() != "exec stream: context canceled" {
+		t.Fatalf("execCapture interrupted: %d %v", code, err)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// pipeWriter: once the reader is gone, the process gets SIGPIPE, then
+// SIGTERM and SIGKILL a few seconds apart if it keeps writing; its output
+// is dropped without an error.
+func TestPipeWriterEscalates(t *testing.T) {
+	sigs := make(chan os.Signal, 8)
+	var gone bool
+	p := &pipeWriter{w: writerFunc(func(b []byte) (int, error) {
+		if gone {
+			return 0, syscall.EPIPE
+		}
+		return len(b), nil
+	}), sigs: sigs}
+	if n, err := p.Write([]byte("x")); n != 1 || err != nil || len(sigs) != 0 {
+		t.Fatalf("a write: %d %v, %d signals", n, err, len(sigs))
+	}
+	gone = true
+	for range 3 {
+		if n, err := p.Write([]byte("xy")); n != 2 || err != nil {
+			t.Fatalf("a write to a broken pipe: %d %v", n, err)
+		}
+	}
+	if len(sigs) != 1 || <-sigs != syscall.SIGPIPE {
+		t.Fatalf("after the pipe broke: %d signals", len(sigs))
+	}
+	for _, want := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		p.broken = p.broken.Add(-3 * time.Second)
+		p.Write([]byte("x"))
+		if len(sigs) != 1 || <-sigs != want {
+			t.Fatalf("%v not sent", want)
+		}
+	}
+	p.broken = p.broken.Add(-time.Minute)
+	p.Write([]byte("x"))
+	if len(sigs) != 0 {
+		t.Fatalf("more than SIGKILL: %v", <-sigs)
 	}
 }
