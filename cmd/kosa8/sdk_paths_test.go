@@ -54,6 +54,20 @@ func fakeRunning(t *testing.T, name string, mux http.Handler) *sandbox.Sandbox {
 	return sb
 }
 
+// rawTerminal points kosa8's own stdout and stderr (a guest process's
+// output, the progress line) at a file for the test.
+func rawTerminal(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), "terminal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldOut, oldErr := termOut, termErr
+	termOut, termErr = f, f
+	t.Cleanup(func() { termOut, termErr = oldOut, oldErr; f.Close() })
+	return f
+}
+
 // fullMeta is a checkpoint's metadata with every field set.
 func fullMeta(id string) *checkpoint.Meta {
 	return &checkpoint.Meta{
@@ -113,6 +127,7 @@ func TestCheckpointAndRewindOutput(t *testing.T) {
 		json.NewEncoder(w).Encode(rw)
 	})
 	sb := fakeRunning(t, "cp", mux)
+	rawTerminal(t) // the progress line
 	store := sb.Checkpoints()
 	tmp, err := store.Begin(id)
 	if err != nil {
@@ -241,15 +256,7 @@ func TestExecExitCodesAndErrors(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/exec", fakeExec(t))
 	fakeRunning(t, "ex", mux)
-	// The guest's output goes to the terminal, raw: here a file.
-	outFile, err := os.Create(filepath.Join(t.TempDir(), "out"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer outFile.Close()
-	oldOut, oldErr := termOut, termErr
-	termOut, termErr = outFile, outFile
-	defer func() { termOut, termErr = oldOut, oldErr }()
+	outFile := rawTerminal(t)
 	for _, tc := range []struct {
 		argv   []string
 		code   int
