@@ -143,8 +143,9 @@ const killGrace = 10 * time.Second
 
 // Exec runs a command in the running sandbox and returns how it ended. An
 // error means the command could not be run or followed (not a non-zero
-// exit: see ExecResult.ExitCode); when the sandbox answered, it is an
-// *OpError whose Err is the reason as given.
+// exit: see ExecResult.ExitCode). Once the sandbox has been asked, it is
+// an *OpError whose Err is the reason as the supervisor, the guest or the
+// broken stream gave it.
 func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (*ExecResult, error) {
 	client, err := s.client()
 	if err != nil {
