@@ -74,11 +74,10 @@ func fromMeta(m *checkpoint.Meta) Checkpoint {
 		RAMBytes: m.RAMBytes, DeviceBytes: m.DeviceBytes, PauseMillis: m.PauseMillis, TotalMillis: m.TotalMillis,
 		Incremental: m.Incremental, RAMCopiedBytes: m.RAMCopiedBytes, FullCopyReason: m.FullCopyReason, Verify: m.Verify,
 	}
-	if m.Disks != nil {
-		cp.Disks = make(map[string]CheckpointDisk, len(m.Disks))
-		for id, d := range m.Disks {
-			cp.Disks[id] = CheckpointDisk{Path: d.Path, Format: d.Format}
-		}
+	// Never null: JSON Schema (the MCP tools' output) has an object here.
+	cp.Disks = make(map[string]CheckpointDisk, len(m.Disks))
+	for id, d := range m.Disks {
+		cp.Disks[id] = CheckpointDisk{Path: d.Path, Format: d.Format}
 	}
 	return cp
 }

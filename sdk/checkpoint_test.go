@@ -89,6 +89,9 @@ func TestCheckpointCarriesEveryMetaField(t *testing.T) {
 	if extra := jsonMap(t, cp); extra["current"] != true || extra["disk_bytes"] != 1.0 {
 		t.Fatalf("current and disk_bytes: %v", extra)
 	}
+	if d := fromMeta(&checkpoint.Meta{}).Disks; d == nil {
+		t.Errorf("no disks are null, not {}")
+	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("the SDK's checkpoint differs from its metadata:\n got  %v\n want %v\n keys missing %v", got, want,
 			slices.DeleteFunc(slices.Sorted(maps.Keys(want)), func(k string) bool { _, ok := got[k]; return ok }))
