@@ -29,9 +29,9 @@ var (
 
 // OpError is a call on a running sandbox that its supervisor refused or
 // failed: Op names the call and the sandbox ("checkpoint dev", "rewind dev
-// to 1a2b3c4d"), Err is the reason as the supervisor gave it (which
-// errors.Is and errors.As see through to). Checkpoint, Rewind and Pause
-// return it.
+// to 1a2b3c4d", "exec in dev"), Err is the reason as the supervisor (or
+// for Exec the guest, or the broken stream) gave it, which errors.Is and
+// errors.As see through to. Checkpoint, Rewind, Pause and Exec return it.
 type OpError struct {
 	Op  string
 	Err error

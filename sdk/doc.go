@@ -46,7 +46,11 @@
 // to the writers given, as they come; it returns the exit code. A [Cmd]
 // with a Timeout (or a ctx that ends) kills the command's process group in
 // the guest and reports TimedOut. [Sandbox.Output] is the short form that
-// returns standard output and fails on a non-zero exit. Commands run as the
+// returns standard output and fails on a non-zero exit. For a person at a
+// terminal, or an agent driving an interactive program, a Cmd with TTY runs
+// the command on a terminal in the guest, of the Size given and resized by
+// what is sent on Resize; Signals forwards signals (the channel given to
+// signal.Notify will do) to the command, with or without one. Commands run as the
 // sandbox's user (your user name and ids; root on the host maps to kosa8,
 // uid 1000), with passwordless sudo, in the workspace folder unless Dir
 // says otherwise.

@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
+
+	"golang.org/x/term"
 
 	"github.com/kosa8/kosa8/sdk"
 )
@@ -200,6 +204,67 @@ func ExampleSandbox_Exec() {
 		fmt.Println("killed after 10 minutes")
 	}
 	os.Exit(res.ExitCode)
+}
+
+// Give the user a shell in the sandbox on this program's terminal, as
+// `kosa8 shell` does: keys pass through raw, the window's size follows
+// it, and the shell's exit status is the program's.
+func ExampleSandbox_Exec_terminal() {
+	ctx := context.Background()
+	c, _ := sdk.New()
+	sb, _ := c.Open("dev")
+	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
+	cols, rows, _ := term.GetSize(out)
+	resize := make(chan sdk.WindowSize, 1)
+	winch := make(chan os.Signal, 1)
+	go func() {
+		for range winch {
+			if cols, rows, err := term.GetSize(out); err == nil {
+				resize <- sdk.WindowSize{Rows: uint16(rows), Cols: uint16(cols)}
+			}
+		}
+	}()
+	var restore func()
+	res, err := sb.Exec(ctx, sdk.Cmd{
+		Args:   []string{"bash", "-l"},
+		Env:    []string{"TERM=" + os.Getenv("TERM")},
+		TTY:    true,
+		Size:   sdk.WindowSize{Rows: uint16(rows), Cols: uint16(cols)},
+		Resize: resize,
+		Stdin:  os.Stdin,
+		Stdout: os.Stdout,
+		// Raw once the shell runs: until then ^C interrupts this program.
+		Started: func(int) {
+			if old, err := term.MakeRaw(in); err == nil {
+				restore = func() { term.Restore(in, old) }
+			}
+			signal.Notify(winch, syscall.SIGWINCH)
+		},
+	})
+	signal.Stop(winch)
+	if restore != nil {
+		restore()
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	os.Exit(res.ExitCode)
+}
+
+// Forward the signals this program gets (^C, a kill) to a command run
+// without a terminal, as `kosa8 exec` does.
+func ExampleCmd_signals() {
+	ctx := context.Background()
+	c, _ := sdk.New()
+	sb, _ := c.Open("dev")
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	res, err := sb.Exec(ctx, sdk.Cmd{Args: []string{"make", "test"}, Stdout: os.Stdout, Stderr: os.Stderr, Signals: sigs})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("exit code", res.ExitCode) // 130 when ^C ended it
 }
 
 // Forward a host port to a server in the sandbox.

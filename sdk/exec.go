@@ -3,8 +3,11 @@ package sdk
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -33,6 +36,98 @@ type Cmd struct {
 	// Timeout ends the command (SIGKILL to its process group) when it runs
 	// longer; zero for no limit. Ending ctx does the same.
 	Timeout time.Duration
+
+	// TTY runs the command on a terminal in the guest (a pseudo-terminal,
+	// as `ssh -t` or `kosa8 exec -t` gives), so that a shell, an editor or
+	// an agent's own CLI behaves as it does when typed at. Its output and
+	// errors are then one stream, the terminal's, written to Stdout (lines
+	// end in \r\n); Stderr gets nothing. Stdin is what is typed and is
+	// passed as is: ^C is the byte 0x03, which the guest's terminal turns
+	// into SIGINT, so put your own terminal in raw mode
+	// (golang.org/x/term.MakeRaw) to pass keys through. TERM is
+	// xterm-256color unless Env sets it.
+	TTY bool
+	// Size is the terminal's size at the start; zero leaves it unset, which
+	// full-screen programs handle badly. Resize carries later sizes as the
+	// window changes (SIGWINCH): each is applied at once. Both are used
+	// with TTY only; Resize may be nil, and once closed it is not read.
+	Size   WindowSize
+	Resize <-chan WindowSize
+	// Signals are delivered to the command while it runs: to the
+	// terminal's foreground process group with TTY, else to the process
+	// group the command leads. The channel given to signal.Notify can be
+	// passed as is, to forward what this program receives. Each signal is
+	// sent as the guest's (Linux) number for it, whatever the host; one
+	// Linux does not have is dropped. Signals may be nil, and once closed it
+	// is not read.
+	Signals <-chan os.Signal
+	// Started, if set, is called once the command runs in the guest,
+	// before any of its output is passed on; pid is its process id there.
+	// What should wait until then goes here: a program on a terminal puts
+	// it in raw mode, or starts forwarding signals, from here, so that a ^C
+	// while the command is being started still interrupts the program.
+	Started func(pid int)
+}
+
+// WindowSize is a terminal's size in character cells.
+type WindowSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// linuxSignals are the guest's numbers for the host's signals: the agent
+// takes Linux's, and a Mac numbers some differently (SIGUSR1 is 30 there
+// and 10 in the guest).
+var linuxSignals = map[syscall.Signal]byte{
+	syscall.SIGHUP: 1, syscall.SIGINT: 2, syscall.SIGQUIT: 3, syscall.SIGILL: 4, syscall.SIGTRAP: 5,
+	syscall.SIGABRT: 6, syscall.SIGBUS: 7, syscall.SIGFPE: 8, syscall.SIGKILL: 9, syscall.SIGUSR1: 10,
+	syscall.SIGSEGV: 11, syscall.SIGUSR2: 12, syscall.SIGPIPE: 13, syscall.SIGALRM: 14, syscall.SIGTERM: 15,
+	syscall.SIGCHLD: 17, syscall.SIGCONT: 18, syscall.SIGSTOP: 19, syscall.SIGTSTP: 20, syscall.SIGTTIN: 21,
+	syscall.SIGTTOU: 22, syscall.SIGURG: 23, syscall.SIGXCPU: 24, syscall.SIGXFSZ: 25, syscall.SIGVTALRM: 26,
+	syscall.SIGPROF: 27, syscall.SIGWINCH: 28, syscall.SIGIO: 29, syscall.SIGSYS: 31,
+}
+
+// guestSignal is sig's number in the guest, if it has one.
+func guestSignal(sig os.Signal) (byte, bool) {
+	s, ok := sig.(syscall.Signal)
+	if !ok {
+		return 0, false
+	}
+	n, ok := linuxSignals[s]
+	return n, ok
+}
+
+// forward passes the caller's signals and window sizes on to the exec
+// stream's channels until done.
+func forward(done <-chan struct{}, in <-chan os.Signal, sizes <-chan WindowSize, sigs chan<- byte, resize chan<- guest.WindowSize) {
+	for in != nil || sizes != nil {
+		select {
+		case sig, ok := <-in:
+			if !ok {
+				in = nil
+				continue
+			}
+			if n, ok := guestSignal(sig); ok {
+				select {
+				case sigs <- n:
+				case <-done:
+					return
+				}
+			}
+		case ws, ok := <-sizes:
+			if !ok {
+				sizes = nil
+				continue
+			}
+			select {
+			case resize <- guest.WindowSize{Rows: ws.Rows, Cols: ws.Cols}:
+			case <-done:
+				return
+			}
+		case <-done:
+			return
+		}
+	}
 }
 
 // ExecResult is how a command ended.
@@ -48,16 +143,22 @@ const killGrace = 10 * time.Second
 
 // Exec runs a command in the running sandbox and returns how it ended. An
 // error means the command could not be run or followed (not a non-zero
-// exit: see ExecResult.ExitCode).
+// exit: see ExecResult.ExitCode). Once the sandbox has been asked, it is
+// an *OpError whose Err is the reason as the supervisor, the guest or the
+// broken stream gave it.
 func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (*ExecResult, error) {
 	client, err := s.client()
 	if err != nil {
 		return nil, err
 	}
-	req := &guest.ExecRequest{Argv: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, User: cmd.User}
+	req := &guest.ExecRequest{Argv: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, User: cmd.User, TTY: cmd.TTY}
+	if cmd.TTY {
+		req.Rows, req.Cols = cmd.Size.Rows, cmd.Size.Cols
+	}
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
+	op := "exec in " + s.Name()
 	start := time.Now()
 	// The exec connection lives on its own context: the caller's ending
 	// must reach the guest as a kill, not as a dropped connection (which
@@ -78,11 +179,19 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (*ExecResult, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("exec in %s: %w", s.Name(), err)
+		return nil, &OpError{Op: op, Err: err}
 	}
 	defer conn.Close()
+	if cmd.Started != nil {
+		pid, _ := strconv.Atoi(conn.Pid)
+		cmd.Started(pid)
+	}
 
-	sigs := make(chan byte, 1)
+	sigs := make(chan byte, 8)
+	var resize chan guest.WindowSize
+	if cmd.TTY && cmd.Resize != nil {
+		resize = make(chan guest.WindowSize, 1)
+	}
 	timedOut := make(chan struct{})
 	var limit <-chan time.Time
 	if cmd.Timeout > 0 {
@@ -100,15 +209,30 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (*ExecResult, error) {
 			return
 		}
 		close(timedOut)
-		sigs <- byte(syscall.SIGKILL)
-		// A guest that does not answer the kill: give up on the stream.
+		// A guest that does not answer the kill (or a stream that takes no
+		// more frames): give up on the stream.
+		grace := time.NewTimer(killGrace)
+		defer grace.Stop()
 		select {
-		case <-time.After(killGrace):
+		case sigs <- linuxSignals[syscall.SIGKILL]:
+		case <-grace.C:
+			conn.Close()
+			return
+		case <-done:
+			return
+		}
+		select {
+		case <-grace.C:
 			conn.Close()
 		case <-done:
 		}
 	}()
-	st, err := guest.Pump(conn, guest.StdIO{Stdin: cmd.Stdin, Stdout: cmd.Stdout, Stderr: cmd.Stderr, Signals: sigs})
+	var sizes <-chan WindowSize
+	if resize != nil {
+		sizes = cmd.Resize
+	}
+	go forward(done, cmd.Signals, sizes, sigs, resize)
+	st, err := guest.Pump(conn, guest.StdIO{Stdin: cmd.Stdin, Stdout: cmd.Stdout, Stderr: cmd.Stderr, Signals: sigs, Resize: resize})
 	res := &ExecResult{Duration: time.Since(start)}
 	select {
 	case <-timedOut:
@@ -117,12 +241,12 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (*ExecResult, error) {
 	}
 	if err != nil {
 		if res.TimedOut {
-			return nil, fmt.Errorf("exec in %s: the command was killed after its time limit but did not report its end: %w", s.Name(), err)
+			err = fmt.Errorf("the command was killed after its time limit but did not report its end: %w", err)
 		}
-		return nil, fmt.Errorf("exec in %s: %w", s.Name(), err)
+		return nil, &OpError{Op: op, Err: err}
 	}
 	if st.Error != "" {
-		return nil, fmt.Errorf("exec in %s: %s", s.Name(), st.Error)
+		return nil, &OpError{Op: op, Err: errors.New(st.Error)}
 	}
 	res.ExitCode, res.Signal = st.Code, st.Signal
 	return res, nil

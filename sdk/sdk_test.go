@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -203,6 +204,7 @@ func (f *fakeSupervisor) exec(w http.ResponseWriter, r *http.Request) {
 	var stdin bytes.Buffer
 	eof := make(chan struct{})
 	sig := make(chan byte, 4)
+	resized := make(chan guest.WindowSize, 4)
 	go func() {
 		defer close(eof)
 		for {
@@ -218,12 +220,19 @@ func (f *fakeSupervisor) exec(w http.ResponseWriter, r *http.Request) {
 				f.sigs = append(f.sigs, fr.Payload[0])
 				f.mu.Unlock()
 				sig <- fr.Payload[0]
+			case guest.FrameResize:
+				var ws guest.WindowSize
+				json.Unmarshal(fr.Payload, &ws)
+				resized <- ws
 			case guest.FrameStdinEOF:
-				if req.Argv[0] != "sleep" {
+				switch req.Argv[0] {
+				case "sleep":
+					// The client pumps (so it follows the command) from here.
+					f.sleeping <- struct{}{}
+				case "tty":
+				default:
 					return
 				}
-				// The client pumps (so it follows the command) from here.
-				f.sleeping <- struct{}{}
 			}
 		}
 	}()
@@ -252,6 +261,21 @@ func (f *fakeSupervisor) exec(w http.ResponseWriter, r *http.Request) {
 		f.files[req.Argv[4]] = append([]byte(req.Argv[5]+":"), stdin.Bytes()...)
 		f.mu.Unlock()
 		exit(0, "")
+	case "tty":
+		// Says what terminal it got, waits for a new size and a signal, and
+		// ends with the signal.
+		guest.WriteFrame(conn, guest.FrameStdout, fmt.Appendf(nil, "tty %v %dx%d\n", req.TTY, req.Rows, req.Cols))
+		select {
+		case ws := <-resized:
+			guest.WriteFrame(conn, guest.FrameStdout, fmt.Appendf(nil, "resized %dx%d\n", ws.Rows, ws.Cols))
+		case <-time.After(10 * time.Second):
+		}
+		select {
+		case s := <-sig:
+			exit(128+int(s), "")
+		case <-time.After(10 * time.Second):
+			exit(0, "")
+		}
 	case "sleep":
 		select {
 		case s := <-sig:
@@ -283,9 +307,12 @@ func TestExecStreamsOutputAndExitCode(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode != 3 || !strings.Contains(ee.Error(), "to stderr") {
 		t.Fatalf("Output: %v", err)
 	}
-	// An agent error is an error, not an exit code.
-	if _, err := sb.Exec(context.Background(), Cmd{Args: []string{"nope"}}); err == nil || !strings.Contains(err.Error(), "not found") {
-		t.Fatalf("unknown command: %v", err)
+	// An agent error is an error, not an exit code: the guest's reason,
+	// apart from what was asked of which sandbox.
+	_, err = sb.Exec(context.Background(), Cmd{Args: []string{"nope"}})
+	var oe *OpError
+	if !errors.As(err, &oe) || oe.Op != "exec in x" || oe.Err.Error() != "exec nope: not found" || err.Error() != "exec in x: exec nope: not found" {
+		t.Fatalf("unknown command: %#v", err)
 	}
 	if _, err := sb.Exec(context.Background(), Cmd{}); err == nil {
 		t.Fatal("empty command accepted")
@@ -319,6 +346,66 @@ func TestExecTimeoutKillsTheCommand(t *testing.T) {
 	res, err = sb.Exec(ctx, Cmd{Args: []string{"sleep", "600"}})
 	if err != nil || !res.TimedOut {
 		t.Fatalf("ctx end: %+v %v", res, err)
+	}
+}
+
+// notASignal is an os.Signal the guest has no number for.
+type notASignal struct{}
+
+func (notASignal) String() string { return "not a signal" }
+func (notASignal) Signal()        {}
+
+// A command on a terminal gets its size at the start and later, and the
+// signals sent it, as the guest's numbers; Started hears of it first.
+func TestExecTerminal(t *testing.T) {
+	_, sb, f := newRunning(t, "x")
+	resize := make(chan WindowSize, 1)
+	sigs := make(chan os.Signal, 2)
+	resize <- WindowSize{Rows: 50, Cols: 132}
+	sigs <- notASignal{} // dropped
+	sigs <- syscall.SIGUSR1
+	var out bytes.Buffer
+	pid, before := 0, -1
+	res, err := sb.Exec(context.Background(), Cmd{Args: []string{"tty"}, TTY: true, Size: WindowSize{Rows: 24, Cols: 80}, Resize: resize, Signals: sigs, Stdout: &out,
+		Started: func(p int) { pid, before = p, out.Len() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "tty true 24x80\nresized 50x132\n" || res.ExitCode != 128+10 {
+		t.Fatalf("exit %d, output %q", res.ExitCode, out.String())
+	}
+	if pid != 7 || before != 0 {
+		t.Fatalf("started: pid %d with %d bytes of output passed on", pid, before)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if string(f.sigs) != "\x0a" {
+		t.Fatalf("signals sent %v", []byte(f.sigs))
+	}
+}
+
+// The guest numbers signals as Linux does, whatever the host.
+func TestGuestSignal(t *testing.T) {
+	for _, tc := range []struct {
+		sig  os.Signal
+		want byte
+	}{
+		{syscall.SIGINT, 2}, {syscall.SIGKILL, 9}, {syscall.SIGUSR1, 10}, {syscall.SIGUSR2, 12}, {syscall.SIGPIPE, 13},
+		{syscall.SIGTERM, 15}, {syscall.SIGCHLD, 17}, {syscall.SIGCONT, 18}, {syscall.SIGSTOP, 19}, {syscall.SIGTSTP, 20}, {syscall.SIGWINCH, 28},
+	} {
+		if got, ok := guestSignal(tc.sig); !ok || got != tc.want {
+			t.Errorf("%v: %d %v, want %d", tc.sig, got, ok, tc.want)
+		}
+	}
+	if _, ok := guestSignal(notASignal{}); ok {
+		t.Error("a signal with no number was sent")
+	}
+	if runtime.GOOS == "linux" {
+		for s, n := range linuxSignals {
+			if byte(s) != n {
+				t.Errorf("%v is %d on Linux, mapped to %d", s, int(s), n)
+			}
+		}
 	}
 }
 

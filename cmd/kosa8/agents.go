@@ -22,12 +22,12 @@ import (
 
 	"github.com/kosa8/kosa8/internal/agent"
 	"github.com/kosa8/kosa8/internal/config"
-	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/project"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/secrets"
 	"github.com/kosa8/kosa8/internal/vmspec"
+	"github.com/kosa8/kosa8/sdk"
 )
 
 func agentsCmd() *cobra.Command {
@@ -398,5 +398,5 @@ func (l *limitWriter) Write(b []byte) (int, error) {
 // execStdin runs argv in the sandbox with stdin from r (nil: none) and its
 // output to this process's stderr.
 func execStdin(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, r io.Reader) (int, error) {
-	return execWith(ctx, sb, argv, user, guest.StdIO{Stdin: r, Stdout: os.Stderr, Stderr: os.Stderr})
+	return execWith(ctx, sb, sdk.Cmd{Args: argv, User: user, Stdin: r, Stdout: os.Stderr, Stderr: os.Stderr})
 }

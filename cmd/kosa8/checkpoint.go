@@ -36,16 +36,20 @@ func checkpointCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			meta, err := sb.Client().Checkpoint(cmd.Context(), message)
+			s, err := sdkSandbox(args[0])
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(meta)
+			cp, err := s.Checkpoint(cmd.Context(), message)
+			if err != nil {
+				return supervisorErr(err)
 			}
-			fmt.Printf("%s  paused %.0f ms, total %.0f ms, %s RAM", meta.ID, meta.PauseMillis, meta.TotalMillis, humanBytes(meta.RAMBytes))
+			if asJSON {
+				return printJSON(cp)
+			}
+			fmt.Printf("%s  paused %.0f ms, total %.0f ms, %s RAM", cp.ID, cp.PauseMillis, cp.TotalMillis, humanBytes(cp.RAMBytes))
 			if u, err := sb.Usage(); err == nil {
-				fmt.Printf(", %s on disk (all %d checkpoints: %s)", humanBytes(u.PerCheckpoint[meta.ID]), len(u.PerCheckpoint), humanBytes(u.Checkpoints))
+				fmt.Printf(", %s on disk (all %d checkpoints: %s)", humanBytes(u.PerCheckpoint[cp.ID]), len(u.PerCheckpoint), humanBytes(u.Checkpoints))
 			}
 			fmt.Println()
 			return nil
@@ -181,12 +185,16 @@ keeping your own edits.`,
 			if err != nil {
 				return err
 			}
-			p := newProgress(os.Stderr)
-			p.Step("rewinding " + args[0] + " to " + id)
-			res, err := sb.Client().Rewind(cmd.Context(), id)
-			p.Done()
+			s, err := sdkSandbox(args[0])
 			if err != nil {
 				return err
+			}
+			p := newProgress(os.Stderr)
+			p.Step("rewinding " + args[0] + " to " + id)
+			res, err := s.Rewind(cmd.Context(), id)
+			p.Done()
+			if err != nil {
+				return supervisorErr(err)
 			}
 			if asJSON {
 				return printJSON(res)

@@ -325,6 +325,8 @@ func TestJSONKeysLowerCase(t *testing.T) {
 		l,
 		syncView{Pending: []changeView{{Path: "a", Kind: "added", Type: "file"}}},
 		checkpoint.Meta{ID: "x", Disks: map[string]checkpoint.Disk{"root": {}}},
+		sdk.Checkpoint{ID: "x", Disks: map[string]sdk.CheckpointDisk{"root": {}}, Current: true, DiskBytes: 1},
+		sdk.RewindResult{Saved: &sdk.Checkpoint{}, Conflicts: []sdk.SyncConflict{{}}},
 	}
 	upper := regexp.MustCompile(`"([A-Za-z_]*[A-Z][A-Za-z_]*)":`)
 	for _, v := range values {

@@ -19,10 +19,10 @@ import (
 
 	"github.com/kosa8/kosa8/internal/agent"
 	"github.com/kosa8/kosa8/internal/audit"
-	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmspec"
+	"github.com/kosa8/kosa8/sdk"
 )
 
 // A derived image is built inside a sandbox of the base image whose
@@ -261,28 +261,28 @@ func refusedHosts(sb *sandbox.Sandbox) []string {
 // execCapture runs argv in a running sandbox with its output to stdout
 // and stderr.
 func execCapture(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, stdout, stderr io.Writer) (int, error) {
-	return execWith(ctx, sb, argv, user, guest.StdIO{Stdout: stdout, Stderr: stderr})
+	return execWith(ctx, sb, sdk.Cmd{Args: argv, User: user, Stdout: stdout, Stderr: stderr})
 }
 
-// execWith runs argv in a running sandbox as user, with sio (not this
-// terminal: see execIn), until it exits or ctx ends.
-func execWith(ctx context.Context, sb *sandbox.Sandbox, argv []string, user string, sio guest.StdIO) (int, error) {
+// execWith runs c in a running sandbox (not on this terminal: see
+// execIn), until it exits or ctx ends.
+func execWith(ctx context.Context, sb *sandbox.Sandbox, c sdk.Cmd) (int, error) {
 	// Root's build steps start in /root; any other user where the guest
 	// starts it (it cannot enter /root: the agent-home save failed so).
-	dir := ""
-	if user == "root" {
-		dir = "/root"
+	if c.User == "root" {
+		c.Dir = "/root"
 	}
-	conn, err := sb.Client().Exec(ctx, &guest.ExecRequest{Argv: argv, User: user, Dir: dir})
+	s, err := sdkSandbox(sb.Config.Name)
 	if err != nil {
 		return exitKosa8, err
 	}
-	defer conn.Close()
-	// ^C (ctx) ends the wait: closing the stream unblocks Pump, and the
-	// caller's clean-up removes the build sandbox with the process.
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-	return pumpExit(conn, sio)
+	res, err := s.Exec(ctx, c)
+	if ctx.Err() != nil {
+		// ^C (ctx) killed the process; the caller's clean-up removes the
+		// build sandbox. It is kosa8's failure, not the step's.
+		return exitKosa8, fmt.Errorf("exec stream: %w", ctx.Err())
+	}
+	return execExit(res, err)
 }
 
 // tailWriter copies to w and keeps the last bytes written.

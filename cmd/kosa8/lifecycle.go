@@ -17,7 +17,6 @@ import (
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/config"
-	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/project"
@@ -381,74 +380,74 @@ type execOptions struct {
 // execIn runs a process in a running sandbox, connected to this terminal,
 // and returns its exit code.
 func execIn(ctx context.Context, sb *sandbox.Sandbox, o execOptions) (int, error) {
-	req := &guest.ExecRequest{Argv: o.argv, Env: o.env, Dir: o.dir, User: o.user, TTY: o.tty}
+	s, err := sdkSandbox(sb.Config.Name)
+	if err != nil {
+		return exitKosa8, err
+	}
+	sigs := make(chan os.Signal, 8)
+	c := sdk.Cmd{
+		Args: o.argv, Env: o.env, Dir: o.dir, User: o.user, TTY: o.tty,
+		// The process's own output, raw: the user attached it on purpose.
+		Stdout: &pipeWriter{w: termOut, sigs: sigs}, Stderr: &pipeWriter{w: termErr, sigs: sigs},
+		Signals: sigs,
+	}
 	if o.tty {
 		if w, h, err := term.GetSize(int(termOut.Fd())); err == nil {
-			req.Cols, req.Rows = uint16(w), uint16(h)
+			c.Size = sdk.WindowSize{Rows: uint16(h), Cols: uint16(w)}
 		}
 		if t := os.Getenv("TERM"); t != "" {
-			req.Env = append([]string{"TERM=" + t}, req.Env...)
+			c.Env = append([]string{"TERM=" + t}, c.Env...)
 		}
 	}
-	conn, err := sb.Client().Exec(ctx, req)
-	if err != nil {
-		return exitKosa8, err
-	}
-	defer conn.Close()
-
-	sigs := make(chan byte, 8)
-	// The process's own output, raw: the user attached it on purpose.
-	out := &pipeWriter{w: termOut, sigs: sigs}
-	sio := guest.StdIO{Stdout: out, Stderr: &pipeWriter{w: termErr, sigs: sigs}, Signals: sigs}
 	if o.stdin {
-		sio.Stdin = os.Stdin
+		c.Stdin = os.Stdin
 	}
+	// The terminal goes raw, and signals go to the process, once it runs:
+	// until then ^C ends kosa8.
+	var restore func()
 	if o.tty && isTerminal(os.Stdin) {
-		old, err := term.MakeRaw(int(os.Stdin.Fd()))
-		if err == nil {
-			defer term.Restore(int(os.Stdin.Fd()), old)
-		}
-		resize := make(chan guest.WindowSize, 1)
+		resize := make(chan sdk.WindowSize, 1)
 		winch := make(chan os.Signal, 1)
-		signal.Notify(winch, syscall.SIGWINCH)
 		defer signal.Stop(winch)
-		go func() {
-			for range winch {
-				if w, h, err := term.GetSize(int(termOut.Fd())); err == nil {
-					select {
-					case resize <- guest.WindowSize{Rows: uint16(h), Cols: uint16(w)}:
-					default:
+		c.Started = func(int) {
+			if old, err := term.MakeRaw(int(os.Stdin.Fd())); err == nil {
+				restore = func() { term.Restore(int(os.Stdin.Fd()), old) }
+			}
+			signal.Notify(winch, syscall.SIGWINCH)
+			go func() {
+				for range winch {
+					if w, h, err := term.GetSize(int(termOut.Fd())); err == nil {
+						select {
+						case resize <- sdk.WindowSize{Rows: uint16(h), Cols: uint16(w)}:
+						default:
+						}
 					}
 				}
-			}
-		}()
-		sio.Resize = resize
+			}()
+		}
+		c.Resize = resize
 	} else {
 		// Without a terminal, signals to kosa8 go to the process in the guest.
-		osig := make(chan os.Signal, 4)
-		signal.Notify(osig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
-		defer signal.Stop(osig)
-		go func() {
-			for s := range osig {
-				sigs <- byte(s.(syscall.Signal))
-			}
-		}()
+		defer signal.Stop(sigs)
+		c.Started = func(int) {
+			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+		}
 	}
-	return pumpExit(conn, sio)
+	res, err := s.Exec(ctx, c)
+	if restore != nil {
+		restore()
+	}
+	return execExit(res, err)
 }
 
-// pumpExit runs a guest process's streams to their end and returns its
-// exit status, or kosa8's own (exitKosa8) when the stream or the agent
-// failed.
-func pumpExit(conn io.ReadWriter, sio guest.StdIO) (int, error) {
-	st, err := guest.Pump(conn, sio)
+// execExit is a guest process's exit status, or kosa8's own (exitKosa8)
+// when it could not be run or followed, with the reason as the guest, the
+// supervisor or the stream gave it.
+func execExit(res *sdk.ExecResult, err error) (int, error) {
 	if err != nil {
-		return exitKosa8, err
+		return exitKosa8, supervisorErr(err)
 	}
-	if st.Error != "" {
-		return exitKosa8, errors.New(st.Error)
-	}
-	return st.Code, nil
+	return res.ExitCode, nil
 }
 
 // pipeWriter passes a guest process's output on. When the reader has gone
@@ -458,7 +457,7 @@ func pumpExit(conn io.ReadWriter, sio guest.StdIO) (int, error) {
 // is dropped.
 type pipeWriter struct {
 	w    io.Writer
-	sigs chan<- byte
+	sigs chan<- os.Signal
 
 	broken time.Time // when the pipe broke
 	sent   int       // escalation steps taken
@@ -475,7 +474,7 @@ func (p *pipeWriter) Write(b []byte) (int, error) {
 	steps := []syscall.Signal{syscall.SIGPIPE, syscall.SIGTERM, syscall.SIGKILL}
 	if p.sent < len(steps) && time.Since(p.broken) >= time.Duration(p.sent)*3*time.Second {
 		select {
-		case p.sigs <- byte(steps[p.sent]):
+		case p.sigs <- steps[p.sent]:
 			p.sent++
 		default:
 		}

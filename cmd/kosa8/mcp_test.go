@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/wsync"
 	"github.com/kosa8/kosa8/sdk"
 )
 
@@ -24,6 +28,13 @@ func mcpSession(t *testing.T) (*mcp.ClientSession, string) {
 	os.MkdirAll(dir, 0o700)
 	os.WriteFile(filepath.Join(dir, "sandbox.json"), []byte(`{"name":"s","cpus":2,"memory_mib":1024,"disk_gib":16}`), 0o600)
 	os.WriteFile(filepath.Join(dir, "state.json"), []byte(`{"state":"stopped"}`), 0o600)
+	return mcpSessionAt(t, home), dir
+}
+
+// mcpSessionAt connects an in-memory client to the server over the state
+// directory home.
+func mcpSessionAt(t *testing.T, home string) *mcp.ClientSession {
+	t.Helper()
 	c, err := sdk.New(sdk.WithHome(home))
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +53,7 @@ func mcpSession(t *testing.T) (*mcp.ClientSession, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cs.Close() })
-	return cs, dir
+	return cs
 }
 
 func textOf(res *mcp.CallToolResult) string {
@@ -97,6 +108,40 @@ func TestMCPTools(t *testing.T) {
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_create_or_pick", Arguments: map[string]any{"folder": "relative/dir"}})
 	if err != nil || !res.IsError || !strings.Contains(textOf(res), "absolute") {
 		t.Fatalf("relative folder: %v %+v", err, res)
+	}
+}
+
+// The checkpoint tools' answers pass their own output schemas (the MCP
+// SDK checks them): a checkpoint without disks, a rewind that saved no
+// state before it.
+func TestMCPCheckpointOutputs(t *testing.T) {
+	var saved *checkpoint.Meta
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/checkpoints", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(checkpoint.Meta{ID: "cp1", Kind: "manual"})
+	})
+	mux.HandleFunc("POST /v1/rewind", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(api.RewindResult{To: "cp1", Saved: saved, Conflicts: []wsync.Conflict{{Path: "a"}}})
+	})
+	sb := fakeRunning(t, "m", mux)
+	cs := mcpSessionAt(t, filepath.Dir(filepath.Dir(sb.Dir)))
+	ctx := context.Background()
+	for _, tc := range []struct {
+		tool  string
+		args  map[string]any
+		saved *checkpoint.Meta
+	}{
+		{"checkpoint", map[string]any{"sandbox": "m", "message": "x"}, nil},
+		{"rewind", map[string]any{"sandbox": "m", "id": "cp1"}, nil},
+		{"rewind", map[string]any{"sandbox": "m", "id": "cp1"}, &checkpoint.Meta{ID: "cp2", Kind: "pre-rewind"}},
+	} {
+		saved = tc.saved
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tc.tool, Arguments: tc.args})
+		if err != nil {
+			t.Errorf("%s (saved %v): %v", tc.tool, tc.saved, err)
+		} else if res.IsError {
+			t.Errorf("%s (saved %v): %s", tc.tool, tc.saved, textOf(res))
+		}
 	}
 }
 
