@@ -3,55 +3,15 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/guest"
-	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/wsync"
 )
-
-// runningFake makes a sandbox with a workspace that looks running (its
-// supervisor lock held) and serves h on its socket. The home is short:
-// unix socket names are at most 107 bytes.
-func runningFake(t *testing.T, name string, h http.Handler) (ws string) {
-	t.Helper()
-	home, err := os.MkdirTemp("", "k8d-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(home) })
-	t.Setenv("KOSA8_HOME", home)
-	t.Setenv("KOSA8_CONFIG", filepath.Join(home, "config"))
-	t.Setenv("KOSA8_CACHE", filepath.Join(home, "cache"))
-	ws = t.TempDir()
-	sb := fakeSandbox(t, home, name, ws, api.Status{State: api.Running})
-	lock, err := os.OpenFile(sb.Path("supervisor.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", sb.Path(sandbox.APISocket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close(); lock.Close() })
-	if !sb.Alive() {
-		t.Fatal("the fake sandbox does not look running")
-	}
-	return ws
-}
 
 // A hostile guest that swaps a small changed file for an endless one (a
 // link to /dev/zero, a growing file) after the sync listed it must not
@@ -106,7 +66,8 @@ func TestDiffBoundsTheSandboxCopy(t *testing.T) {
 		}
 		guest.WriteJSON(conn, guest.FrameExit, guest.ExitStatus{Code: 0, Signal: sig})
 	})
-	ws = runningFake(t, "dv", mux)
+	ws = t.TempDir()
+	fakeRunning(t, "dv", ws, mux)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

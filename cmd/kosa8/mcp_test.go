@@ -123,7 +123,7 @@ func TestMCPCheckpointOutputs(t *testing.T) {
 	mux.HandleFunc("POST /v1/rewind", func(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(api.RewindResult{To: "cp1", Saved: saved, Conflicts: []wsync.Conflict{{Path: "a"}}})
 	})
-	sb := fakeRunning(t, "m", mux)
+	sb := fakeRunning(t, "m", "", mux)
 	cs := mcpSessionAt(t, filepath.Dir(filepath.Dir(sb.Dir)))
 	ctx := context.Background()
 	for _, tc := range []struct {

@@ -24,9 +24,10 @@ import (
 )
 
 // fakeRunning makes a sandbox in a fresh home that looks running: its
-// supervisor lock held, mux serving its API socket. The home is short:
-// a unix socket's path is at most 107 bytes.
-func fakeRunning(t *testing.T, name string, mux http.Handler) *sandbox.Sandbox {
+// supervisor lock held, mux serving its API socket; ws is its workspace
+// folder ("" for none). The home is short: a unix socket's path is at most
+// 107 bytes.
+func fakeRunning(t *testing.T, name, ws string, mux http.Handler) *sandbox.Sandbox {
 	t.Helper()
 	home, err := os.MkdirTemp("", "k8c-")
 	if err != nil {
@@ -36,7 +37,7 @@ func fakeRunning(t *testing.T, name string, mux http.Handler) *sandbox.Sandbox {
 	t.Setenv("KOSA8_HOME", home)
 	t.Setenv("KOSA8_CONFIG", filepath.Join(home, "config"))
 	t.Setenv("KOSA8_CACHE", filepath.Join(home, "cache"))
-	sb := fakeSandbox(t, home, name, "", api.Status{State: api.Running})
+	sb := fakeSandbox(t, home, name, ws, api.Status{State: api.Running})
 	lock, err := os.OpenFile(sb.Path("supervisor.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +52,9 @@ func fakeRunning(t *testing.T, name string, mux http.Handler) *sandbox.Sandbox {
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close(); lock.Close() })
+	if !sb.Alive() {
+		t.Fatal("the fake sandbox does not look running")
+	}
 	return sb
 }
 
@@ -126,7 +130,7 @@ func TestCheckpointAndRewindOutput(t *testing.T) {
 		}
 		json.NewEncoder(w).Encode(rw)
 	})
-	sb := fakeRunning(t, "cp", mux)
+	sb := fakeRunning(t, "cp", "", mux)
 	rawTerminal(t) // the progress line
 	store := sb.Checkpoints()
 	tmp, err := store.Begin(id)
@@ -255,7 +259,7 @@ func fakeExec(t *testing.T) http.HandlerFunc {
 func TestExecExitCodesAndErrors(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/exec", fakeExec(t))
-	fakeRunning(t, "ex", mux)
+	fakeRunning(t, "ex", "", mux)
 	outFile := rawTerminal(t)
 	for _, tc := range []struct {
 		argv   []string
@@ -313,7 +317,7 @@ func TestExecExitCodesAndErrors(t *testing.T) {
 func TestExecWith(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/exec", fakeExec(t))
-	sb := fakeRunning(t, "bx", mux)
+	sb := fakeRunning(t, "bx", "", mux)
 	var out strings.Builder
 	code, err := execCapture(t.Context(), sb, []string{"env"}, "root", &out, &out)
 	if code != 0 || err != nil || out.String() != "tty=false  dir=/root\n" {
