@@ -151,7 +151,6 @@ func (s Store) Lookup(r Recipe) (*Image, error) {
 	return nil, fmt.Errorf("%w for %s: run '%s'", ErrNoImage, r.Arch, vmspec.SetupCommand(r.Arch))
 }
 
-
 // Open reads the image in dir.
 func (s Store) Open(dir string) (*Image, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
