@@ -530,6 +530,43 @@ func TestMemoryWaitsForACheckpoint(t *testing.T) {
 	}
 }
 
+// A memory client that stops reading loses its stream after
+// memoryStallTimeout: it held cpMu and the paused machine as long as it
+// liked, so a checkpoint, a rewind and the stop of 'kosa8 pause' (which
+// takes cpMu) waited on it.
+func TestMemoryClientThatStopsReadingIsCut(t *testing.T) {
+	s, m, _ := fakeSupervisor(t)
+	defer func(d time.Duration) { memoryStallTimeout = d }(memoryStallTimeout)
+	memoryStallTimeout = 200 * time.Millisecond
+	serveFakeAPI(t, s)
+	c, err := net.Dial("unix", s.sb.Path(sandbox.APISocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Asks for the RAM (2 MiB, more than the socket holds) and reads none of it.
+	if _, err := io.WriteString(c, "GET /v1/debug/memory HTTP/1.1\r\nHost: kosa8\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the memory route paused the machine", m.Paused)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.checkpoint(context.Background(), "after a stalled memory read", "manual")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("checkpoint after the memory client stalled: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a checkpoint still waits 10s after the memory client stopped reading")
+	}
+	if m.Paused() {
+		t.Error("the machine stays paused")
+	}
+}
+
 // readAt is n bytes of f at off.
 func readAt(t *testing.T, f *os.File, off int64, n int) []byte {
 	t.Helper()
