@@ -112,6 +112,10 @@ func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
 //
 //	missing  is not found: the agent's error, exit code 127, no process
 //	yes      writes "y\n" to stdout until it gets a signal
+//	deaf     writes "y\n" to stdout until its stream breaks, and never
+//	         reads the stream (a hostile guest; as well an agent whose
+//	         process does not read its stdin): what the host sends
+//	         fills the stream's window
 //	others   write their arguments, one line, and then their stdin to
 //	         stdout and "stderr\n" to stderr; they exit when stdin ends,
 //	         with the number in their EXIT environment entry (0 without)
@@ -142,6 +146,11 @@ func (g *fakeGuest) exec(s net.Conn, req *guest.ExecRequest) {
 		if v, ok := strings.CutPrefix(e, "EXIT="); ok {
 			code, _ = strconv.Atoi(v)
 		}
+	}
+	if req.Argv[0] == "deaf" {
+		for guest.WriteFrame(s, guest.FrameStdout, []byte("y\n")) == nil {
+		}
+		return
 	}
 	stop := make(chan struct{})
 	defer close(stop)

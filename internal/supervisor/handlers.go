@@ -437,6 +437,11 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// hangupTimeout bounds the send of SIGHUP to a process whose client went
+// away: a guest that stops reading its stream (with its window full) must
+// not keep the handler, the stream and the client's connection forever.
+const hangupTimeout = 5 * time.Second
+
 type spliceEnd int
 
 const (
@@ -518,7 +523,7 @@ func spliceExec(conn net.Conn, stream net.Conn, toGuest *switchWriter) spliceEnd
 				// The CLI went away with output on its way to it: the
 				// same hangup as below, or the process runs on unseen.
 				if !last {
-					_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
+					hangup(stream)
 				}
 				res <- result{end: spliceDone}
 				return
@@ -537,8 +542,15 @@ func spliceExec(conn net.Conn, stream net.Conn, toGuest *switchWriter) spliceEnd
 		case r := <-res:
 			return r.end
 		case <-time.After(100 * time.Millisecond):
-			_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
+			hangup(stream)
 			return spliceDone
 		}
 	}
+}
+
+// hangup sends the process on stream SIGHUP, within hangupTimeout; the
+// stream is done with after it.
+func hangup(stream net.Conn) {
+	_ = stream.SetWriteDeadline(time.Now().Add(hangupTimeout))
+	_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
 }
