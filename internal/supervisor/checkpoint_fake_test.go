@@ -112,6 +112,10 @@ func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
 //
 //	missing  is not found: the agent's error, exit code 127, no process
 //	yes      writes "y\n" to stdout until it gets a signal
+//	deaf     writes "y\n" to stdout until its stream breaks, and never
+//	         reads the stream (a hostile guest; as well an agent whose
+//	         process does not read its stdin): what the host sends
+//	         fills the stream's window
 //	others   write their arguments, one line, and then their stdin to
 //	         stdout and "stderr\n" to stderr; they exit when stdin ends,
 //	         with the number in their EXIT environment entry (0 without)
@@ -142,6 +146,11 @@ func (g *fakeGuest) exec(s net.Conn, req *guest.ExecRequest) {
 		if v, ok := strings.CutPrefix(e, "EXIT="); ok {
 			code, _ = strconv.Atoi(v)
 		}
+	}
+	if req.Argv[0] == "deaf" {
+		for guest.WriteFrame(s, guest.FrameStdout, []byte("y\n")) == nil {
+		}
+		return
 	}
 	stop := make(chan struct{})
 	defer close(stop)
@@ -527,6 +536,43 @@ func TestMemoryWaitsForACheckpoint(t *testing.T) {
 	}
 	if got := m.CallNames()[n:]; !slices.Equal(got, []string{"Pause", "Resume"}) || m.Paused() {
 		t.Errorf("memory route calls %v, paused %v; want Pause, Resume and a running machine", got, m.Paused())
+	}
+}
+
+// A memory client that stops reading loses its stream after
+// memoryStallTimeout: it held cpMu and the paused machine as long as it
+// liked, so a checkpoint, a rewind and the stop of 'kosa8 pause' (which
+// takes cpMu) waited on it.
+func TestMemoryClientThatStopsReadingIsCut(t *testing.T) {
+	s, m, _ := fakeSupervisor(t)
+	defer func(d time.Duration) { memoryStallTimeout = d }(memoryStallTimeout)
+	memoryStallTimeout = 200 * time.Millisecond
+	serveFakeAPI(t, s)
+	c, err := net.Dial("unix", s.sb.Path(sandbox.APISocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Asks for the RAM (2 MiB, more than the socket holds) and reads none of it.
+	if _, err := io.WriteString(c, "GET /v1/debug/memory HTTP/1.1\r\nHost: kosa8\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the memory route paused the machine", m.Paused)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.checkpoint(context.Background(), "after a stalled memory read", "manual")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("checkpoint after the memory client stalled: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a checkpoint still waits 10s after the memory client stopped reading")
+	}
+	if m.Paused() {
+		t.Error("the machine stays paused")
 	}
 }
 

@@ -255,6 +255,11 @@ func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, wh
 	writeJSON(w, http.StatusOK, api.SyncResponse{Done: done})
 }
 
+// memoryStallTimeout cuts a memory stream whose client stops reading: the
+// machine stays paused and cpMu held (checkpoints, rewinds and a pause
+// wait) until the stream ends.
+var memoryStallTimeout = 30 * time.Second
+
 // handleMemory streams the guest's RAM, paused for a consistent image:
 // the proof that no secret is inside is a scan of it. The API socket is
 // the sandbox owner's alone.
@@ -281,7 +286,21 @@ func (s *supervisor) handleMemory(w http.ResponseWriter, r *http.Request) {
 	defer m.Resume(context.Background())
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(st.Size(), 10))
-	_, _ = io.Copy(w, io.NewSectionReader(ram, 0, st.Size()))
+	rc := http.NewResponseController(w)
+	defer rc.SetWriteDeadline(time.Time{}) // not on the connection's next request
+	_, _ = io.Copy(stallWriter{w: w, rc: rc}, io.NewSectionReader(ram, 0, st.Size()))
+}
+
+// stallWriter fails a write its client has not taken within
+// memoryStallTimeout.
+type stallWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (s stallWriter) Write(p []byte) (int, error) {
+	_ = s.rc.SetWriteDeadline(time.Now().Add(memoryStallTimeout))
+	return s.w.Write(p)
 }
 
 // handlePlainMigrate pauses the VM, migrates it whole (RAM in the stream)
@@ -418,6 +437,11 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// hangupTimeout bounds the send of SIGHUP to a process whose client went
+// away: a guest that stops reading its stream (with its window full) must
+// not keep the handler, the stream and the client's connection forever.
+const hangupTimeout = 5 * time.Second
+
 type spliceEnd int
 
 const (
@@ -499,7 +523,7 @@ func spliceExec(conn net.Conn, stream net.Conn, toGuest *switchWriter) spliceEnd
 				// The CLI went away with output on its way to it: the
 				// same hangup as below, or the process runs on unseen.
 				if !last {
-					_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
+					hangup(stream)
 				}
 				res <- result{end: spliceDone}
 				return
@@ -518,8 +542,15 @@ func spliceExec(conn net.Conn, stream net.Conn, toGuest *switchWriter) spliceEnd
 		case r := <-res:
 			return r.end
 		case <-time.After(100 * time.Millisecond):
-			_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
+			hangup(stream)
 			return spliceDone
 		}
 	}
+}
+
+// hangup sends the process on stream SIGHUP, within hangupTimeout; the
+// stream is done with after it.
+func hangup(stream net.Conn) {
+	_ = stream.SetWriteDeadline(time.Now().Add(hangupTimeout))
+	_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
 }

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -190,5 +193,67 @@ func TestAPIExecOnAFakeMachine(t *testing.T) {
 				t.Errorf("%s got signal %v, want SIGHUP", prog, sig)
 			}
 		})
+	}
+}
+
+// A guest that stops reading its exec stream once the host has filled its
+// window (here with stdin the client sent) cannot keep the exec handler:
+// the hangup sent when the client goes away gives up after
+// hangupTimeout, and the handler ends, closing the guest's stream.
+func TestAPIExecClientGoneFromADeafGuest(t *testing.T) {
+	r := newFakeRig(t, false)
+	s := r.s
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.routes()
+	ended := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		if r.URL.Path == "/v1/exec" {
+			close(ended)
+		}
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := api.NewClient(sock).Exec(ctx, &guest.ExecRequest{Argv: []string{"deaf"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := guest.ReadFrame(conn); err != nil {
+		t.Fatalf("first frame: %v", err)
+	}
+	// More input than the stream's window and the sockets on the way
+	// hold: the writes stop going through.
+	var sent atomic.Int64
+	go func() {
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		for range 256 {
+			if guest.WriteFrame(conn, guest.FrameStdin, chunk) != nil {
+				return
+			}
+			sent.Add(1)
+		}
+	}()
+	for last := int64(-1); ; {
+		time.Sleep(300 * time.Millisecond)
+		n := sent.Load()
+		if n == 256 {
+			t.Fatal("16 MiB of input went through a guest that reads none")
+		}
+		if n == last {
+			break
+		}
+		last = n
+	}
+	conn.Close()
+	select {
+	case <-ended:
+	case <-time.After(hangupTimeout + 10*time.Second):
+		t.Fatalf("the exec handler still runs %v after its client went away", hangupTimeout+10*time.Second)
 	}
 }

@@ -356,6 +356,28 @@ func TestAPIPauseWhileStopping(t *testing.T) {
 	}
 }
 
+// A stop that does not come through the API (the machine exited: a guest
+// can power itself off; the supervisor was signalled) leaves Supervise's
+// loop without a request: a pause asked for after it is refused at once
+// too, and one handed over just before, which the loop did not take, is
+// answered that the sandbox stopped rather than left waiting.
+func TestAPIPauseAfterTheMachineExited(t *testing.T) {
+	t.Run("taken before the loop ended", func(t *testing.T) {
+		s, _, _ := fakeSupervisor(t)
+		pause := answerLater(s.routes(), "POST", "/v1/pause", "")
+		waitFor(t, "the pause handed over", func() bool { return len(s.stop) == 1 })
+		s.closeStop(false) // the loop ended on the machine's exit
+		rec := answered(t, "POST /v1/pause", pause)
+		wantAPIError(t, "POST /v1/pause as the machine exited", rec.Code, rec.Body.String(), http.StatusInternalServerError, "stopped before")
+	})
+	t.Run("asked for after", func(t *testing.T) {
+		s, _, _ := fakeSupervisor(t)
+		s.closeStop(false)
+		code, body := apiCallWithin(t, s.routes(), "POST", "/v1/pause")
+		wantAPIError(t, "POST /v1/pause after the machine exited", code, body, http.StatusConflict, "already stopping")
+	})
+}
+
 // apiCallWithin is apiCall for a route that might never answer: it fails
 // the test after a deadline instead of hanging it.
 func apiCallWithin(t *testing.T, h http.Handler, method, path string) (int, string) {

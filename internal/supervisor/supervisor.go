@@ -171,12 +171,13 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 
 	var req stopRequest
 	var exitErr error
-	exited := false
+	exited, took := false, false
 wait:
 	for {
 		m := s.currentMachine()
 		select {
 		case req = <-s.stop:
+			took = true
 			break wait
 		case <-ctx.Done():
 			log.Info("signalled: stopping")
@@ -200,6 +201,7 @@ wait:
 			break wait
 		}
 	}
+	s.closeStop(took)
 	if req.pause {
 		// Written out: the next start resumes it.
 		s.cpMu.Lock()
@@ -496,11 +498,29 @@ func within(ctx context.Context, f func(context.Context) error) error {
 }
 
 // requestStop hands req to Supervise, which takes one request: it reports
-// false, and drops req, when a stop or pause was asked for already.
+// false, and drops req, when a stop or pause was asked for already, or
+// the sandbox is stopping without one (closeStop).
 func (s *supervisor) requestStop(req stopRequest) bool {
 	taken := false
 	s.stopOnce.Do(func() { s.stop <- req; taken = true })
 	return taken
+}
+
+// closeStop is called once Supervise's loop has ended; took says whether
+// on a request. Later requests are refused (requestStop reports false);
+// a pause handed over as the loop ended another way is not carried out.
+func (s *supervisor) closeStop(took bool) {
+	s.stopOnce.Do(func() {})
+	if took {
+		return // requestStop sends once: nothing else is on its way
+	}
+	select {
+	case late := <-s.stop:
+		if late.done != nil {
+			late.done <- errors.New("the sandbox stopped before it could be paused")
+		}
+	default:
+	}
 }
 
 // logWriter turns QEMU's output into log lines.
