@@ -116,6 +116,7 @@ func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
 //	         reads the stream (a hostile guest; as well an agent whose
 //	         process does not read its stdin): what the host sends
 //	         fills the stream's window
+//	badid    answers an id that is not a token (a hostile guest)
 //	others   write their arguments, one line, and then their stdin to
 //	         stdout and "stderr\n" to stderr; they exit when stdin ends,
 //	         with the number in their EXIT environment entry (0 without)
@@ -137,6 +138,10 @@ func (g *fakeGuest) exec(s net.Conn, req *guest.ExecRequest) {
 	id := req.ID
 	if id == "" {
 		id = fmt.Sprintf("fake-%d", n)
+	}
+	if req.Argv[0] == "badid" {
+		// A hostile guest's id: a header line of its own.
+		id = "x\r\nKosa8-Exec-Pid: 1"
 	}
 	if guest.WriteJSON(s, guest.FrameResponse, guest.Response{ID: id, Pid: 1000 + n}) != nil {
 		return

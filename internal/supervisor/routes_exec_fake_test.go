@@ -150,6 +150,8 @@ func TestAPIExecOnAFakeMachine(t *testing.T) {
 			{"no command", `{"argv":[]}`, true, "no command"},
 			{"an empty command", `{"argv":[""]}`, true, "no command"},
 			{"an environment entry without =", `{"argv":["echo"],"env":["NOEQUALS"]}`, true, "KEY=VALUE"},
+			{"an id with a line break", `{"argv":["echo"],"id":"a\r\nX: y"}`, true, "an id is"},
+			{"an id too long", `{"argv":["echo"],"id":"` + strings.Repeat("a", 65) + `"}`, true, "an id is"},
 		} {
 			req := httptest.NewRequest(http.MethodPost, "/v1/exec", strings.NewReader(tc.body))
 			if tc.upgrade {
@@ -162,6 +164,18 @@ func TestAPIExecOnAFakeMachine(t *testing.T) {
 		}
 		if n := len(g.Execs()); n != before {
 			t.Errorf("refused requests reached the guest: %d execs, %d before", n, before)
+		}
+	})
+
+	t.Run("a guest's exec id that is not a token", func(t *testing.T) {
+		// Written into the 101's header lines, it would be more headers.
+		conn, err := c.Exec(ctx, &guest.ExecRequest{Argv: []string{"badid"}})
+		if err == nil {
+			conn.Close()
+			t.Fatalf("exec answered with id %q pid %q, want a refusal", conn.ID, conn.Pid)
+		}
+		if !strings.Contains(err.Error(), "not a plain token") {
+			t.Errorf("exec with a guest's bad id: %v", err)
 		}
 	})
 
