@@ -837,3 +837,49 @@ func TestLaunchFallsBackToTCG(t *testing.T) {
 		})
 	}
 }
+
+// A checkpoint of two disks records the new layers once, and a snapshot
+// that fails after another succeeded still records the one made: the
+// machine resumes writing to it, and a later start must too.
+func TestCheckpointRecordsTheDiskLayersMade(t *testing.T) {
+	s, m, _ := fakeSupervisor(t)
+	before := s.sb.ActiveDisks()
+	before["ws"] = checkpoint.Disk{Path: sandbox.WorkspaceDisk, Format: "raw"}
+	if err := s.sb.SaveActiveDisks(before); err != nil {
+		t.Fatal(err)
+	}
+	injected := errors.New("injected: the second snapshot fails")
+	m.FailLater("SnapshotDisk", 1, injected)
+	if _, err := s.checkpoint(context.Background(), "half", "manual"); !errors.Is(err, injected) {
+		t.Fatalf("checkpoint: %v, want the injected failure", err)
+	}
+	after := s.sb.ActiveDisks()
+	made := 0
+	for id, was := range before {
+		now, at := after[id], m.Disk(id)
+		switch {
+		case at == "":
+			if now != was {
+				t.Errorf("disk %s was not snapshotted, yet its layer moved from %q to %q", id, was.Path, now.Path)
+			}
+		case s.sb.Path(now.Path) != at:
+			t.Errorf("disk %s: the machine writes to %q, the record says %q", id, at, now.Path)
+		default:
+			made++
+		}
+	}
+	if made != 1 || m.Paused() {
+		t.Errorf("%d layers made (want 1); machine paused %v", made, m.Paused())
+	}
+
+	// Both succeed: both recorded.
+	if _, err := s.checkpoint(context.Background(), "whole", "manual"); err != nil {
+		t.Fatal(err)
+	}
+	after = s.sb.ActiveDisks()
+	for id := range before {
+		if at := m.Disk(id); at == "" || s.sb.Path(after[id].Path) != at {
+			t.Errorf("disk %s: the machine writes to %q, the record says %q", id, at, after[id].Path)
+		}
+	}
+}

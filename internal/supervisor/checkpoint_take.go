@@ -261,19 +261,29 @@ func (j *cpJob) snapshotDisks(ctx context.Context) error {
 	if err := os.MkdirAll(sb.Path(sandbox.DisksDir), 0o700); err != nil {
 		return err
 	}
+	// One record of the layers made, written once (a write and an fsync
+	// each, in the pause): the machine is paused throughout, so no guest
+	// write reaches a new layer before the record names it. After a
+	// failure the layers made before it are recorded too, as the machine
+	// resumes writing to them.
+	cur := sb.ActiveDisks()
+	var serr error
 	for diskID := range frozen {
 		overlay := sandbox.Overlay(dl, j.id, diskID)
 		sctx, cancel := withTimeout(ctx, vmCallTimeout)
 		err := j.m.SnapshotDisk(sctx, diskID, sb.Path(overlay.Path))
 		cancel()
 		if err != nil {
-			return fmt.Errorf("snapshot disk %s: %w", diskID, err)
+			serr = fmt.Errorf("snapshot disk %s: %w", diskID, err)
+			break
 		}
-		cur := sb.ActiveDisks()
 		cur[diskID] = overlay
-		if err := sb.SaveActiveDisks(cur); err != nil {
-			return err
-		}
+	}
+	if err := sb.SaveActiveDisks(cur); err != nil {
+		return errors.Join(serr, err)
+	}
+	if serr != nil {
+		return serr
 	}
 	j.tDisks = time.Now()
 	j.meta = &checkpoint.Meta{

@@ -184,6 +184,7 @@ type Machine struct {
 	paused  bool
 	state   string
 	fail    map[string]error
+	later   map[string]failLater
 	disks   map[string]string // disk id → the overlay new writes go to
 	devices int               // how many device states were saved
 
@@ -254,12 +255,39 @@ func (m *Machine) Fail(method string, err error) {
 	m.mu.Unlock()
 }
 
-// record notes a call and returns the error Fail arranged for it, if any.
+// failLater is a failure FailLater arranged.
+type failLater struct {
+	skip int
+	err  error
+}
+
+// FailLater makes the call of method after the next skip calls of it
+// fail with err, once.
+func (m *Machine) FailLater(method string, skip int, err error) {
+	m.mu.Lock()
+	if m.later == nil {
+		m.later = map[string]failLater{}
+	}
+	m.later[method] = failLater{skip, err}
+	m.mu.Unlock()
+}
+
+// record notes a call and returns the error Fail or FailLater arranged
+// for it, if any.
 func (m *Machine) record(name, arg string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	err := m.fail[name]
 	delete(m.fail, name)
+	if l, ok := m.later[name]; ok {
+		if l.skip == 0 {
+			err = l.err
+			delete(m.later, name)
+		} else {
+			l.skip--
+			m.later[name] = l
+		}
+	}
 	if err == nil && m.exited() && name != "Kill" {
 		err = errors.New("vmmtest: the machine has exited")
 	}
