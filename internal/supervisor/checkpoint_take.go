@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"time"
@@ -30,7 +32,7 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 	defer cancel()
 	j := &cpJob{s: s, message: message, kind: kind, final: final, start: time.Now()}
 	defer func() { err = j.undo.run(err) }()
-	steps := []cpStep{
+	steps := []step{
 		{"begin", j.begin},
 		{"quiesce", j.quiesce},
 		{"open files", j.openFiles},
@@ -39,28 +41,41 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 		{"save devices", j.saveDevices},
 	}
 	if final {
-		steps = append(steps, cpStep{"hand over", j.handOver})
+		steps = append(steps, step{"hand over", j.handOver})
 	} else {
 		steps = append(steps,
-			cpStep{"save RAM", j.saveRAM},
-			cpStep{"resume", j.resume},
-			cpStep{"free holes", j.freeHoles},
-			cpStep{"commit", j.commitStep},
+			step{"save RAM", j.saveRAM},
+			step{"resume", j.resume},
+			step{"free holes", j.freeHoles},
+			step{"commit", j.commitStep},
 		)
 	}
-	for _, st := range steps {
-		if err := st.run(ctx); err != nil {
-			s.log.Debug("checkpoint step failed", "step", st.name, "err", err)
-			return nil, nil, err
-		}
+	if err := runSteps(ctx, s.log, "checkpoint", steps, nil); err != nil {
+		return nil, nil, err
 	}
 	return j.meta, j.finish, nil
 }
 
-// cpStep is one named step of a checkpoint.
-type cpStep struct {
+// step is one named step of a job (a checkpoint, a start).
+type step struct {
 	name string
 	run  func(context.Context) error
+}
+
+// runSteps runs steps in order until one fails; done, if set, is told
+// each step's time once it has run.
+func runSteps(ctx context.Context, log *slog.Logger, job string, steps []step, done func(name string, ms float64)) error {
+	for _, st := range steps {
+		t := time.Now()
+		if err := st.run(ctx); err != nil {
+			log.Debug(job+" step failed", "step", st.name, "err", err)
+			return err
+		}
+		if done != nil {
+			done(st.name, msSince(t))
+		}
+	}
+	return nil
 }
 
 // undoStack holds what gives back what a job took. Each function gets the
@@ -266,7 +281,7 @@ func (j *cpJob) snapshotDisks(ctx context.Context) error {
 	// write reaches a new layer before the record names it. After a
 	// failure the layers made before it are recorded too, as the machine
 	// resumes writing to them.
-	cur := sb.ActiveDisks()
+	cur := maps.Clone(frozen)
 	var serr error
 	for diskID := range frozen {
 		overlay := sandbox.Overlay(dl, j.id, diskID)

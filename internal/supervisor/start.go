@@ -30,7 +30,7 @@ import (
 // beyond the guest's own boot goes.
 func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (*http.Server, error) {
 	j := &startJob{s: s, m: m, o: o}
-	err := j.run(ctx, []startStep{
+	err := j.run(ctx, []step{
 		{"image", j.image},
 		{"driver", j.driver},
 		{"network", j.network},
@@ -45,7 +45,7 @@ func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (
 }
 
 // run runs steps in order, within the boot timeout.
-func (j *startJob) run(ctx context.Context, steps []startStep) (err error) {
+func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 	s := j.s
 	ctx, cancel := context.WithTimeout(ctx, j.o.BootTimeout)
 	defer cancel()
@@ -61,21 +61,7 @@ func (j *startJob) run(ctx context.Context, steps []startStep) (err error) {
 			st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
 		})
 	}()
-	for _, st := range steps {
-		t := time.Now()
-		if err := st.run(ctx); err != nil {
-			s.log.Debug("start step failed", "step", st.name, "err", err)
-			return err
-		}
-		times = append(times, st.name+"_ms", msSince(t))
-	}
-	return nil
-}
-
-// startStep is one named step of a start.
-type startStep struct {
-	name string
-	run  func(context.Context) error
+	return runSteps(ctx, s.log, "start", steps, func(name string, ms float64) { times = append(times, name+"_ms", ms) })
 }
 
 // startJob is one start under way.

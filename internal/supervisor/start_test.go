@@ -43,8 +43,8 @@ func newStartJob(t *testing.T) (*startJob, *vmmtest.Driver) {
 
 // The steps a start runs after the image and driver (which need a built
 // image): each test below ends the same way or with a failure after them.
-func (j *startJob) fakeSteps() []startStep {
-	return []startStep{
+func (j *startJob) fakeSteps() []step {
+	return []step{
 		{"network", j.network},
 		{"machine", j.machine},
 		{"ports", j.ports},
@@ -107,7 +107,7 @@ func TestStartUndoesWhatItTookOnFailure(t *testing.T) {
 		t.Run("failure after "+steps[k].name, func(t *testing.T) {
 			j, drv := start(t)
 			s := j.s
-			run := append(j.fakeSteps()[:k+1], startStep{"fail", func(context.Context) error { return injected }})
+			run := append(j.fakeSteps()[:k+1], step{"fail", func(context.Context) error { return injected }})
 			if err := j.run(context.Background(), run); !errors.Is(err, injected) {
 				t.Fatalf("start: %v, want the injected failure", err)
 			}
