@@ -2,6 +2,7 @@ package guest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"time"
@@ -140,7 +141,26 @@ func (r *ExecRequest) Validate() error {
 			return fmt.Errorf("exec: environment entry %q is not KEY=VALUE", e)
 		}
 	}
+	if r.ID != "" && !ValidExecID(r.ID) {
+		return errors.New("exec: an id is 1 to 64 letters, digits, '-', '_' or '.'")
+	}
 	return nil
+}
+
+// ValidExecID reports whether id can name an exec: 1 to 64 letters,
+// digits, '-', '_' or '.' (the agent makes 16 hex digits; a client may
+// pick its own). The supervisor writes it into a header line, so a
+// guest's answer is held to this too.
+func ValidExecID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 func validEnv(e string) bool {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -111,13 +112,14 @@ func FuzzReadControl(f *testing.F) {
 }
 
 func TestExecRequestValidate(t *testing.T) {
-	bad := []ExecRequest{{}, {Argv: []string{""}}, {Argv: []string{"x"}, Env: []string{"NOEQUALS"}}, {Argv: []string{"x"}, Env: []string{"=v"}}, {Argv: []string{"x"}, Env: []string{"A\x00B=c"}}}
+	bad := []ExecRequest{{}, {Argv: []string{""}}, {Argv: []string{"x"}, Env: []string{"NOEQUALS"}}, {Argv: []string{"x"}, Env: []string{"=v"}}, {Argv: []string{"x"}, Env: []string{"A\x00B=c"}},
+		{Argv: []string{"x"}, ID: "a\r\nX: y"}, {Argv: []string{"x"}, ID: strings.Repeat("a", 65)}, {Argv: []string{"x"}, ID: "a b"}}
 	for _, r := range bad {
 		if r.Validate() == nil {
 			t.Errorf("accepted %+v", r)
 		}
 	}
-	good := ExecRequest{Argv: []string{"ls"}, Env: []string{"A=", "B=c=d"}}
+	good := ExecRequest{Argv: []string{"ls"}, Env: []string{"A=", "B=c=d"}, ID: "0123abcdEF-_." + strings.Repeat("a", 51)}
 	if err := good.Validate(); err != nil {
 		t.Error(err)
 	}

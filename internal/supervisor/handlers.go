@@ -364,10 +364,6 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: "bad exec request: " + err.Error()})
 		return
 	}
-	if req.ID != "" && !execIDToken(req.ID) {
-		writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: "bad exec request: an id is 1 to 64 letters, digits, '-', '_' or '.'"})
-		return
-	}
 	base, err := s.sb.GuestEnv()
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, api.ErrorResponse{Error: err.Error()})
@@ -393,7 +389,7 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer stream.Close()
-	if !execIDToken(resp.ID) {
+	if !guest.ValidExecID(resp.ID) {
 		// The guest's words go into a header line: no CR, LF or other
 		// bytes a client's parser would read as more than the id.
 		writeJSON(w, http.StatusBadGateway, api.ExecErrorResponse{Error: "the guest answered an exec id that is not a plain token"})
@@ -563,19 +559,4 @@ func spliceExec(conn net.Conn, stream net.Conn, toGuest *switchWriter) spliceEnd
 func hangup(stream net.Conn) {
 	_ = stream.SetWriteDeadline(time.Now().Add(hangupTimeout))
 	_ = guest.WriteFrame(stream, guest.FrameSignal, []byte{byte(syscall.SIGHUP)})
-}
-
-// execIDToken reports whether id, an exec's id as the guest answered it,
-// is 1 to 64 letters, digits, '-', '_' or '.' (the agent makes 16 hex
-// digits; a client may pick its own).
-func execIDToken(id string) bool {
-	if id == "" || len(id) > 64 {
-		return false
-	}
-	for _, c := range []byte(id) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return false
-		}
-	}
-	return true
 }
