@@ -36,14 +36,15 @@ func plainMigrate(name string) api.PlainMigrate {
 }
 
 type cpOut struct {
-	ID             string  `json:"id"`
-	PauseMillis    float64 `json:"pause_ms"`
-	TotalMillis    float64 `json:"total_ms"`
-	RAMBytes       int64   `json:"ram_bytes"`
-	Incremental    bool    `json:"incremental"`
-	RAMCopiedBytes int64   `json:"ram_copied_bytes"`
-	FullCopyReason string  `json:"full_copy_reason"`
-	Verify         string  `json:"verify"`
+	ID             string             `json:"id"`
+	PauseMillis    float64            `json:"pause_ms"`
+	TotalMillis    float64            `json:"total_ms"`
+	PauseSteps     map[string]float64 `json:"pause_steps_ms"`
+	RAMBytes       int64              `json:"ram_bytes"`
+	Incremental    bool               `json:"incremental"`
+	RAMCopiedBytes int64              `json:"ram_copied_bytes"`
+	FullCopyReason string             `json:"full_copy_reason"`
+	Verify         string             `json:"verify"`
 }
 
 type rwOut struct {
@@ -75,7 +76,18 @@ func (c cpOut) how() string {
 	if c.Verify != "" {
 		s += ", verifier: " + c.Verify
 	}
-	return s
+	return s + "; " + c.steps()
+}
+
+// steps is where the pause went.
+func (c cpOut) steps() string {
+	var parts []string
+	for _, k := range []string{"stop", "disks", "devices", "ram", "resume"} {
+		if ms, ok := c.PauseSteps[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, ms))
+		}
+	}
+	return "pause: " + strings.Join(parts, ", ") + " ms"
 }
 
 // benchCPIncremental: a 2 GiB guest, about half touched, checkpointed,
@@ -115,7 +127,7 @@ func benchCPIncremental() []row {
 			kosa8("rm", "-f", name)
 			continue
 		}
-		var pauses []float64
+		var pauses, disks []float64
 		full := 0
 		reasons := map[string]int{}
 		for i := 0; i < 10; i++ {
@@ -124,13 +136,15 @@ func benchCPIncremental() []row {
 			var c cpOut
 			kosa8JSON(&c, "checkpoint", name, "--json")
 			pauses = append(pauses, c.PauseMillis)
+			disks = append(disks, c.PauseSteps["disks"])
 			if !c.Incremental {
 				full++
 				reasons[c.FullCopyReason]++
 			}
 		}
 		slices.Sort(pauses)
-		note := fmt.Sprintf("each after 4 MiB written, 1 s apart; %d full copies", full)
+		slices.Sort(disks)
+		note := fmt.Sprintf("each after 4 MiB written, 1 s apart; disk snapshots %.0f / %.0f / %.0f ms; %d full copies", disks[0], (disks[4]+disks[5])/2, disks[9], full)
 		for r, n := range reasons {
 			note += fmt.Sprintf(" (%dx %s)", n, r)
 		}
@@ -184,7 +198,7 @@ func benchCPSizes() []row {
 		kosa8JSON(&prepared, "rewind", name, cp.ID, "--json")
 		rows = append(rows,
 			row{c.label + ": plain QEMU migrate, pause", fmt.Sprintf("%.0f ms", base.PauseMillis), accel, fmt.Sprintf("baseline; %d MiB stream", base.Bytes>>20)},
-			row{c.label + ": kosa8 checkpoint, pause", fmt.Sprintf("%.0f ms", cp.PauseMillis), accel, fmt.Sprintf("%.1fx less than plain migrate; %d MiB of RAM copied", base.PauseMillis/cp.PauseMillis, cp.RAMBytes>>20)},
+			row{c.label + ": kosa8 checkpoint, pause", fmt.Sprintf("%.0f ms", cp.PauseMillis), accel, fmt.Sprintf("%.1fx less than plain migrate; %d MiB of RAM copied; %s", base.PauseMillis/cp.PauseMillis, cp.RAMBytes>>20, cp.steps())},
 			row{c.label + ": kosa8 checkpoint, total", fmt.Sprintf("%.0f ms", cp.TotalMillis), accel, ""},
 			row{c.label + ": kosa8 rewind, restore to running, RAM copied", fmt.Sprintf("%.0f ms", copied.Millis-copied.Saved.TotalMillis), accel,
 				fmt.Sprintf("to an older checkpoint: its RAM copied over the RAM kept ready for the last one; after saving the state before (%.0f ms)", copied.Saved.TotalMillis)},

@@ -47,9 +47,11 @@ type Checkpoint struct {
 	DeviceBytes int64 `json:"device_bytes"`
 	DiskBytes   int64 `json:"disk_bytes,omitempty"`
 	// PauseMillis is how long the guest was paused; TotalMillis the whole
-	// checkpoint.
-	PauseMillis float64 `json:"pause_ms"`
-	TotalMillis float64 `json:"total_ms"`
+	// checkpoint. PauseSteps is where the pause went, in ms: stop, disks
+	// (their snapshots), devices (their state), ram (its copy), resume.
+	PauseMillis float64            `json:"pause_ms"`
+	TotalMillis float64            `json:"total_ms"`
+	PauseSteps  map[string]float64 `json:"pause_steps_ms,omitempty"`
 	// Incremental: only the pages the guest wrote since the parent
 	// (RAMCopiedBytes of them) were copied, over a copy of the parent's
 	// memory; FullCopyReason says why a copy was full instead. Verify is
@@ -72,7 +74,7 @@ func fromMeta(m *checkpoint.Meta) Checkpoint {
 		Version: m.Version, ID: m.ID, Parent: m.Parent, Created: m.Created, Message: m.Message, Kind: m.Kind, DisksOnly: m.DisksOnly,
 		QEMU: m.QEMU, Firmware: m.Firmware, Arch: m.Arch, MemoryMiB: m.MemoryMiB,
 		RAMBytes: m.RAMBytes, DeviceBytes: m.DeviceBytes, PauseMillis: m.PauseMillis, TotalMillis: m.TotalMillis,
-		Incremental: m.Incremental, RAMCopiedBytes: m.RAMCopiedBytes, FullCopyReason: m.FullCopyReason, Verify: m.Verify,
+		PauseSteps: m.PauseSteps, Incremental: m.Incremental, RAMCopiedBytes: m.RAMCopiedBytes, FullCopyReason: m.FullCopyReason, Verify: m.Verify,
 	}
 	// Never null: JSON Schema (the MCP tools' output) has an object here.
 	cp.Disks = make(map[string]CheckpointDisk, len(m.Disks))

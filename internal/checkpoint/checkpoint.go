@@ -61,6 +61,9 @@ type Meta struct {
 	DeviceBytes int64   `json:"device_bytes"`
 	PauseMillis float64 `json:"pause_ms"`
 	TotalMillis float64 `json:"total_ms"`
+	// PauseSteps is where the pause went, in ms: stop, disks (their
+	// snapshots), devices (their state), ram (its copy), resume.
+	PauseSteps map[string]float64 `json:"pause_steps_ms,omitempty"`
 	// How the RAM was saved: Incremental copies only the pages the guest
 	// wrote since the parent (RAMCopiedBytes of them) over a copy of the
 	// parent's RAM; FullCopyReason says why a copy was full. Verify is the

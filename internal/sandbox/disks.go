@@ -78,6 +78,40 @@ func (sb *Sandbox) NewOverlays(layers map[string]checkpoint.Disk, id string) (ma
 	return next, first
 }
 
+// FlushLayers writes what the host holds of layers (paths relative to the
+// sandbox) to its disk, in parallel, and returns when done or when ctx
+// ends, whichever is first (an fsync cannot be cancelled; one still
+// running finishes on its own).
+func (sb *Sandbox) FlushLayers(ctx context.Context, layers map[string]checkpoint.Disk) error {
+	errs := make(chan error, len(layers))
+	for _, d := range layers {
+		go func() { errs <- syncFile(sb.Path(d.Path)) }()
+	}
+	var first error
+	for range layers {
+		select {
+		case err := <-errs:
+			if err != nil && first == nil {
+				first = err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return first
+}
+
+// syncFile fsyncs the file at path, opened read-only and never through a
+// symlink.
+func syncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
 // SaveDisks keeps a stopped sandbox's disks as a checkpoint (no RAM, no
 // devices: restoring it boots from them), so that starting it from an
 // older checkpoint loses nothing. Its layers are frozen; the next start

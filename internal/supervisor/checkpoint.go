@@ -262,6 +262,7 @@ const (
 	guestCallTimeout  = 15 * time.Second // one agent call: ping, freeze, thaw
 	vmCallTimeout     = 15 * time.Second // one QMP command: pause, resume, a disk snapshot
 	preSyncTimeout    = 60 * time.Second // the sync pass before the freeze
+	layerFlushTimeout = 10 * time.Second // flushing the disk layers before the pause (then QEMU flushes them)
 	checkpointTimeout = 5 * time.Minute  // the whole checkpoint, its RAM copy included
 	rewindTimeout     = 5 * time.Minute  // a rewind, a cold boot from disks included
 )

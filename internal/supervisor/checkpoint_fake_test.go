@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -231,6 +233,10 @@ func newFakeRig(t *testing.T, netstack bool) *fakeRig {
 	ctx := context.Background()
 	sb := &sandbox.Sandbox{Dir: t.TempDir(), Config: validConfig("fake"), Disks: vmmtest.Layers{}}
 	sb.Config.MemoryMiB = 2
+	// The bottom layer a checkpoint's first overlay goes on.
+	if err := os.WriteFile(sb.Path(sandbox.RootDisk), []byte("fake root disk\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	log := slog.New(slog.DiscardHandler)
 	r := &fakeRig{guests: map[*vmmtest.Machine]*fakeGuest{}}
 	r.drv = &vmmtest.Driver{OnStart: func(m *vmmtest.Machine) {
@@ -336,6 +342,18 @@ func TestCheckpointPausesSavesAndResumes(t *testing.T) {
 		t.Errorf("machine calls %v, want %v", got, want)
 	}
 	pausedBetween(t, m.Calls())
+	// Where the pause went: every step, adding up to the pause.
+	var sum float64
+	for _, k := range []string{"stop", "disks", "devices", "ram", "resume"} {
+		ms, ok := meta.PauseSteps[k]
+		if !ok || ms < 0 {
+			t.Errorf("pause step %s: %v, %v (steps %v)", k, ms, ok, meta.PauseSteps)
+		}
+		sum += ms
+	}
+	if len(meta.PauseSteps) != 5 || math.Abs(sum-meta.PauseMillis) > 0.006 { // each step truncated to a µs
+		t.Errorf("pause steps %v add up to %.3f ms, the pause took %.3f", meta.PauseSteps, sum, meta.PauseMillis)
+	}
 	if m.Paused() {
 		t.Error("the machine stays paused after the checkpoint")
 	}
@@ -845,6 +863,9 @@ func TestCheckpointRecordsTheDiskLayersMade(t *testing.T) {
 	s, m, _ := fakeSupervisor(t)
 	before := s.sb.ActiveDisks()
 	before["ws"] = checkpoint.Disk{Path: sandbox.WorkspaceDisk, Format: "raw"}
+	if err := os.WriteFile(s.sb.Path(sandbox.WorkspaceDisk), []byte("fake workspace disk\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.sb.SaveActiveDisks(before); err != nil {
 		t.Fatal(err)
 	}
@@ -871,6 +892,10 @@ func TestCheckpointRecordsTheDiskLayersMade(t *testing.T) {
 	if made != 1 || m.Paused() {
 		t.Errorf("%d layers made (want 1); machine paused %v", made, m.Paused())
 	}
+	// The layer made for the disk that did not switch is gone.
+	if files, _ := filepath.Glob(s.sb.Path(filepath.Join(sandbox.DisksDir, "*"))); len(files) != 1 {
+		t.Errorf("disk layers left: %v, want the one the machine writes to", files)
+	}
 
 	// Both succeed: both recorded.
 	if _, err := s.checkpoint(context.Background(), "whole", "manual"); err != nil {
@@ -881,5 +906,46 @@ func TestCheckpointRecordsTheDiskLayersMade(t *testing.T) {
 		if at := m.Disk(id); at == "" || s.sb.Path(after[id].Path) != at {
 			t.Errorf("disk %s: the machine writes to %q, the record says %q", id, at, after[id].Path)
 		}
+	}
+}
+
+// A checkpoint makes and records its new disk layers before it pauses the
+// machine (the pause only switches to them): one that cannot record them
+// fails without pausing, and leaves neither a layer nor a checkpoint.
+func TestCheckpointRecordsItsLayersBeforeThePause(t *testing.T) {
+	s, m, _ := fakeSupervisor(t)
+	before := s.sb.ActiveDisks()
+
+	// The record cannot be written: a directory holds its name.
+	if err := os.MkdirAll(s.sb.Path(filepath.Join("disks.json", "in-the-way")), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.checkpoint(context.Background(), "unrecorded", "manual"); err == nil {
+		t.Fatal("a checkpoint whose layers cannot be recorded succeeded")
+	}
+	if got := m.CallNames(); !slices.Equal(got, []string{"Start"}) {
+		t.Errorf("machine calls %v: it was paused for a checkpoint that could not record its layers", got)
+	}
+	if files, _ := filepath.Glob(s.sb.Path(filepath.Join(sandbox.DisksDir, "*"))); len(files) != 0 {
+		t.Errorf("disk layers left behind: %v", files)
+	}
+	if list, _ := s.sb.Checkpoints().List(); len(list) != 0 {
+		t.Errorf("checkpoints %v after a failed one", list)
+	}
+	if err := os.RemoveAll(s.sb.Path("disks.json")); err != nil {
+		t.Fatal(err)
+	}
+
+	// A pause that fails: the record names the old layers again and the
+	// new ones are gone.
+	m.Fail("Pause", errors.New("injected: pause fails"))
+	if _, err := s.checkpoint(context.Background(), "unpaused", "manual"); err == nil {
+		t.Fatal("a checkpoint whose pause failed succeeded")
+	}
+	if after := s.sb.ActiveDisks(); !maps.Equal(after, before) {
+		t.Errorf("layers recorded after a failed pause %v, want %v", after, before)
+	}
+	if files, _ := filepath.Glob(s.sb.Path(filepath.Join(sandbox.DisksDir, "*"))); len(files) != 0 {
+		t.Errorf("disk layers left behind: %v", files)
 	}
 }

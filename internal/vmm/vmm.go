@@ -119,8 +119,9 @@ type RAMFileMaker interface {
 type Snapshotter interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
-	// SnapshotDisk freezes the disk id's current layer and continues on a
-	// new overlay file.
+	// SnapshotDisk freezes the disk id's current layer and continues on
+	// overlay, an empty layer over it made beforehand (DiskLayers.Create,
+	// while the guest ran): in the pause it only opens and switches.
 	SnapshotDisk(ctx context.Context, id, overlay string) error
 	SaveDevices(ctx context.Context, w *os.File) error
 	LoadDevices(ctx context.Context, r *os.File) error

@@ -244,9 +244,21 @@ func (p *confinePlan) prepare(ram *os.File) error {
 		return fmt.Errorf("hand the RAM file to QEMU's uid: %w", err)
 	}
 	for _, path := range append(append([]string(nil), p.rwFiles...), p.rwDirs...) {
-		if err := unix.Fchownat(unix.AT_FDCWD, path, p.uid, p.gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("hand %s to QEMU's uid: %w", path, err)
+		if err := p.handOver(path); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// handOver gives path, a file or directory QEMU writes, to QEMU's uid when
+// it runs as its own; never through a symlink.
+func (p *confinePlan) handOver(path string) error {
+	if p == nil || p.uid < 0 {
+		return nil
+	}
+	if err := unix.Fchownat(unix.AT_FDCWD, path, p.uid, p.gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("hand %s to QEMU's uid: %w", path, err)
 	}
 	return nil
 }

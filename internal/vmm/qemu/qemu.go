@@ -215,6 +215,7 @@ type Machine struct {
 	stderr   *tail
 	version  Version // chooses the migration URI
 	confined string
+	plan     *confinePlan // hands QEMU the disk layers made for it
 }
 
 func (m *Machine) Pid() int              { return m.pid }
@@ -381,7 +382,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	if err != nil {
 		return fail(err)
 	}
-	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10), version: d.inst.Version, confined: plan.String()}
+	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10), version: d.inst.Version, confined: plan.String(), plan: plan}
 	consoleDone := make(chan struct{})
 	if consoleHost == nil {
 		close(consoleDone)

@@ -19,10 +19,16 @@ func (m *Machine) Pause(ctx context.Context) error { return m.qmp.Execute(ctx, "
 func (m *Machine) Resume(ctx context.Context) error { return m.qmp.Execute(ctx, "cont", nil, nil) }
 
 // SnapshotDisk makes the disk's current file read-only history and sends
-// new writes to a new qcow2 overlay on top of it.
+// new writes to overlay, a qcow2 layer made on top of it beforehand (mode
+// existing: QEMU opens it rather than creating it in the pause, which took
+// a file creation and fsyncs that waited on everything else the host had
+// to write, 37 to 900 ms).
 func (m *Machine) SnapshotDisk(ctx context.Context, id, overlay string) error {
+	if err := m.plan.handOver(overlay); err != nil {
+		return err
+	}
 	return m.qmp.Execute(ctx, "blockdev-snapshot-sync", map[string]any{
-		"device": id, "snapshot-file": overlay, "format": "qcow2", "mode": "absolute-paths",
+		"device": id, "snapshot-file": overlay, "format": "qcow2", "mode": "existing",
 	}, nil)
 }
 

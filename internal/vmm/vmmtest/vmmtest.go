@@ -429,15 +429,21 @@ func (m *Machine) SnapshotDisk(ctx context.Context, id, overlay string) error {
 	if err := m.record("SnapshotDisk", id+" "+overlay); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	prev := m.disks[id]
-	m.mu.Unlock()
-	if err := os.WriteFile(overlay, []byte("vmmtest overlay of "+id+" over "+prev+"\n"), 0o600); err != nil {
+	// As QEMU's mode existing: the layer was made beforehand, and (a fake
+	// layer) over the one the disk is on, once that is known.
+	if _, err := os.Stat(overlay); err != nil {
+		return fmt.Errorf("vmmtest: snapshot of disk %s: %w", id, err)
+	}
+	backing, err := backingOf(overlay)
+	if err != nil {
 		return err
 	}
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if prev := m.disks[id]; prev != "" && backing != "" && backing != prev {
+		return fmt.Errorf("vmmtest: snapshot of disk %s: the new layer is over %s, the disk is on %s", id, backing, prev)
+	}
 	m.disks[id] = overlay
-	m.mu.Unlock()
 	return nil
 }
 

@@ -31,6 +31,9 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	overlay := filepath.Join(dir, "root.qcow2")
+	if err := os.WriteFile(overlay, []byte("made beforehand, as a checkpoint does\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := m.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
