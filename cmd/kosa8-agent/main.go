@@ -35,7 +35,7 @@ func main() {
 	if err != nil {
 		fail(log, "channel", err)
 	}
-	a := agent.New(agent.Config{Log: log, DefaultUser: p.User, PID1: true, Startup: time.Since(start)})
+	a := agent.New(agent.Config{Log: log, DefaultUser: p.User, PID1: true, Startup: time.Since(start), RootGrown: p.RootGrown})
 	if err := a.SetupWorkloads(); err != nil {
 		log.Warn("workload cgroup (checkpoints cannot freeze processes)", "err", err)
 	}

@@ -36,6 +36,17 @@ func TestRunShowsGuestKernelAndExitStatus(t *testing.T) {
 	if r.code != 42 {
 		t.Fatalf("exit status not propagated:\n%s", r)
 	}
+
+	// The first command finds the root filesystem grown to the disk asked
+	// for (it grows in the background during the boot; a command waits).
+	r = run(t, "", "run", "--rm", "--disk", "6G", "--", "stat", "-f", "-c", "%b %S", "/")
+	var blocks, bsize int64
+	if _, err := fmt.Sscan(r.stdout, &blocks, &bsize); err != nil || r.code != 0 {
+		t.Fatalf("stat -f /: %v\n%s", err, r)
+	}
+	if got := blocks * bsize; got < 5<<30 || got > 6<<30 {
+		t.Errorf("the root filesystem is %d MiB on a 6 GiB disk", got>>20)
+	}
 	if n := len(ls(t)); n != 0 {
 		t.Fatalf("--rm left %d sandboxes behind", n)
 	}

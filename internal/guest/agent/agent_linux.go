@@ -34,6 +34,7 @@ type Agent struct {
 	extraEnv    []string
 	poweroff    func()
 	startup     time.Duration
+	rootGrown   <-chan struct{} // nil: nothing to wait for
 
 	mu       sync.Mutex
 	procs    map[string]*proc
@@ -49,7 +50,14 @@ type Config struct {
 	Env         []string // added to every process's environment
 	PID1        bool     // the agent is the guest's init: it may power off
 	Startup     time.Duration
+	// RootGrown, when set, is closed once the root filesystem has grown
+	// to its disk: a command waits for it (up to rootGrowWait), so that
+	// none finds the disk smaller than asked for.
+	RootGrown <-chan struct{}
 }
+
+// rootGrowWait bounds an exec's wait for the root filesystem to grow.
+const rootGrowWait = 30 * time.Second
 
 // New returns an agent. Only one per process: it reaps all children.
 func New(cfg Config) *Agent {
@@ -63,6 +71,7 @@ func New(cfg Config) *Agent {
 		defaultUser: cfg.DefaultUser,
 		extraEnv:    cfg.Env,
 		startup:     cfg.Startup,
+		rootGrown:   cfg.RootGrown,
 		procs:       map[string]*proc{},
 	}
 	if cfg.PID1 {

@@ -517,3 +517,37 @@ func TestWorkspaceChangesCheckWhatWasThere(t *testing.T) {
 		t.Fatalf("not removed: %v", err)
 	}
 }
+
+// A command waits for the root filesystem to finish growing, which it
+// does in the background while the boot goes on.
+func TestExecWaitsForTheRootToGrow(t *testing.T) {
+	grown := make(chan struct{})
+	testAgent.rootGrown = grown
+	t.Cleanup(func() { testAgent.rootGrown = nil })
+	c, _ := pair(t)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		s, _, err := c.Exec(ctx, &guest.ExecRequest{Argv: []string{"true"}})
+		if err == nil {
+			_, err = guest.Pump(s, guest.StdIO{})
+			s.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the command ran before the root filesystem had grown (%v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(grown)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the command did not run once the root filesystem had grown")
+	}
+}

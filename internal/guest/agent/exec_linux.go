@@ -136,6 +136,7 @@ func (a *Agent) handleExec(ctx context.Context, s net.Conn, req *guest.ExecReque
 		a.respondError(s, err)
 		return
 	}
+	a.waitRootGrown()
 	if req.ID == "" {
 		req.ID = newID()
 	}
@@ -518,4 +519,17 @@ func lookPath(name, path string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("exec: %s: command not found", name)
+}
+
+// waitRootGrown waits, up to rootGrowWait, for the root filesystem to
+// finish growing to its disk (Config.RootGrown).
+func (a *Agent) waitRootGrown() {
+	if a.rootGrown == nil {
+		return
+	}
+	select {
+	case <-a.rootGrown:
+	case <-time.After(rootGrowWait):
+		a.log.Warn("the root filesystem is still growing: the command starts anyway")
+	}
 }
