@@ -23,6 +23,8 @@ type Install struct {
 	// which a QEMU built with fixed paths (Debian's 10.x) does not look in
 	// by itself. Empty for a QEMU in its usual place.
 	DataDirs []string
+	// Builtin are the folders QEMU searches by itself (-L help).
+	Builtin []string
 	// Firmware is the microvm firmware passed with -bios (x86-64): qboot,
 	// where the installation has it. See firmwareFor in cmdline.go.
 	Firmware string
@@ -53,6 +55,7 @@ func Probe(ctx context.Context, bin string, arch vmspec.Arch) (Install, error) {
 			builtin = append(builtin, filepath.Clean(l))
 		}
 	}
+	inst.Builtin = builtin
 	if env := os.Getenv(DataDirEnv); env != "" {
 		for _, d := range filepath.SplitList(env) {
 			if st, err := os.Stat(d); err != nil || !st.IsDir() {

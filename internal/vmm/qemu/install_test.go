@@ -4,10 +4,12 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
@@ -124,5 +126,73 @@ func TestFindBinaryOverride(t *testing.T) {
 		if got, err := FindBinary(tc.arch, ""); err != nil || got != tc.want {
 			t.Errorf("KOSA8_QEMU=%s, %s guest: %q, %v; want %q", tc.env, tc.arch, got, err, tc.want)
 		}
+	}
+}
+
+// A probe is answered from the cache until the binary or a folder its
+// data came from changes.
+func TestProbeCached(t *testing.T) {
+	ctx := context.Background()
+	t.Setenv(DataDirEnv, "")
+	prefix, bin := fakeQEMU(t, "10.0.2", "/usr/share/qemu", "usr/share/qemu")
+	// The fake counts its runs.
+	runs := filepath.Join(t.TempDir(), "runs")
+	script, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := strings.Replace(string(script), "#!/bin/sh\n", "#!/bin/sh\necho >> "+runs+"\n", 1)
+	if err := os.WriteFile(bin, []byte(counted), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Stamps an hour old: a change below cannot fall in the same clock
+	// tick as the making (file times are coarse).
+	old := time.Now().Add(-time.Hour)
+	for _, p := range []string{bin, filepath.Join(prefix, "usr/share/qemu")} {
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nruns := func() int {
+		b, _ := os.ReadFile(runs)
+		return strings.Count(string(b), "\n")
+	}
+	dir := t.TempDir()
+	first, err := ProbeCached(ctx, bin, vmspec.AMD64, dir)
+	if err != nil || nruns() != 2 {
+		t.Fatalf("first probe: %v, %d QEMU runs", err, nruns())
+	}
+	again, err := ProbeCached(ctx, bin, vmspec.AMD64, dir)
+	if err != nil || nruns() != 2 || !reflect.DeepEqual(again, first) {
+		t.Fatalf("second probe: %+v, %v, %d QEMU runs (want the cached %+v)", again, err, nruns(), first)
+	}
+
+	// Firmware appears in its data folder: probed again, and found.
+	if err := os.WriteFile(filepath.Join(prefix, "usr/share/qemu/qboot.rom"), make([]byte, 64<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := ProbeCached(ctx, bin, vmspec.AMD64, dir)
+	if err != nil || nruns() != 4 || inst.FirmwareName() != "qboot.rom" {
+		t.Fatalf("after qboot.rom appeared: %+v, %v, %d QEMU runs", inst, err, nruns())
+	}
+
+	// Another QEMU at the same path (an upgrade): probed again.
+	if err := os.WriteFile(bin, []byte(strings.Replace(counted, "10.0.2", "10.1.10", 1)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inst, err = ProbeCached(ctx, bin, vmspec.AMD64, dir)
+	if err != nil || nruns() != 6 || inst.Version != (Version{10, 1, 10}) {
+		t.Fatalf("after an upgrade: %+v, %v, %d QEMU runs", inst, err, nruns())
+	}
+
+	// A damaged cache is probed past, and no cache dir means no cache.
+	if err := os.WriteFile(filepath.Join(dir, probeCacheFile), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ProbeCached(ctx, bin, vmspec.AMD64, dir); err != nil || nruns() != 8 {
+		t.Fatalf("past a damaged cache: %v, %d QEMU runs", err, nruns())
+	}
+	if _, err := ProbeCached(ctx, bin, vmspec.AMD64, ""); err != nil || nruns() != 10 {
+		t.Fatalf("without a cache: %v, %d QEMU runs", err, nruns())
 	}
 }

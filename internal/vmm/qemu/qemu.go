@@ -47,7 +47,8 @@ type Config struct {
 	// RecordDir holds the accelerators that failed to boot a sandbox in
 	// this boot of the host (RecordFailure; kosa8 uses its state
 	// directory, KOSA8_HOME); they are not chosen again unless forced.
-	// Empty: none are remembered.
+	// It caches what a probe of QEMU found too (ProbeCached). Empty: none
+	// are remembered.
 	RecordDir string
 	// Confine, when set, confines QEMU to these files and its own (see
 	// confine_linux.go).
@@ -65,12 +66,13 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.Arch == vmspec.AMD64 && vmspec.HostArch() == vmspec.AMD64 {
 		// A TCG start needs the host's TSC rate, measured over 60 ms of
-		// sleeps once per process: measured meanwhile, it is there when
-		// the start asks (it waits for the measurement if not).
-		go HostTSCkHz()
+		// sleeps once per boot of the host (recorded in RecordDir): read
+		// or measured meanwhile, it is there when the start asks (it
+		// waits for the measurement if not).
+		go HostTSCkHzIn(cfg.RecordDir)
 	}
 	pctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	inst, err := Probe(pctx, bin, cfg.Arch)
+	inst, err := ProbeCached(pctx, bin, cfg.Arch, cfg.RecordDir)
 	cancel()
 	if err != nil {
 		return nil, err
