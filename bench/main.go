@@ -86,8 +86,22 @@ func setupHome() (string, func()) {
 	cwd := filepath.Join(home, "empty-project")
 	must(os.MkdirAll(cwd, 0o755))
 	must(os.Chdir(cwd))
-	return home, func() { os.RemoveAll(home) }
+	cleanup := func() {
+		// Sandboxes a failed step left running go too: their QEMUs would
+		// hold gigabytes and slow every later run.
+		ents, _ := os.ReadDir(filepath.Join(home, "sandboxes"))
+		for _, e := range ents {
+			_ = exec.Command(filepath.Join(*binDir, "kosa8"), "rm", "-f", e.Name()).Run()
+		}
+		os.RemoveAll(home)
+	}
+	benchCleanup = cleanup
+	return home, cleanup
 }
+
+// benchCleanup, once a benchmark made its home, undoes it when must
+// ends the run.
+var benchCleanup func()
 
 func hostAccel() vmm.Accel {
 	accel, err := qemu.ChooseAccel(qemu.DetectHost(), vmspec.HostArch(), vmm.Accel(os.Getenv("KOSA8_ACCEL")))
@@ -264,6 +278,10 @@ func archesSideBySide(paths sandbox.Paths) []row {
 func must(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
+		if c := benchCleanup; c != nil {
+			benchCleanup = nil // a failure during the cleanup ends here
+			c()
+		}
 		os.Exit(1)
 	}
 }
