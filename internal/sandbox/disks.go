@@ -64,6 +64,14 @@ func (sb *Sandbox) NewOverlays(layers map[string]checkpoint.Disk, id string) (ma
 	errs := make(chan error, len(layers))
 	for diskID, d := range layers {
 		overlay := Overlay(dl, id, diskID)
+		// Claimed first: a name taken (ids share their second and 16
+		// random bits) fails here rather than overwriting a layer in use.
+		f, err := os.OpenFile(sb.Path(overlay.Path), os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+		if err != nil {
+			errs <- fmt.Errorf("new disk layer: %w", err)
+			continue
+		}
+		f.Close()
 		next[diskID] = overlay
 		go func() {
 			errs <- dl.Create(context.Background(), sb.Path(overlay.Path), sb.Path(d.Path), d.Format, 0)

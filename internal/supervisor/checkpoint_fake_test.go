@@ -949,3 +949,31 @@ func TestCheckpointRecordsItsLayersBeforeThePause(t *testing.T) {
 		t.Errorf("disk layers left behind: %v", files)
 	}
 }
+
+// A rewind makes the new layers over its checkpoint's while it saves the
+// state before; one whose save fails leaves them behind no more than it
+// changes the layers the machine writes to.
+func TestFailedRewindRemovesItsNewLayers(t *testing.T) {
+	r := newRewindRig(t)
+	s := r.s
+	ctx := context.Background()
+	cp, err := s.checkpoint(ctx, "before", "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers := func() []string {
+		files, _ := filepath.Glob(s.sb.Path(filepath.Join(sandbox.DisksDir, "*")))
+		return files
+	}
+	before, active := layers(), s.sb.ActiveDisks()
+	r.drv.Machines()[0].Fail("Pause", errors.New("injected: the machine cannot pause for the state before"))
+	if _, err := s.rewind(ctx, cp.ID); err == nil {
+		t.Fatal("a rewind whose save of the state before failed succeeded")
+	}
+	if after := layers(); !slices.Equal(after, before) {
+		t.Errorf("disk layers %v after the failed rewind, want %v", after, before)
+	}
+	if got := s.sb.ActiveDisks(); !maps.Equal(got, active) {
+		t.Errorf("active layers %v after the failed rewind, want %v", got, active)
+	}
+}

@@ -1,0 +1,46 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
+)
+
+// A new layer never takes the name of one that exists: ids share their
+// second and 16 random bits, and a layer written over would be a disk lost.
+func TestNewOverlaysNeverOverwrite(t *testing.T) {
+	sb := &Sandbox{Dir: t.TempDir(), Disks: vmmtest.Layers{}}
+	if err := os.WriteFile(sb.Path(RootDisk), []byte("base\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	layers := map[string]checkpoint.Disk{"root": {Path: RootDisk, Format: "qcow2"}}
+	next, err := sb.NewOverlays(layers, "20261202-000000-abcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := sb.Path(next["root"].Path)
+	before, err := os.ReadFile(made)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.NewOverlays(layers, "20261202-000000-abcd"); err == nil {
+		t.Fatal("a second layer of the same name was made")
+	}
+	if after, err := os.ReadFile(made); err != nil || string(after) != string(before) {
+		t.Errorf("the layer that was there: %q, %v; want %q", after, err, before)
+	}
+	// A link planted at a layer's name is not followed either.
+	target := filepath.Join(t.TempDir(), "outside")
+	if err := os.Symlink(target, sb.Path(Overlay(vmmtest.Layers{}, "20261202-000001-abcd", "root").Path)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.NewOverlays(layers, "20261202-000001-abcd"); err == nil {
+		t.Fatal("a layer was made through a link")
+	}
+	if _, err := os.Lstat(target); !os.IsNotExist(err) {
+		t.Errorf("the link's target was created: %v", err)
+	}
+}
