@@ -45,7 +45,9 @@ type confinePlan struct {
 	groups   []uint32
 	ruleset  int // Landlock ruleset descriptor, -1: none
 	abi      int
-	// rwFiles and rwDirs are what QEMU writes: chowned to it under root.
+	// rwFiles are what QEMU writes: chowned to it under root. rwDirs are
+	// where they live: the supervisor's (root's) own, QEMU reads them
+	// (CAP_DAC_READ_SEARCH) and creates nothing there.
 	rwFiles, rwDirs []string
 }
 
@@ -65,7 +67,6 @@ const (
 	llRead  = unix.LANDLOCK_ACCESS_FS_READ_FILE | unix.LANDLOCK_ACCESS_FS_READ_DIR
 	llExec  = llRead | unix.LANDLOCK_ACCESS_FS_EXECUTE
 	llWrite = unix.LANDLOCK_ACCESS_FS_READ_FILE | unix.LANDLOCK_ACCESS_FS_WRITE_FILE | unix.LANDLOCK_ACCESS_FS_TRUNCATE
-	llMake  = llRead | llWrite | unix.LANDLOCK_ACCESS_FS_MAKE_REG | unix.LANDLOCK_ACCESS_FS_REMOVE_FILE
 )
 
 // llHandled is every filesystem right the kernel's Landlock version knows:
@@ -210,7 +211,7 @@ func (p *confinePlan) buildRuleset(c *Confinement, binary, ramDir string, spec *
 		}
 	}
 	for _, dir := range p.rwDirs {
-		if err := add(dir, llMake, false, false); err != nil {
+		if err := add(dir, llRead|llWrite, false, false); err != nil {
 			return err
 		}
 	}
@@ -243,9 +244,15 @@ func (p *confinePlan) prepare(ram *os.File) error {
 	if err := ram.Chown(p.uid, p.gid); err != nil {
 		return fmt.Errorf("hand the RAM file to QEMU's uid: %w", err)
 	}
-	for _, path := range append(append([]string(nil), p.rwFiles...), p.rwDirs...) {
+	for _, path := range p.rwFiles {
 		if err := p.handOver(path); err != nil {
 			return err
+		}
+	}
+	// Older kosa8 handed QEMU the folder too: taken back.
+	for _, dir := range p.rwDirs {
+		if err := unix.Fchownat(unix.AT_FDCWD, dir, os.Geteuid(), os.Getegid(), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("take %s back from QEMU's uid: %w", dir, err)
 		}
 	}
 	return nil

@@ -106,18 +106,34 @@ func TestConfinementLimitsFiles(t *testing.T) {
 	if err := p.prepare(ram); err != nil {
 		t.Fatal(err)
 	}
+	// A checkpoint's new layer, handed over as SnapshotDisk does, and the
+	// layer it froze.
+	handed := filepath.Join(dir, "sb/disks/next.qcow2")
+	for _, f := range []string{handed, filepath.Join(dir, "sb/disks/frozen.qcow2")} {
+		if err := os.WriteFile(f, []byte("layer"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.handOver(handed); err != nil {
+		t.Fatal(err)
+	}
 	probes := []struct {
 		cmd  string
 		want string
 	}{
-		{"cat " + spec.Kernel, "ok"},                                                 // its kernel
-		{"cat " + filepath.Join(dir, "image/rootfs"), "ok"},                          // its image
-		{"cp " + spec.Kernel + " " + filepath.Join(dir, "sb/disks/new.qcow2"), "ok"}, // a new disk layer
-		{"echo x >> " + spec.Disks[0].Path, "ok"},                                    // its disk
-		{"echo x >> " + spec.ConsoleLog, "denied"},                                   // its console: the driver writes it
-		{"cat " + outside, "denied"},                                                 // a host file
-		{"echo x >> " + spec.Kernel, "denied"},                                       // the image, written
-		{"cp " + spec.Kernel + " " + filepath.Join(dir, "sb/planted"), "denied"},     // beside its files
+		{"cat " + spec.Kernel, "ok"},                                                     // its kernel
+		{"cat " + filepath.Join(dir, "image/rootfs"), "ok"},                              // its image
+		{"echo x >> " + handed, "ok"},                                                    // a layer handed to it
+		{"cat " + filepath.Join(dir, "sb/disks/frozen.qcow2"), "ok"},                     // a layer below it
+		{"cp " + spec.Kernel + " " + filepath.Join(dir, "sb/disks/new.qcow2"), "denied"}, // a file of its own making there
+		{"ln -s " + outside + " " + filepath.Join(dir, "sb/disks/link.qcow2"), "denied"}, // a link planted there
+		{"mv " + handed + " " + filepath.Join(dir, "sb/disks/moved.qcow2"), "denied"},    // a layer renamed
+		{"rm -f " + filepath.Join(dir, "sb/disks/frozen.qcow2"), "denied"},               // a layer removed
+		{"echo x >> " + spec.Disks[0].Path, "ok"},                                        // its disk
+		{"echo x >> " + spec.ConsoleLog, "denied"},                                       // its console: the driver writes it
+		{"cat " + outside, "denied"},                                                     // a host file
+		{"echo x >> " + spec.Kernel, "denied"},                                           // the image, written
+		{"cp " + spec.Kernel + " " + filepath.Join(dir, "sb/planted"), "denied"},         // beside its files
 		{"cat /etc/hostname", "denied"},
 		{"ls /root", "denied"},
 	}
