@@ -187,9 +187,11 @@ func DeleteCheckpointLocked(sb *Sandbox, id string) error {
 // depends on.
 func GCDisks(sb *Sandbox) error {
 	keep := map[string]bool{}
-	var roots []string
+	// Each layer is read in the format recorded for it: a raw one (the
+	// workspace) holds the guest's bytes, which may look like any format.
+	var roots []checkpoint.Disk
 	for _, d := range sb.ActiveDisks() {
-		roots = append(roots, sb.Path(d.Path))
+		roots = append(roots, d)
 	}
 	list, err := sb.Checkpoints().List()
 	if err != nil {
@@ -197,7 +199,7 @@ func GCDisks(sb *Sandbox) error {
 	}
 	for _, m := range list {
 		for _, d := range m.Disks {
-			roots = append(roots, sb.Path(d.Path))
+			roots = append(roots, d)
 		}
 	}
 	dl, err := sb.DiskLayers()
@@ -205,7 +207,7 @@ func GCDisks(sb *Sandbox) error {
 		return err
 	}
 	for _, r := range roots {
-		chain, err := dl.Chain(context.Background(), r)
+		chain, err := dl.Chain(context.Background(), sb.Path(r.Path), r.Format)
 		if err != nil {
 			return err // unsure what is used: delete nothing
 		}

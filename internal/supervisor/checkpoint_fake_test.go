@@ -703,7 +703,7 @@ func TestRewindReplacesTheMachine(t *testing.T) {
 	if len(spec.Disks) != 1 || spec.Disks[0].ID != "root" {
 		t.Fatalf("the new machine's disks: %+v", spec.Disks)
 	}
-	chain, err := vmmtest.Layers{}.Chain(context.Background(), spec.Disks[0].Path)
+	chain, err := vmmtest.Layers{}.Chain(context.Background(), spec.Disks[0].Path, "qcow2")
 	if err != nil || len(chain) < 2 || chain[1] != s.sb.Path(cp.Disks["root"].Path) {
 		t.Errorf("the new root layer's chain is %q (%v), want it on the checkpoint's %q", chain, err, s.sb.Path(cp.Disks["root"].Path))
 	}

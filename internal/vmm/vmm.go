@@ -168,8 +168,11 @@ type DiskLayers interface {
 	// format backingFormat ("raw" or Format()), of size bytes; 0: the
 	// size the guest sees of backing.
 	Create(ctx context.Context, path, backing, backingFormat string, size int64) error
-	// Chain lists path and every layer under it, path first.
-	Chain(ctx context.Context, path string) ([]string, error)
+	// Chain lists path, a layer of format ("raw" or Format()), and every
+	// layer under it, path first. The files are hostile (the guest writes
+	// a raw layer, QEMU a qcow2 one's header): it opens nothing but the
+	// layers' regular files.
+	Chain(ctx context.Context, path, format string) ([]string, error)
 	// Flatten writes the disk the guest sees at path, its layers merged,
 	// to dst as a raw file; the tool's own messages go to log.
 	Flatten(ctx context.Context, path, dst string, log io.Writer) error

@@ -39,7 +39,10 @@ func (Layers) Create(_ context.Context, path, backing, backingFormat string, siz
 }
 
 // Chain implements vmm.DiskLayers.
-func (Layers) Chain(_ context.Context, path string) ([]string, error) {
+func (Layers) Chain(_ context.Context, path, format string) ([]string, error) {
+	if format == "raw" {
+		return []string{path}, nil
+	}
 	var chain []string
 	for p := path; p != ""; {
 		if len(chain) > 1000 {
@@ -58,7 +61,7 @@ func (Layers) Chain(_ context.Context, path string) ([]string, error) {
 // Flatten implements vmm.DiskLayers: dst gets the bottom file of path's
 // chain (the fake layers hold no data of their own).
 func (l Layers) Flatten(ctx context.Context, path, dst string, _ io.Writer) error {
-	chain, err := l.Chain(ctx, path)
+	chain, err := l.Chain(ctx, path, l.Format())
 	if err != nil {
 		return err
 	}

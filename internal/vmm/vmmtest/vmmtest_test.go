@@ -134,7 +134,7 @@ func TestLayersChain(t *testing.T) {
 	if err := l.Create(ctx, b, a, l.Format(), 0); err != nil {
 		t.Fatal(err)
 	}
-	chain, err := l.Chain(ctx, b)
+	chain, err := l.Chain(ctx, b, l.Format())
 	if err != nil || strings.Join(chain, " ") != b+" "+a+" "+base {
 		t.Fatalf("chain %v %v", chain, err)
 	}
