@@ -184,6 +184,13 @@ func (s Store) CommitDerived(ctx context.Context, base *Image, d DerivedRecipe, 
 	if err := os.Mkdir(out, 0o755); err != nil {
 		return nil, err
 	}
+	// The disk's header is QEMU's to write: a compromised QEMU could name
+	// any host file as its backing one (a host disk, another sandbox's
+	// layer), which flattening, as root, would copy into an image every
+	// sandbox of it then boots. The build sandbox is stopped: this holds.
+	if chain, err := layers.Chain(ctx, rootDisk, layers.Format()); err != nil || len(chain) != 2 || chain[1] != base.RootFS() {
+		return nil, fmt.Errorf("the build sandbox's root disk is not one layer over %s (%q, %v): build the image again", base.RootFS(), chain, err)
+	}
 	rootfs := filepath.Join(out, "rootfs.ext4")
 	if err := layers.Flatten(ctx, rootDisk, rootfs, logw); err != nil {
 		return nil, err
