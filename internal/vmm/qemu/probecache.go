@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -125,13 +126,8 @@ func probeWatched(bin string, inst Install) []string {
 }
 
 func readProbeCache(path string) []probeEntry {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	b, err := readRecord(path, maxProbeCacheBytes)
 	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxProbeCacheBytes+1))
-	if err != nil || len(b) > maxProbeCacheBytes {
 		return nil
 	}
 	var entries []probeEntry
@@ -139,6 +135,25 @@ func readProbeCache(path string) []probeEntry {
 		return nil
 	}
 	return entries
+}
+
+// readRecord reads the file at path, at most max bytes of it, if it is a
+// regular file: never through a link, nor waiting on a FIFO planted at its
+// name.
+func readRecord(path string, max int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err == nil && int64(len(b)) > max {
+		err = fmt.Errorf("%s is over %d bytes", path, max)
+	}
+	return b, err
 }
 
 // writeRecord replaces the file at path whole, best effort (a new file

@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -41,7 +40,7 @@ func recordedTSC(dir, boot string, measure func() int) int {
 		return measure()
 	}
 	path := filepath.Join(dir, tscRecordFile)
-	if b, err := os.ReadFile(path); err == nil && len(b) < 256 {
+	if b, err := readRecord(path, 256); err == nil {
 		id, khz, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
 		if n, err := strconv.Atoi(khz); err == nil && id == boot && n > 0 {
 			return n
