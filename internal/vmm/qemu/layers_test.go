@@ -137,3 +137,42 @@ func TestChainOpensOnlyLayers(t *testing.T) {
 		t.Error("the chain opened the FIFO a layer names")
 	}
 }
+
+// qcow2Backing reads headers a hostile party wrote: whatever the bytes,
+// it neither panics nor names a backing file that is not a plain name
+// of a raw or qcow2 file.
+func FuzzQcow2Backing(f *testing.F) {
+	dir := f.TempDir()
+	seed := filepath.Join(dir, "seed.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-u", "-f", "qcow2",
+		"-o", "backing_file=/base.img,backing_fmt=raw", seed, "1M").CombinedOutput(); err == nil {
+		b, _ := os.ReadFile(seed)
+		f.Add(b[:min(len(b), 4096)])
+	} else {
+		f.Logf("no qemu-img seed: %v: %s", err, out)
+	}
+	f.Add([]byte("QFI\xfb"))
+	f.Add(make([]byte, 104))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := filepath.Join(t.TempDir(), "layer")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		name, format, err := qcow2Backing(p)
+		if err != nil {
+			return
+		}
+		if name == "" {
+			return
+		}
+		if format != "raw" && format != "qcow2" {
+			t.Fatalf("backing format %q accepted", format)
+		}
+		if len(name) > 1023 {
+			t.Fatalf("a backing name of %d bytes", len(name))
+		}
+		if i := strings.IndexByte(name, ':'); i >= 0 && !strings.Contains(name[:i], "/") {
+			t.Fatalf("backing name %q is a protocol or json: name", name)
+		}
+	})
+}
