@@ -113,9 +113,11 @@ type cpJob struct {
 	handedOver bool
 
 	// frozen: the disk layers the machine wrote to; next: the empty
-	// layers made over them, which it switches to in the pause (switched).
+	// layers made over them, which it switches to in the pause; asked: the
+	// disks whose switch was asked for (QEMU may have made one it answered
+	// with an error, a deadline say).
 	frozen, next map[string]checkpoint.Disk
-	switched     map[string]bool
+	asked        map[string]bool
 
 	client    *guest.Client
 	dev, ram  *os.File
@@ -323,22 +325,24 @@ func (j *cpJob) prepareDisks(ctx context.Context) error {
 		}
 		return fmt.Errorf("new disk layers: %w", err)
 	}
-	j.next, j.switched = next, map[string]bool{}
+	j.next, j.asked = next, map[string]bool{}
 	j.undo.push(j.unprepareDisks)
 	return nil
 }
 
-// unprepareDisks, after a checkpoint that failed before every disk
-// switched, records the layers the machine really writes to and removes
-// the unused new ones. Should the record fail, they stay: the record
-// naming them is true anyway (see prepareDisks).
+// unprepareDisks, after a checkpoint that failed before every disk's
+// switch was asked for, records the old layers of those not asked and
+// removes their unused new ones. A disk whose switch was asked for keeps
+// its new layer, switched or not: QEMU may have switched it and answered
+// with an error, and either way the record naming the layer is true (see
+// prepareDisks). Should the record fail, every layer stays, as true.
 func (j *cpJob) unprepareDisks(err error) error {
-	if err == nil || len(j.switched) == len(j.next) {
+	if err == nil || len(j.asked) == len(j.next) {
 		return err
 	}
 	sb := j.s.sb
 	cur := maps.Clone(j.frozen)
-	for diskID := range j.switched {
+	for diskID := range j.asked {
 		cur[diskID] = j.next[diskID]
 	}
 	if rerr := sb.SaveActiveDisks(cur); rerr != nil {
@@ -346,7 +350,7 @@ func (j *cpJob) unprepareDisks(err error) error {
 		return err
 	}
 	for diskID, d := range j.next {
-		if !j.switched[diskID] {
+		if !j.asked[diskID] {
 			os.Remove(sb.Path(d.Path))
 		}
 	}
@@ -359,13 +363,13 @@ func (j *cpJob) unprepareDisks(err error) error {
 func (j *cpJob) snapshotDisks(ctx context.Context) error {
 	sb := j.s.sb
 	for diskID, d := range j.next {
+		j.asked[diskID] = true
 		sctx, cancel := withTimeout(ctx, vmCallTimeout)
 		err := j.m.SnapshotDisk(sctx, diskID, sb.Path(d.Path))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("snapshot disk %s: %w", diskID, err)
 		}
-		j.switched[diskID] = true
 	}
 	j.tDisks = time.Now()
 	j.meta = &checkpoint.Meta{
