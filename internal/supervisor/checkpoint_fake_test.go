@@ -332,6 +332,14 @@ func TestCheckpointPausesSavesAndResumes(t *testing.T) {
 	if _, err := m.RAM().WriteAt(guestPattern, guestPatternAt); err != nil {
 		t.Fatal(err)
 	}
+	// As a confined QEMU's: the layer it writes is its uid's.
+	vmmUID := os.Geteuid()
+	if vmmUID == 0 {
+		vmmUID = 0x7a000001
+		if err := os.Chown(s.sb.Path(sandbox.RootDisk), vmmUID, vmmUID); err != nil {
+			t.Fatal(err)
+		}
+	}
 	meta, err := s.checkpoint(context.Background(), "first", "manual")
 	if err != nil {
 		t.Fatal(err)
@@ -388,6 +396,12 @@ func TestCheckpointPausesSavesAndResumes(t *testing.T) {
 	// to the overlay the machine snapshotted to, and the sandbox says so.
 	if d := meta.Disks["root"]; d.Path != sandbox.RootDisk {
 		t.Errorf("checkpoint's root layer %q, want %q", d.Path, sandbox.RootDisk)
+	}
+	// The frozen layer is taken back from the VMM's uid.
+	if fi, err := os.Stat(s.sb.Path(sandbox.RootDisk)); err != nil {
+		t.Error(err)
+	} else if uid := int(fi.Sys().(*syscall.Stat_t).Uid); uid != os.Geteuid() {
+		t.Errorf("the frozen layer is owned by %d, want %d", uid, os.Geteuid())
 	}
 	active := s.sb.ActiveDisks()["root"]
 	if !strings.Contains(active.Path, meta.ID) || m.Disk("root") != s.sb.Path(active.Path) {

@@ -370,6 +370,12 @@ func (j *cpJob) snapshotDisks(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("snapshot disk %s: %w", diskID, err)
 		}
+		// The frozen layer is the supervisor's again: QEMU holds it
+		// read-only now, and one compromised later must not open it to
+		// write a checkpoint's disk.
+		if err := sb.TakeBack(j.frozen[diskID]); err != nil {
+			j.s.log.Warn("take a frozen disk layer back from QEMU", "disk", diskID, "err", err)
+		}
 	}
 	j.tDisks = time.Now()
 	j.meta = &checkpoint.Meta{
