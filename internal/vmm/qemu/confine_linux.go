@@ -87,7 +87,7 @@ func llHandled(abi int) uint64 {
 
 // planConfinement decides how QEMU for spec is confined and prepares the
 // Landlock ruleset. A nil c: not confined.
-func planConfinement(c *Confinement, binary, ramDir string, spec *vmspec.Spec, accel vmm.Accel) (*confinePlan, error) {
+func planConfinement(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel) (*confinePlan, error) {
 	if c == nil {
 		return nil, nil
 	}
@@ -124,14 +124,14 @@ func planConfinement(c *Confinement, binary, ramDir string, spec *vmspec.Spec, a
 	if p.abi <= 0 {
 		return p, nil
 	}
-	if err := p.buildRuleset(c, binary, ramDir, spec, accel); err != nil {
+	if err := p.buildRuleset(c, binary, ram, spec, accel); err != nil {
 		p.close()
 		return nil, fmt.Errorf("confine QEMU (Landlock): %w", err)
 	}
 	return p, nil
 }
 
-func (p *confinePlan) buildRuleset(c *Confinement, binary, ramDir string, spec *vmspec.Spec, accel vmm.Accel) error {
+func (p *confinePlan) buildRuleset(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel) error {
 	handled := llHandled(p.abi)
 	attr := unix.LandlockRulesetAttr{Handled_access_fs: handled}
 	if p.abi >= 4 {
@@ -215,8 +215,11 @@ func (p *confinePlan) buildRuleset(c *Confinement, binary, ramDir string, spec *
 			return err
 		}
 	}
-	// The RAM file is opened again through /proc/self/fd: it lives here.
-	if err := add(ramDir, llWrite, false, false); err != nil {
+	// The RAM file, which QEMU opens again through /proc/self/fd: that
+	// file alone, by its inode (it is unlinked), not the folder it was
+	// made in, which every sandbox of the user shares: there another's
+	// new RAM file has a guessable name until it is unlinked.
+	if err := add(fdPath(ram), llWrite, true, false); err != nil {
 		return err
 	}
 	if err := add("/dev/null", llWrite, true, false); err != nil {

@@ -96,13 +96,23 @@ func requireLandlock(t *testing.T) {
 func TestConfinementLimitsFiles(t *testing.T) {
 	requireLandlock(t)
 	dir, c, spec, outside := confinedSetup(t)
-	p, err := planConfinement(c, "/bin/sh", filepath.Join(dir, "ram"), spec, vmm.TCG)
+	// Its RAM file, unlinked as createRAMFile leaves it, and another
+	// sandbox's in the same folder, not yet unlinked.
+	ram, err := os.Create(filepath.Join(dir, "ram", "x.ram"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ram.Close()
+	os.Remove(ram.Name())
+	neighbour := filepath.Join(dir, "ram", "other-1.1.ram")
+	if err := os.WriteFile(neighbour, []byte("another sandbox's RAM"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := planConfinement(c, "/bin/sh", ram, spec, vmm.TCG)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.close()
-	ram, _ := os.Create(filepath.Join(dir, "ram", "x.ram"))
-	defer ram.Close()
 	if err := p.prepare(ram); err != nil {
 		t.Fatal(err)
 	}
@@ -134,6 +144,9 @@ func TestConfinementLimitsFiles(t *testing.T) {
 		{"cat " + outside, "denied"},                                                     // a host file
 		{"echo x >> " + spec.Kernel, "denied"},                                           // the image, written
 		{"cp " + spec.Kernel + " " + filepath.Join(dir, "sb/planted"), "denied"},         // beside its files
+		{"echo x >> /proc/self/fd/3", "ok"},                                              // its RAM, as QEMU opens it
+		{"cat " + neighbour, "denied"},                                                   // another sandbox's RAM
+		{"cp " + spec.Kernel + " " + filepath.Join(dir, "ram/planted.ram"), "denied"},    // a file in the RAM folder
 		{"cat /etc/hostname", "denied"},
 		{"ls /root", "denied"},
 	}
@@ -141,7 +154,9 @@ func TestConfinementLimitsFiles(t *testing.T) {
 	for _, pr := range probes {
 		script += "if (" + pr.cmd + ") >/dev/null 2>&1; then echo ok; else echo denied; fi\n"
 	}
-	out, err := runConfined(t, p, exec.Command("/bin/sh", "-c", script))
+	sh := exec.Command("/bin/sh", "-c", script)
+	sh.ExtraFiles = []*os.File{ram} // fd 3, as QEMU gets it
+	out, err := runConfined(t, p, sh)
 	if err != nil {
 		t.Fatalf("confined shell: %v\n%s", err, out)
 	}
@@ -186,7 +201,12 @@ func TestConfinedQEMUCannotOpenOutside(t *testing.T) {
 	}
 	dir, c, spec, outside := confinedSetup(t)
 	open := func(path string) string {
-		p, err := planConfinement(c, bin, filepath.Join(dir, "ram"), spec, vmm.TCG)
+		ram, err := os.CreateTemp(filepath.Join(dir, "ram"), "*.ram")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ram.Close()
+		p, err := planConfinement(c, bin, ram, spec, vmm.TCG)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,7 +14,7 @@ import (
 // and QEMU runs as the user (see the README).
 type confinePlan struct{}
 
-func planConfinement(c *Confinement, binary, ramDir string, spec *vmspec.Spec, accel vmm.Accel) (*confinePlan, error) {
+func planConfinement(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel) (*confinePlan, error) {
 	return nil, nil
 }
 

@@ -322,7 +322,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		}
 	}
 	cleanup = append(cleanup, func() { ram.Close() })
-	plan, err := planConfinement(d.confine, d.binary, d.ramDir, spec, d.accel)
+	plan, err := planConfinement(d.confine, d.binary, ram, spec, d.accel)
 	if err != nil {
 		return fail(err)
 	}
