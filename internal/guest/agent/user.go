@@ -204,11 +204,27 @@ func (db userDB) ensureUser(name string, uid, gid int) (string, error) {
 }
 
 func (db userDB) appendLine(file, line string) error {
-	f, err := os.OpenFile(filepath.Join(db.etc, file), os.O_WRONLY|os.O_APPEND, 0)
+	f, err := os.OpenFile(filepath.Join(db.etc, file), os.O_RDWR|os.O_APPEND, 0)
 	if err != nil {
 		return err
 	}
+	// A line of its own even after a file that does not end in one: after
+	// a crash, or a start from a checkpoint's disks alone, a file appended
+	// to just before can end in zeros where the data never reached the
+	// disk, and the new line would be read as part of them.
+	if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, fi.Size()-1); err == nil && last[0] != '\n' {
+			line = "\n" + line
+		}
+	}
 	if _, err := f.WriteString(line + "\n"); err != nil {
+		f.Close()
+		return err
+	}
+	// On the disk before the host is told the guest is ready: a checkpoint
+	// taken right after holds the account.
+	if err := f.Sync(); err != nil {
 		f.Close()
 		return err
 	}
