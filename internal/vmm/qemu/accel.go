@@ -130,21 +130,7 @@ func RecordFailure(dir string, a vmm.Accel, reason string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".accel-*")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(b)
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Rename(tmp.Name(), failureFile(dir, a)); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return nil
+	return writeRecord(failureFile(dir, a), b)
 }
 
 // ClearFailure forgets a recorded failure under a.
@@ -164,8 +150,8 @@ func readFailures(dir string) map[vmm.Accel]Failure {
 	id := bootID()
 	out := map[vmm.Accel]Failure{}
 	for _, a := range []vmm.Accel{vmm.KVM, vmm.HVF} {
-		b, err := os.ReadFile(failureFile(dir, a))
-		if err != nil || len(b) > 2*maxReason+256 {
+		b, err := readRecord(failureFile(dir, a), 2*maxReason+256)
+		if err != nil {
 			continue
 		}
 		var f Failure

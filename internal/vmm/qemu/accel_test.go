@@ -95,6 +95,23 @@ func TestFailureRecord(t *testing.T) {
 	if _, ok := readFailures(dir)[vmm.HVF]; ok {
 		t.Fatal("a kvm failure counted for hvf")
 	}
+	// Read only from a file at its name, never through a link.
+	elsewhere := filepath.Join(t.TempDir(), "failure.json")
+	if err := os.Rename(failureFile(dir, vmm.KVM), elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, failureFile(dir, vmm.KVM)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := readFailures(dir)[vmm.KVM]; ok {
+		t.Fatal("a failure read through a link")
+	}
+	if err := os.Rename(elsewhere, failureFile(dir, vmm.KVM)); err != nil { // the link replaced by the file again
+		t.Fatal(err)
+	}
+	if _, ok := readFailures(dir)[vmm.KVM]; !ok {
+		t.Fatal("the recorded failure, back at its name, is not read")
+	}
 	// A failure from another boot of the host is forgotten.
 	if err := os.WriteFile(failureFile(dir, vmm.KVM), []byte(`{"boot_id":"another boot","reason":"old"}`), 0o600); err != nil {
 		t.Fatal(err)

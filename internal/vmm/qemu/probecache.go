@@ -3,8 +3,6 @@ package qemu
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -87,7 +85,7 @@ func ProbeCached(ctx context.Context, bin string, arch vmspec.Arch, dir string) 
 		entries = entries[len(entries)-maxProbeCacheEntries:]
 	}
 	if b, err := json.Marshal(entries); err == nil && len(b) <= maxProbeCacheBytes {
-		writeRecord(path, b) // a cache: one not written is probed again
+		_ = writeRecord(path, b) // a cache: one not written is probed again
 	}
 	return inst, nil
 }
@@ -135,42 +133,4 @@ func readProbeCache(path string) []probeEntry {
 		return nil
 	}
 	return entries
-}
-
-// readRecord reads the file at path, at most max bytes of it, if it is a
-// regular file: never through a link, nor waiting on a FIFO planted at its
-// name.
-func readRecord(path string, max int64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err == nil && int64(len(b)) > max {
-		err = fmt.Errorf("%s is over %d bytes", path, max)
-	}
-	return b, err
-}
-
-// writeRecord replaces the file at path whole, best effort (a new file
-// renamed over it: never through a link planted at its name).
-func writeRecord(path string, b []byte) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return
-	}
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-	}
 }
