@@ -261,8 +261,8 @@ func (p *confinePlan) prepare(ram *os.File) error {
 	return nil
 }
 
-// handOver gives path, a file or directory QEMU writes, to QEMU's uid when
-// it runs as its own; never through a symlink.
+// handOver gives path, a file QEMU writes, to QEMU's uid when it runs as
+// its own; never through a symlink.
 func (p *confinePlan) handOver(path string) error {
 	if p == nil || p.uid < 0 {
 		return nil

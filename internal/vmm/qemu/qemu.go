@@ -363,7 +363,9 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		o.Incoming = "defer"
 	}
 	if d.accel == vmm.TCG && spec.Arch == vmspec.AMD64 && vmspec.HostArch() == vmspec.AMD64 {
-		o.TSCkHz = HostTSCkHz()
+		// The driver's record too: whichever call comes first measures
+		// (New's, started ahead, usually has).
+		o.TSCkHz = HostTSCkHzIn(d.cfg.RecordDir)
 	}
 	if opts.Net != nil {
 		extra = append(extra, opts.Net)
