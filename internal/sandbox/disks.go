@@ -51,7 +51,8 @@ func Overlay(dl vmm.DiskLayers, id, diskID string) checkpoint.Disk {
 }
 
 // NewOverlays makes an empty layer over each of layers (in parallel),
-// named for id, and returns them.
+// named for id, and returns them; when one fails, it removes the others
+// and returns none.
 func (sb *Sandbox) NewOverlays(layers map[string]checkpoint.Disk, id string) (map[string]checkpoint.Disk, error) {
 	dl, err := sb.DiskLayers()
 	if err != nil {
@@ -83,7 +84,19 @@ func (sb *Sandbox) NewOverlays(layers map[string]checkpoint.Disk, id string) (ma
 			first = err
 		}
 	}
-	return next, first
+	if first != nil {
+		sb.RemoveLayers(next)
+		return nil, first
+	}
+	return next, nil
+}
+
+// RemoveLayers removes disk layers nothing records (made for a checkpoint
+// or a rewind that stopped short).
+func (sb *Sandbox) RemoveLayers(layers map[string]checkpoint.Disk) {
+	for _, d := range layers {
+		os.Remove(sb.Path(d.Path))
+	}
 }
 
 // FlushLayers writes what the host holds of layers (paths relative to the

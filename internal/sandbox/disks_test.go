@@ -44,3 +44,30 @@ func TestNewOverlaysNeverOverwrite(t *testing.T) {
 		t.Errorf("the link's target was created: %v", err)
 	}
 }
+
+// When one of a sandbox's new layers cannot be made, the others made
+// beside it go too: nothing records them.
+func TestNewOverlaysFailingLeaveNone(t *testing.T) {
+	sb := &Sandbox{Dir: t.TempDir(), Disks: vmmtest.Layers{}}
+	for _, p := range []string{RootDisk, WorkspaceDisk} {
+		if err := os.WriteFile(sb.Path(p), []byte("base\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	layers := map[string]checkpoint.Disk{"root": {Path: RootDisk, Format: "qcow2"}, "ws": {Path: WorkspaceDisk, Format: "raw"}}
+	if err := os.MkdirAll(sb.Path(DisksDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	taken := sb.Path(Overlay(vmmtest.Layers{}, "20261202-000000-abcd", "ws").Path)
+	if err := os.WriteFile(taken, []byte("in use\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	next, err := sb.NewOverlays(layers, "20261202-000000-abcd")
+	if err == nil || next != nil {
+		t.Fatalf("NewOverlays over a taken name: %v, %v", next, err)
+	}
+	files, _ := filepath.Glob(sb.Path(filepath.Join(DisksDir, "*")))
+	if len(files) != 1 || files[0] != taken {
+		t.Errorf("layers left: %v, want only the one that was there", files)
+	}
+}

@@ -245,8 +245,7 @@ func (s *supervisor) prepareRestore(id string) (*checkpoint.Meta, error) {
 }
 
 // branchAhead starts making new overlays on a checkpoint's frozen disk
-// layers, for a rewind to it, and returns a wait for them (the layers made,
-// even after a failure, and the error).
+// layers, for a rewind to it, and returns a wait for them.
 func (s *supervisor) branchAhead(target *checkpoint.Meta) func() (map[string]checkpoint.Disk, error) {
 	done := make(chan struct{})
 	var next map[string]checkpoint.Disk
@@ -442,9 +441,7 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, 
 	recorded := false
 	defer func() {
 		if next, _ := waitBranch(); !recorded {
-			for _, d := range next {
-				os.Remove(s.sb.Path(d.Path))
-			}
+			s.sb.RemoveLayers(next)
 		}
 	}()
 	// The state before is saved without copying its RAM during the rewind:

@@ -320,9 +320,7 @@ func (j *cpJob) prepareDisks(ctx context.Context) error {
 		err = sb.SaveActiveDisks(next)
 	}
 	if err != nil {
-		for _, d := range next {
-			os.Remove(sb.Path(d.Path))
-		}
+		sb.RemoveLayers(next)
 		return fmt.Errorf("new disk layers: %w", err)
 	}
 	j.next, j.asked = next, map[string]bool{}
