@@ -183,10 +183,9 @@ type Machine struct {
 	calls   []Call
 	paused  bool
 	state   string
-	fail    map[string]error
-	later   map[string]failLater
-	disks   map[string]string // disk id → the overlay new writes go to
-	devices int               // how many device states were saved
+	fail    map[string]failure // by method: what Fail and FailLater arranged
+	disks   map[string]string  // disk id → the overlay new writes go to
+	devices int                // how many device states were saved
 
 	done     chan struct{}
 	exitOnce sync.Once
@@ -220,7 +219,7 @@ func newRAMFile(size int64) (*os.File, error) {
 
 func newMachine(ram *os.File) *Machine {
 	host, guest := net.Pipe()
-	return &Machine{ram: ram, host: host, guest: guest, state: "running", fail: map[string]error{},
+	return &Machine{ram: ram, host: host, guest: guest, state: "running", fail: map[string]failure{},
 		disks: map[string]string{}, done: make(chan struct{})}
 }
 
@@ -249,14 +248,11 @@ func (d *Driver) RAMFilesAhead() int {
 
 // Fail makes the next call of method (a Machine method's name) fail with
 // err, once.
-func (m *Machine) Fail(method string, err error) {
-	m.mu.Lock()
-	m.fail[method] = err
-	m.mu.Unlock()
-}
+func (m *Machine) Fail(method string, err error) { m.FailLater(method, 0, err) }
 
-// failLater is a failure FailLater arranged.
-type failLater struct {
+// failure is a failure Fail or FailLater arranged: the calls to let
+// through first, then the error.
+type failure struct {
 	skip int
 	err  error
 }
@@ -265,10 +261,7 @@ type failLater struct {
 // fail with err, once.
 func (m *Machine) FailLater(method string, skip int, err error) {
 	m.mu.Lock()
-	if m.later == nil {
-		m.later = map[string]failLater{}
-	}
-	m.later[method] = failLater{skip, err}
+	m.fail[method] = failure{skip, err}
 	m.mu.Unlock()
 }
 
@@ -277,15 +270,14 @@ func (m *Machine) FailLater(method string, skip int, err error) {
 func (m *Machine) record(name, arg string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	err := m.fail[name]
-	delete(m.fail, name)
-	if l, ok := m.later[name]; ok {
-		if l.skip == 0 {
-			err = l.err
-			delete(m.later, name)
+	var err error
+	if f, ok := m.fail[name]; ok {
+		if f.skip == 0 {
+			err = f.err
+			delete(m.fail, name)
 		} else {
-			l.skip--
-			m.later[name] = l
+			f.skip--
+			m.fail[name] = f
 		}
 	}
 	if err == nil && m.exited() && name != "Kill" {
