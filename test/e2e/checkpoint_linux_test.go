@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -263,4 +264,59 @@ func qemuProcesses(t *testing.T, name string) []int {
 		}
 	}
 	return pids
+}
+
+// A root guest writes a qcow2 header naming a host FIFO at the start of
+// its raw workspace disk (ext4 leaves the first KiB unused); once a
+// checkpoint has frozen that disk as a raw layer, deleting a checkpoint
+// collects unused layers as root. That must not read the guest's bytes as
+// a header and open what it names (qemu-img, probing, did: the FIFO held
+// the deletion forever; a device or a json: name does worse).
+func TestGuestDiskHeaderNamesNothingToTheHost(t *testing.T) {
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan struct{})
+	go func() { // a reader's open lets this one return
+		if f, err := os.OpenFile(fifo, os.O_WRONLY, 0); err == nil {
+			close(opened)
+			f.Close()
+		}
+	}()
+	t.Cleanup(func() { // release the writer if nothing did
+		if f, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+			time.Sleep(10 * time.Millisecond)
+			f.Close()
+		}
+	})
+	hdr := filepath.Join(dir, "hdr.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-u", "-f", "qcow2",
+		"-o", "backing_file="+fifo+",backing_fmt=raw", hdr, "1M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	b, err := os.ReadFile(hdr)
+	if err != nil || len(b) < 1024 {
+		t.Fatalf("header: %d bytes, %v", len(b), err)
+	}
+
+	name := sandbox(t, "hdrattack", "--memory", "384M")
+	find := `for d in /sys/block/vd*; do [ "$(cat $d/serial 2>/dev/null)" = ws ] && echo /dev/${d##*/}; done`
+	if r := run(t, string(b[:1024]), "exec", "-i", "-u", "root", name, "--", "sh", "-c",
+		`dd of=$(`+find+`) bs=1024 count=1 iflag=fullblock conv=notrunc status=none && sync && head -c 4 $(`+find+`)`); r.code != 0 || r.stdout != "QFI\xfb" {
+		t.Fatalf("the guest writing its disk's first KiB:\n%s", r)
+	}
+	first := checkpointNow(t, name, "freezes the raw workspace disk")
+	second := checkpointNow(t, name, "to delete")
+	if first.Disks["ws"].Format != "raw" {
+		t.Fatalf("the first checkpoint's workspace layer: %+v, want the raw disk", first.Disks["ws"])
+	}
+	timed(t, 60*time.Second, "checkpoint", "rm", name, second.ID)
+	select {
+	case <-opened:
+		t.Fatal("deleting a checkpoint opened the host FIFO the guest's disk header names")
+	case <-time.After(200 * time.Millisecond):
+	}
 }

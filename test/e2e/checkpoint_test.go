@@ -41,6 +41,10 @@ type cpMeta struct {
 	Parent      string  `json:"parent"`
 	Kind        string  `json:"kind"`
 	PauseMillis float64 `json:"pause_ms"`
+	Disks       map[string]struct {
+		Path   string `json:"path"`
+		Format string `json:"format"`
+	} `json:"disks"`
 }
 
 func checkpointNow(t *testing.T, name, msg string) cpMeta {
