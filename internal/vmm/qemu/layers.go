@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -31,27 +30,22 @@ func qemuImg() (string, error) {
 	return p, nil
 }
 
-// Create implements vmm.DiskLayers. The size is read from backing here, so
-// qemu-img need not open the backing chain (-u): that open was most of
-// the time a rewind spent on its disks.
-func (Layers) Create(ctx context.Context, path, backing, backingFormat string, size int64) error {
-	img, err := qemuImg()
-	if err != nil {
-		return err
-	}
-	if _, err := os.Stat(backing); err != nil { // -u would not look
+// Create implements vmm.DiskLayers. The layer is written here
+// (qcow2new.go), not by qemu-img, which took 30 to 200 ms a layer on a
+// rewind's path, starting and then opening what it made; and its size is
+// read from backing, so nothing opens the backing chain.
+func (Layers) Create(_ context.Context, path, backing, backingFormat string, size int64) error {
+	if _, err := os.Stat(backing); err != nil {
 		return fmt.Errorf("new disk layer over %s: %w", backing, err)
 	}
+	var err error
 	if size == 0 {
 		if size, err = VirtualSize(backing, backingFormat); err != nil {
 			return fmt.Errorf("new disk layer over %s: %w", backing, err)
 		}
 	}
-	out, err := exec.CommandContext(ctx, img, "create", "-q", "-u", "-f", "qcow2",
-		"-o", "backing_file="+backing+",backing_fmt="+backingFormat+",lazy_refcounts=on",
-		path, strconv.FormatInt(size, 10)).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("new disk layer: %v: %s", err, strings.TrimSpace(string(out)))
+	if err := writeQcow2Overlay(path, size, backing, backingFormat); err != nil {
+		return fmt.Errorf("new disk layer over %s: %w", backing, err)
 	}
 	return nil
 }

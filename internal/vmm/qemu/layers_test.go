@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -175,4 +176,139 @@ func FuzzQcow2Backing(f *testing.F) {
 			t.Fatalf("backing name %q is a protocol or json: name", name)
 		}
 	})
+}
+
+// The layers Create writes itself are what qemu-img makes: the same
+// header, no errors found by qemu-img check, reads that fall through to
+// the backing file, and writes that allocate as QEMU's own would.
+func TestCreateWritesWhatQemuImgMakes(t *testing.T) {
+	for _, tool := range []string{"qemu-img", "qemu-io"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (qemu-utils)", tool)
+		}
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	run := func(name string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v: %s", name, args, err, out)
+		}
+		return string(out)
+	}
+	base := filepath.Join(dir, "base.raw")
+	pattern := []byte("the base image's first bytes")
+	if err := os.WriteFile(base, append(pattern, make([]byte, 1<<20)...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int64{4 << 30, 16<<30 + 100, 5 << 40} {
+		ours, theirs := filepath.Join(dir, "ours.qcow2"), filepath.Join(dir, "theirs.qcow2")
+		os.Remove(ours)
+		os.Remove(theirs)
+		if err := (Layers{}).Create(ctx, ours, base, "raw", size); err != nil {
+			t.Fatal(err)
+		}
+		run("qemu-img", "create", "-q", "-u", "-f", "qcow2", "-o", "backing_file="+base+",backing_fmt=raw,lazy_refcounts=on", theirs, strconv.FormatInt(size, 10))
+		a, b := readHead(t, ours), readHead(t, theirs)
+		// The fields up to the header's end, but for where the backing
+		// file's name sits (qemu-img puts a feature name table first).
+		for _, r := range [][2]int{{0, 8}, {16, 104}} {
+			if !bytes.Equal(a[r[0]:r[1]], b[r[0]:r[1]]) {
+				t.Errorf("size %d: header bytes %d-%d: ours % x, qemu-img's % x", size, r[0], r[1], a[r[0]:r[1]], b[r[0]:r[1]])
+			}
+		}
+		if fa, fb := fileSize(t, ours), fileSize(t, theirs); fa != fb {
+			t.Errorf("size %d: our layer is %d bytes, qemu-img's %d", size, fa, fb)
+		}
+		if out := run("qemu-img", "check", "-f", "qcow2", ours); !strings.Contains(out, "No errors") {
+			t.Errorf("size %d: qemu-img check: %s", size, out)
+		}
+		info := run("qemu-img", "info", "-U", "--output=json", ours)
+		for _, want := range []string{`"backing-filename": "` + base + `"`, `"backing-filename-format": "raw"`, `"cluster-size": 65536`, `"lazy-refcounts": true`,
+			`"virtual-size": ` + strconv.FormatInt((size+511)&^511, 10)} {
+			if !strings.Contains(info, want) {
+				t.Errorf("size %d: qemu-img info lacks %s:\n%s", size, want, info)
+			}
+		}
+	}
+	// A layer over a layer: reads fall through, writes land in the top.
+	mid, top := filepath.Join(dir, "mid.qcow2"), filepath.Join(dir, "top.qcow2")
+	if err := (Layers{}).Create(ctx, mid, base, "raw", 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	run("qemu-io", "-f", "qcow2", "-c", "write -P 0x6d 65536 4096", mid)
+	if err := (Layers{}).Create(ctx, top, mid, "qcow2", 0); err != nil {
+		t.Fatal(err)
+	}
+	run("qemu-io", "-f", "qcow2", "-c", "write -P 0x74 1048576 65536", top)
+	for _, p := range []string{mid, top} {
+		if out := run("qemu-img", "check", "-f", "qcow2", p); !strings.Contains(out, "No errors") {
+			t.Errorf("%s after writes: %s", p, out)
+		}
+	}
+	flat := filepath.Join(dir, "flat.raw")
+	run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", top, flat)
+	f, err := os.Open(flat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, c := range []struct {
+		off  int64
+		want []byte
+	}{{0, pattern}, {65536, bytes.Repeat([]byte{0x6d}, 4096)}, {1 << 20, bytes.Repeat([]byte{0x74}, 65536)}, {1<<20 + 65536, make([]byte, 512)}} {
+		got := make([]byte, len(c.want))
+		if _, err := f.ReadAt(got, c.off); err != nil || !bytes.Equal(got, c.want) {
+			t.Errorf("the flattened disk at %d: %q… (%v), want %q…", c.off, got[:min(len(got), 16)], err, c.want[:min(len(c.want), 16)])
+		}
+	}
+	// Bad requests write nothing.
+	for _, bad := range []struct {
+		size    int64
+		backing string
+		format  string
+	}{{0, base, "raw"}, {-1, base, "raw"}, {1 << 60, base, "raw"}, {1 << 30, base, "vmdk"}, {1 << 30, "/" + strings.Repeat("x", 1100), "raw"}} {
+		if _, _, err := qcow2Overlay(bad.size, bad.backing, bad.format); err == nil {
+			t.Errorf("a layer of %d bytes over %.20q (%s) was made", bad.size, bad.backing, bad.format)
+		}
+	}
+	// Never through a link.
+	link := filepath.Join(dir, "link.qcow2")
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := (Layers{}).Create(ctx, link, base, "raw", 1<<30); err == nil {
+		t.Error("a layer written through a link")
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "keep" {
+		t.Errorf("the link's target now holds %q", b)
+	}
+}
+
+func readHead(t *testing.T, path string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 104)
+	if _, err := io.ReadFull(f, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func fileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
 }
