@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -46,7 +47,9 @@ func createRAMFile(dir, name string, size int64) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	p := filepath.Join(dir, fmt.Sprintf("%s.%d.ram", name, os.Getpid()))
+	// Unique in this process: a rewind starts its QEMU before the old one
+	// has gone, and QEMU opens the file by this name.
+	p := filepath.Join(dir, fmt.Sprintf("%s-%d.%d.ram", name, ramSeq.Add(1), os.Getpid()))
 	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create RAM file: %w", err)
@@ -57,6 +60,15 @@ func createRAMFile(dir, name string, size int64) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+var ramSeq atomic.Int64
+
+// closeRAMFile closes a RAM file once no QEMU uses it, and removes its
+// name, which macOS's QEMU needed to open it.
+func closeRAMFile(f *os.File) {
+	_ = os.Remove(f.Name())
+	f.Close()
 }
 
 // ramAhead: not here. QEMU opens the RAM file by its name, which one

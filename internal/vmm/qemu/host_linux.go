@@ -127,6 +127,9 @@ func sweepRAMFiles(dir string) {
 
 var ramSeq atomic.Int64
 
+// closeRAMFile closes a RAM file once no QEMU uses it: it has no name.
+func closeRAMFile(f *os.File) { f.Close() }
+
 // ramAhead: a RAM file may be made ahead of its start (NewRAMFile): it is
 // unlinked, so two of one sandbox never meet by name.
 const ramAhead = true

@@ -321,7 +321,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 			return fail(err)
 		}
 	}
-	cleanup = append(cleanup, func() { ram.Close() })
+	cleanup = append(cleanup, func() { closeRAMFile(ram) })
 	plan, err := planConfinement(d.confine, d.binary, ram, spec, d.accel)
 	if err != nil {
 		return fail(err)
@@ -433,7 +433,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		// stays allocated on tmpfs while any descriptor is open. Whoever
 		// needs it after QEMU (a checkpoint written out later) holds a
 		// duplicate.
-		m.ram.Close()
+		closeRAMFile(m.ram)
 		close(m.done)
 	}()
 	if err := <-started; err != nil {
