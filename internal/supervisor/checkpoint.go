@@ -2,11 +2,9 @@ package supervisor
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -16,160 +14,8 @@ import (
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
-	"github.com/kosa8/kosa8/internal/vmspec"
 	"github.com/kosa8/kosa8/internal/wsync"
 )
-
-func (s *supervisor) disks() []vmspec.Disk {
-	var out []vmspec.Disk
-	act := s.sb.ActiveDisks()
-	for _, id := range []string{"root", "ws"} {
-		if d, ok := act[id]; ok {
-			out = append(out, vmspec.Disk{ID: id, Path: s.sb.Path(d.Path), Format: d.Format})
-		}
-	}
-	return out
-}
-
-// launch starts QEMU and connects to the agent: a cold boot, or (restore
-// set) a restore of the checkpoint's RAM and devices.
-func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) (err error) {
-	netEnd, err := s.net.attachLink()
-	if err != nil {
-		return err
-	}
-	spec := *s.spec
-	spec.Disks = s.disks()
-	opts := vmm.StartOptions{Stderr: logWriter{s.log}, Net: netEnd}
-	var ramSrc *os.File
-	var ramCopy string // how the restore's RAM copy went, for the log
-	exact := false
-	if restore != nil {
-		opts.Incoming = true
-		// The RAM kept ready: the checkpoint's (nothing to copy), or
-		// another's, resident, to copy over (faster than new pages).
-		if opts.RAM, exact = s.takeRewindRAM(restore.ID); exact {
-			ramCopy = "prepared"
-		}
-	}
-	if restore != nil && !exact {
-		ramSrc, err = os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.RAMFile))
-		if err != nil {
-			netEnd.Close()
-			if opts.RAM != nil {
-				opts.RAM.Close()
-			}
-			return err
-		}
-		defer ramSrc.Close()
-		copyFn, into := checkpoint.CopySparse, "new"
-		if opts.RAM != nil {
-			copyFn, into = checkpoint.CopyOver, "ready"
-		}
-		opts.PrepareRAM = func(ram *os.File) error {
-			// Copied into shared memory rather than mapped copy-on-write:
-			// the next checkpoint can then skip RAM in the migration
-			// stream again (x-ignore-shared).
-			t := time.Now()
-			n, err := copyFn(ram, ramSrc)
-			ramCopy = fmt.Sprintf("%d MiB into %s pages in %.0f ms", n>>20, into, msBetween(t, time.Now()))
-			return err
-		}
-	}
-	t0 := time.Now()
-	mach, err := s.drv.Start(ctx, &spec, opts)
-	tStarted := time.Now()
-	netEnd.Close() // QEMU has its own copy; ours would hide QEMU's exit from the stack
-	if err != nil {
-		return err
-	}
-	m := mach
-	// "qemu started" is what the e2e tests look for; confined says how
-	// the VMM is confined, where its driver can tell.
-	var confined string
-	if c, ok := m.(interface{ Confined() string }); ok {
-		confined = c.Confined()
-	}
-	s.log.Info("qemu started", "pid", m.Pid(), "confined", confined)
-	s.clientMu.Lock()
-	s.machine = m
-	s.clientMu.Unlock()
-	defer func() {
-		// All or nothing: a QEMU whose guest never came up is not left
-		// running beside a supervisor that gave up on it.
-		if err != nil {
-			if kerr := m.Kill(); kerr != nil {
-				s.log.Error("kill the QEMU of a failed start", "err", kerr)
-			}
-		}
-	}()
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-m.Done():
-			cancel() // QEMU died: stop waiting for it
-		case <-lctx.Done():
-		}
-	}()
-	if restore != nil {
-		dev, err := os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.DevicesFile))
-		if err != nil {
-			return err
-		}
-		snap, err := snapshotter(m)
-		if err == nil {
-			err = snap.LoadDevices(lctx, dev)
-		}
-		dev.Close()
-		if err != nil {
-			return fmt.Errorf("load the checkpoint's device state: %w", err)
-		}
-		if err := snap.Resume(lctx); err != nil {
-			return err
-		}
-	}
-	tLoaded := time.Now()
-	client, err := guest.Connect(lctx, m.Agent())
-	if err != nil {
-		// A QEMU that dies resets the agent's socket a moment before its
-		// exit is reaped: give the exit a moment to arrive, as QEMU's own
-		// words say more than the reset.
-		wait := 2 * time.Second
-		if ctx.Err() != nil {
-			wait = 0
-		}
-		grace := time.NewTimer(wait)
-		defer grace.Stop()
-		select {
-		case <-m.Done():
-			why := "QEMU exited: the guest's kernel stopped (a panic, or a power-off)"
-			if werr := m.Wait(context.Background()); werr != nil {
-				why = werr.Error()
-			}
-			return fmt.Errorf("the VM stopped while booting: %s%s", why, consoleTail(s.sb.Path(sandbox.ConsoleLog)))
-		case <-grace.C:
-		}
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-			return fmt.Errorf("the guest agent did not answer%s", consoleTail(s.sb.Path(sandbox.ConsoleLog)))
-		}
-		return err
-	}
-	if restore != nil {
-		entropy := make([]byte, 64)
-		_, _ = rand.Read(entropy)
-		tConnected := time.Now()
-		if err := client.Restored(lctx, entropy, time.Now()); err != nil {
-			return fmt.Errorf("restored guest: %w", err)
-		}
-		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", msBetween(t0, tStarted), "ram_copy", ramCopy,
-			"devices_ms", msBetween(tStarted, tLoaded), "agent_ms", msBetween(tLoaded, tConnected), "reseed_ms", msBetween(tConnected, time.Now()))
-	} else if err := client.SetTime(lctx, time.Now()); err != nil {
-		s.log.Warn("set guest clock", "err", err)
-	}
-	s.setClient(client)
-	return nil
-}
 
 // setClient replaces the agent client and wakes those waiting for it.
 func (s *supervisor) setClient(c *guest.Client) {
@@ -444,6 +290,29 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, 
 			s.sb.RemoveLayers(next)
 		}
 	}()
+	restore := target
+	cold := false
+	if ok, why := target.Loadable(s.qemuVersion, s.qemuFirmware); !ok {
+		if !target.DisksOnly {
+			s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "why", why)
+		}
+		restore, cold = nil, true
+	}
+	// The QEMU that restores the target starts on those layers as soon as
+	// they are made, also while the state before is saved: it waits for
+	// the target's device state, its guest not running, until the old
+	// machine is gone. A cold boot starts after, as its guest would run.
+	var waitAhead func() (*startedVMM, error)
+	if restore != nil {
+		waitAhead = s.startAhead(ctx, restore, waitBranch)
+		defer func() {
+			if waitAhead != nil { // not brought up: never the sandbox's
+				if v, err := waitAhead(); err == nil {
+					v.discard()
+				}
+			}
+		}()
+	}
 	// The state before is saved without copying its RAM during the rewind:
 	// that RAM is written out once the restored machine runs.
 	pre, writeOut, err := s.checkpointFinal(ctx, "before rewind to "+id, "pre-rewind", s.canWriteOutLater())
@@ -481,14 +350,6 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, 
 	}()
 	_ = old.Kill()
 	s.currentClient().Close()
-	restore := target
-	cold := false
-	if ok, why := target.Loadable(s.qemuVersion, s.qemuFirmware); !ok {
-		if !target.DisksOnly {
-			s.log.Warn("checkpoint saved by another QEMU build: cold boot from its disks", "why", why)
-		}
-		restore, cold = nil, true
-	}
 	tSaved := time.Now()
 	next, err := waitBranch()
 	if err == nil {
@@ -499,7 +360,9 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, 
 	}
 	recorded = true
 	tBranched := time.Now()
-	if err := s.launch(ctx, restore); err != nil {
+	ahead := waitAhead
+	waitAhead = nil // launchRewound's now: it kills a machine that does not come up
+	if err := s.launchRewound(ctx, restore, ahead); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", id, err)
 	}
 	tLaunched := time.Now()
@@ -530,6 +393,43 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, 
 	s.net.audit.Add(audit.Event{Kind: "rewind", Decision: "restored", Name: id, Reason: "state before kept as " + pre.ID})
 	s.log.Info("rewind", "to", id, "ms", res.Millis, "saved", pre.ID, "saved_ms", res.SavedMillis)
 	return res, nil
+}
+
+// startAhead starts, in the background, the QEMU that restores target,
+// on the layers waitBranch makes over its disks, and returns a wait for
+// it (nil and the error if it did not start).
+func (s *supervisor) startAhead(ctx context.Context, target *checkpoint.Meta, waitBranch func() (map[string]checkpoint.Disk, error)) func() (*startedVMM, error) {
+	done := make(chan struct{})
+	var v *startedVMM
+	var err error
+	go func() {
+		defer close(done)
+		t := time.Now()
+		var next map[string]checkpoint.Disk
+		if next, err = waitBranch(); err == nil {
+			tBranch := time.Now()
+			v, err = s.startVMM(ctx, target, specDisks(s.sb, next))
+			s.log.Info("qemu started ahead", "layers_ms", msBetween(t, tBranch), "ready_ms", msSince(t), "err", err)
+		}
+	}()
+	return func() (*startedVMM, error) {
+		<-done
+		return v, err
+	}
+}
+
+// launchRewound brings up the machine of a rewind: the QEMU started ahead
+// when there is one (else, or if it failed to start, one started now).
+func (s *supervisor) launchRewound(ctx context.Context, restore *checkpoint.Meta, waitAhead func() (*startedVMM, error)) error {
+	if waitAhead == nil {
+		return s.launch(ctx, restore)
+	}
+	v, err := waitAhead()
+	if err != nil {
+		s.log.Warn("the QEMU started ahead of the rewind failed: starting another", "err", err)
+		return s.launch(ctx, restore)
+	}
+	return s.bringUp(ctx, v, restore)
 }
 
 // expectExit marks a machine as being replaced: its exit is not the end of

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -435,12 +436,17 @@ func TestCheckpointFailureResumesAndLeavesNothing(t *testing.T) {
 			if final && tc.fail == "Resume" {
 				continue // a final checkpoint resumes only after a failure
 			}
-			name := tc.fail
+			name, want := tc.fail, tc.wantCalls
 			if final {
+				// A rewind's machine keeps its layers: no disk switch.
+				if tc.fail == "SnapshotDisk" {
+					continue
+				}
 				name += " (final, a rewind's)"
+				want = slices.DeleteFunc(slices.Clone(want), func(c string) bool { return strings.HasPrefix(c, "SnapshotDisk") })
 			}
 			t.Run(name, func(t *testing.T) {
-				testCheckpointFailure(t, tc.fail, final, tc.wantCalls, tc.wantPaused)
+				testCheckpointFailure(t, tc.fail, final, want, tc.wantPaused)
 			})
 		}
 	}
@@ -668,6 +674,29 @@ func TestRewindReplacesTheMachine(t *testing.T) {
 	if _, err := old.RAM().WriteAt(later, guestPatternAt); err != nil {
 		t.Fatal(err)
 	}
+	lastLayer := old.Disk("root")
+
+	// The new machine starts while the state before is saved: the save
+	// waits here for it (and would time out without it); and it has
+	// started when the old one is killed.
+	var saves atomic.Int32
+	var startedAhead, startedBeforeKill atomic.Bool
+	old.OnCall(func(name string) {
+		switch name {
+		case "SaveDevices":
+			if saves.Add(1) != 1 {
+				return
+			}
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				if len(r.drv.Machines()) == 2 {
+					startedAhead.Store(true)
+					return
+				}
+			}
+		case "Kill":
+			startedBeforeKill.Store(len(r.drv.Machines()) == 2)
+		}
+	})
 
 	res, err := s.rewind(ctx, cp.ID)
 	if err != nil {
@@ -676,13 +705,25 @@ func TestRewindReplacesTheMachine(t *testing.T) {
 	if res.To != cp.ID || res.Saved == nil || res.ColdBoot || res.Warning != "" {
 		t.Fatalf("rewind result %+v", res)
 	}
+	if !startedAhead.Load() || !startedBeforeKill.Load() {
+		t.Errorf("the new machine was not started while the state before was saved (during the save %v, before the kill %v)",
+			startedAhead.Load(), startedBeforeKill.Load())
+	}
 
-	// The machine before: saved while paused and never resumed, then killed.
-	want := []string{"Start", "Pause", "SnapshotDisk(root)", "SaveDevices", "Resume", "Pause", "SnapshotDisk(root)", "SaveDevices", "Kill"}
+	// The machine before: saved while paused and never resumed, then
+	// killed; its disk layers kept as they were (no switch to new ones),
+	// as the state before's, and no longer the sandbox's.
+	want := []string{"Start", "Pause", "SnapshotDisk(root)", "SaveDevices", "Resume", "Pause", "SaveDevices", "Kill"}
 	if got := old.CallNames(); !slices.Equal(got, want) {
 		t.Errorf("the old machine's calls %v, want %v", got, want)
 	}
 	pausedBetween(t, old.Calls())
+	if got := s.sb.Path(res.Saved.Disks["root"].Path); got != lastLayer {
+		t.Errorf("the state before keeps root layer %s, the old machine wrote to %s", got, lastLayer)
+	}
+	if got := s.sb.ActiveDisks()["root"]; got.Path == res.Saved.Disks["root"].Path {
+		t.Errorf("the sandbox still writes to the state before's layer %s", got.Path)
+	}
 	saved, err := os.Open(filepath.Join(s.sb.Checkpoints().Path(res.Saved.ID), checkpoint.RAMFile))
 	if err != nil {
 		t.Fatalf("the state before the rewind: %v", err)
@@ -987,5 +1028,75 @@ func TestFailedRewindRemovesItsNewLayers(t *testing.T) {
 	}
 	if got := s.sb.ActiveDisks(); !maps.Equal(got, active) {
 		t.Errorf("active layers %v after the failed rewind, want %v", got, active)
+	}
+	// A machine started ahead for the rewind is gone; the old one runs.
+	ms := r.drv.Machines()
+	for _, m := range ms[1:] {
+		select {
+		case <-m.Done():
+		default:
+			t.Errorf("a machine started for the failed rewind still runs: %v", m.CallNames())
+		}
+	}
+	if s.currentMachine() != vmm.Machine(ms[0]) || ms[0].Paused() {
+		t.Error("the machine before the failed rewind does not run on")
+	}
+}
+
+// A rewind whose machine started ahead fails to start starts another once
+// the old one is gone.
+func TestRewindStartsAgainWhenTheEarlyStartFails(t *testing.T) {
+	r := newRewindRig(t)
+	s := r.s
+	ctx := context.Background()
+	cp, err := s.checkpoint(ctx, "before", "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.drv.FailStart(errors.New("injected: no memory for a second QEMU beside the first"))
+	res, err := s.rewind(ctx, cp.ID)
+	if err != nil {
+		t.Fatalf("rewind: %v", err)
+	}
+	if res.ColdBoot {
+		t.Error("the rewind booted cold")
+	}
+	ms := r.drv.Machines()
+	if len(ms) != 2 || s.currentMachine() != vmm.Machine(ms[1]) {
+		t.Fatalf("%d machines, the supervisor holds %v", len(ms), s.currentMachine())
+	}
+	if got := ms[1].CallNames(); !slices.Equal(got, []string{"Start", "LoadDevices", "Resume"}) {
+		t.Errorf("the new machine's calls %v, want Start, LoadDevices, Resume", got)
+	}
+	if ops := r.guest(ms[1]).Ops(); !slices.Contains(ops, guest.OpRestored) {
+		t.Errorf("the new guest was asked %v, never told it was restored", ops)
+	}
+}
+
+// A rewind's state before keeps the layers its machine wrote to, so it is
+// never kept while the record still names them as the sandbox's: a start
+// would write into a checkpoint's disk.
+func TestFinalCheckpointNotKeptOverActiveLayers(t *testing.T) {
+	r := newRewindRig(t)
+	s := r.s
+	ctx := context.Background()
+	s.cpMu.Lock()
+	meta, finish, err := s.checkpointFinal(ctx, "before rewind", "pre-rewind", true)
+	s.cpMu.Unlock()
+	if err != nil || finish == nil {
+		t.Fatalf("final checkpoint: %v (finish %v)", err, finish != nil)
+	}
+	if meta.Disks["root"] != s.sb.ActiveDisks()["root"] {
+		t.Fatalf("the state before's root %v, the sandbox's %v: want the same layer until a rewind records new ones", meta.Disks["root"], s.sb.ActiveDisks()["root"])
+	}
+	_ = s.currentMachine().Kill()
+	if err := finish(); err == nil || !strings.Contains(err.Error(), "still the one the sandbox writes to") {
+		t.Fatalf("finish over the active layers: %v", err)
+	}
+	if list, _ := s.sb.Checkpoints().List(); len(list) != 0 {
+		t.Errorf("checkpoints kept: %v", list)
+	}
+	if half, _ := filepath.Glob(filepath.Join(s.sb.Checkpoints().Dir, ".tmp-*")); len(half) > 0 {
+		t.Errorf("half-written checkpoint left: %v", half)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/api"
@@ -51,7 +52,7 @@ func (s *supervisor) takeCheckpoint(ctx context.Context, message, kind string, f
 			step{"commit", j.commitStep},
 		)
 	}
-	if err := runSteps(ctx, s.log, "checkpoint", steps, nil); err != nil {
+	if err := runSteps(ctx, s.log, "checkpoint", steps, j.stepDone); err != nil {
 		return nil, nil, err
 	}
 	return j.meta, j.finish, nil
@@ -104,6 +105,8 @@ type cpJob struct {
 	// When each step of the pause ended: the stop, the disk snapshots,
 	// the device state, the RAM.
 	tStopped, tDisks, tSaved, tRAM time.Time
+	// steps: each step's time, in order, for the log ("begin=1.2 …").
+	steps strings.Builder
 
 	id    string
 	store checkpoint.Store
@@ -130,6 +133,14 @@ type cpJob struct {
 	meta   *checkpoint.Meta
 	saved  *checkpoint.SaveResult // by saveRAM, for the next checkpoint
 	finish func() error           // final: writes the RAM out and commits
+}
+
+// stepDone notes a step's time for the checkpoint's log line.
+func (j *cpJob) stepDone(name string, ms float64) {
+	if j.steps.Len() > 0 {
+		j.steps.WriteByte(' ')
+	}
+	fmt.Fprintf(&j.steps, "%s=%.1f", strings.ReplaceAll(name, " ", "_"), ms)
 }
 
 // begin checks that the machine answers and opens the checkpoint's
@@ -307,9 +318,19 @@ func (j *cpJob) setPause(end time.Time) {
 // Nothing in the pause writes a host file and waits for it: a file
 // creation or an fsync there waited on all the host had to write (the
 // last checkpoint's RAM file among it), 37 to 900 ms.
+//
+// A final checkpoint (a rewind's) makes no new layers: its machine never
+// runs again, so the layers it wrote to become the checkpoint's as they
+// are, flushed by QEMU's stop. They stay recorded as the sandbox's until
+// the rewind records its own, and finish commits only then
+// (freezeLayers).
 func (j *cpJob) prepareDisks(ctx context.Context) error {
 	sb := j.s.sb
 	j.frozen = sb.ActiveDisks()
+	j.next, j.asked = map[string]checkpoint.Disk{}, map[string]bool{}
+	if j.final {
+		return nil
+	}
 	fctx, cancel := withTimeout(ctx, layerFlushTimeout)
 	if err := sb.FlushLayers(fctx, j.frozen); err != nil {
 		j.s.log.Debug("flush disk layers before a checkpoint", "err", err) // QEMU flushes them in the pause anyway
@@ -323,7 +344,7 @@ func (j *cpJob) prepareDisks(ctx context.Context) error {
 		sb.RemoveLayers(next)
 		return fmt.Errorf("new disk layers: %w", err)
 	}
-	j.next, j.asked = next, map[string]bool{}
+	j.next = next
 	j.undo.push(j.unprepareDisks)
 	return nil
 }
@@ -414,7 +435,10 @@ func (j *cpJob) handOver(context.Context) error {
 	j.handedOver = true
 	j.finish = func() error {
 		defer j.ram.Close()
-		err := j.copyRAM(src)
+		err := j.freezeLayers()
+		if err == nil {
+			err = j.copyRAM(src)
+		}
 		src.Close()
 		if err == nil {
 			err = j.commit()
@@ -425,6 +449,28 @@ func (j *cpJob) handOver(context.Context) error {
 			j.s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "failed", Name: j.id, Reason: err.Error()})
 		}
 		return err
+	}
+	return nil
+}
+
+// freezeLayers, once a final checkpoint's machine is gone, makes the
+// layers it wrote to the checkpoint's: never while the record names one
+// as a layer the sandbox writes to (a rewind that could not record its
+// new layers: the next start boots from them, and the checkpoint is not
+// kept), and taken back from QEMU's uid, as snapshotDisks takes a running
+// machine's.
+func (j *cpJob) freezeLayers() error {
+	sb := j.s.sb
+	active := sb.ActiveDisks()
+	for diskID, d := range j.frozen {
+		for _, a := range active {
+			if a.Path == d.Path {
+				return fmt.Errorf("disk %s: its layer %s is still the one the sandbox writes to", diskID, d.Path)
+			}
+		}
+		if err := sb.TakeBack(d); err != nil {
+			j.s.log.Warn("take a frozen disk layer back from QEMU", "disk", diskID, "err", err)
+		}
 	}
 	return nil
 }
@@ -520,6 +566,6 @@ func (j *cpJob) commit() error {
 	s.ramCommitted(j.id, j.saved)
 	s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "saved", Name: j.id, Reason: j.message})
 	s.log.Info("checkpoint", "id", j.id, "kind", j.kind, "pause_ms", meta.PauseMillis, "total_ms", meta.TotalMillis, "ram_mib", meta.RAMBytes>>20,
-		"incremental", meta.Incremental, "copied_mib", meta.RAMCopiedBytes>>20, "full_copy_reason", meta.FullCopyReason, "verify", meta.Verify)
+		"incremental", meta.Incremental, "copied_mib", meta.RAMCopiedBytes>>20, "full_copy_reason", meta.FullCopyReason, "verify", meta.Verify, "steps_ms", j.steps.String())
 	return nil
 }

@@ -140,39 +140,40 @@ func startNetwork(sb *sandbox.Sandbox, configDir string, log *slog.Logger) (*net
 	return n, nil
 }
 
-// attachLink makes a new link for a new QEMU: a socket pair whose host end
-// a fresh stack serves (with DNS on the gateway), replacing the last one.
-// It returns QEMU's end. The gateway, policy and name map carry over, so a
-// restored guest's cached addresses still mean the same names.
-func (n *network) attachLink() (*os.File, error) {
+// newLink makes the socket pair of a new QEMU's network device: QEMU's
+// end, and the host's, for attachLink once that QEMU is the sandbox's (a
+// QEMU started ahead of a rewind sends nothing before its guest runs).
+func (n *network) newLink() (qemuEnd, hostEnd *os.File, err error) {
+	hostEnd, qemuEnd, err = vmm.SocketPair("net")
+	return qemuEnd, hostEnd, err
+}
+
+// attachLink serves hostEnd (from newLink; it is closed either way) with a
+// fresh stack, with DNS on the gateway, replacing the last one. The
+// gateway, policy and name map carry over, so a restored guest's cached
+// addresses still mean the same names.
+func (n *network) attachLink(hostEnd *os.File) error {
 	n.detachLink()
-	hostEnd, qemuEnd, err := vmm.SocketPair("net")
-	if err != nil {
-		return nil, err
-	}
 	conn, err := net.FileConn(hostEnd)
 	hostEnd.Close()
 	if err != nil {
-		qemuEnd.Close()
-		return nil, err
+		return err
 	}
 	st, err := netstack.New(conn, n.gw, n.log)
 	if err != nil {
 		conn.Close()
-		qemuEnd.Close()
-		return nil, err
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := n.gw.ServeDNS(ctx, st); err != nil {
 		cancel()
 		st.Close()
-		qemuEnd.Close()
-		return nil, err
+		return err
 	}
 	n.mu.Lock()
 	n.stack, n.stop = st, cancel
 	n.mu.Unlock()
-	return qemuEnd, nil
+	return nil
 }
 
 func (n *network) detachLink() {

@@ -40,11 +40,20 @@ type Driver struct {
 	// NoRAMAhead makes NewRAMFile fail.
 	NoRAMAhead bool
 
-	mu       sync.Mutex
-	machines []*Machine
-	opts     []vmm.DriverOptions
-	failures []string
-	ramAhead int
+	mu         sync.Mutex
+	machines   []*Machine
+	opts       []vmm.DriverOptions
+	failures   []string
+	ramAhead   int
+	startFails []error // FailStart: the errors of the next starts
+}
+
+// FailStart makes the next start fail with err, once (StartErr fails
+// them all).
+func (d *Driver) FailStart(err error) {
+	d.mu.Lock()
+	d.startFails = append(d.startFails, err)
+	d.mu.Unlock()
 }
 
 // RecordFailure notes "accel: reason" (vmm.FailureRecorder).
@@ -110,11 +119,17 @@ func (d *Driver) Machines() []*Machine {
 // starts paused, as QEMU's -incoming does, until its devices are loaded
 // and it is resumed.
 func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOptions) (vmm.Machine, error) {
-	if d.StartErr != nil {
+	d.mu.Lock()
+	startErr := d.StartErr
+	if startErr == nil && len(d.startFails) > 0 {
+		startErr, d.startFails = d.startFails[0], d.startFails[1:]
+	}
+	d.mu.Unlock()
+	if startErr != nil {
 		if opts.RAM != nil {
 			opts.RAM.Close()
 		}
-		return nil, d.StartErr
+		return nil, startErr
 	}
 	var m *Machine
 	var err error
@@ -186,6 +201,7 @@ type Machine struct {
 	fail    map[string]failure // by method: what Fail and FailLater arranged
 	disks   map[string]string  // disk id → the overlay new writes go to
 	devices int                // how many device states were saved
+	onCall  func(name string)  // OnCall
 
 	done     chan struct{}
 	exitOnce sync.Once
@@ -265,9 +281,24 @@ func (m *Machine) FailLater(method string, skip int, err error) {
 	m.mu.Unlock()
 }
 
+// OnCall has f called at the start of each call of the machine's
+// methods, with the method's name: a test holds a step there, or checks
+// what else has happened by then.
+func (m *Machine) OnCall(f func(name string)) {
+	m.mu.Lock()
+	m.onCall = f
+	m.mu.Unlock()
+}
+
 // record notes a call and returns the error Fail or FailLater arranged
 // for it, if any.
 func (m *Machine) record(name, arg string) error {
+	m.mu.Lock()
+	f := m.onCall
+	m.mu.Unlock()
+	if f != nil {
+		f(name)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var err error

@@ -1,0 +1,212 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmspec"
+)
+
+// launch starts QEMU and connects to the agent: a cold boot, or (restore
+// set) a restore of the checkpoint's RAM and devices.
+func (s *supervisor) launch(ctx context.Context, restore *checkpoint.Meta) error {
+	st, err := s.startVMM(ctx, restore, s.disks())
+	if err != nil {
+		return err
+	}
+	return s.bringUp(ctx, st, restore)
+}
+
+// startedVMM is a QEMU started for the sandbox that is not yet its
+// machine: its guest boots, or (a restore) waits for its device state.
+type startedVMM struct {
+	m        vmm.Machine
+	netHost  *os.File // the network link's host end, served once it is the sandbox's
+	ramCopy  string   // how a restore's RAM copy went, for the log
+	t0, tRun time.Time
+}
+
+// discard kills a QEMU that never became the sandbox's.
+func (v *startedVMM) discard() {
+	v.netHost.Close()
+	_ = v.m.Kill()
+}
+
+// startVMM starts QEMU on disks, with the checkpoint's RAM if restore is
+// set (the RAM kept ready for it, or a copy made while QEMU starts).
+func (s *supervisor) startVMM(ctx context.Context, restore *checkpoint.Meta, disks []vmspec.Disk) (*startedVMM, error) {
+	qemuNet, hostNet, err := s.net.newLink()
+	if err != nil {
+		return nil, err
+	}
+	defer qemuNet.Close() // QEMU has its own copy; ours would hide QEMU's exit from the stack
+	spec := *s.spec
+	spec.Disks = disks
+	opts := vmm.StartOptions{Stderr: logWriter{s.log}, Net: qemuNet}
+	v := &startedVMM{netHost: hostNet}
+	exact := false
+	if restore != nil {
+		opts.Incoming = true
+		// The RAM kept ready: the checkpoint's (nothing to copy), or
+		// another's, resident, to copy over (faster than new pages).
+		if opts.RAM, exact = s.takeRewindRAM(restore.ID); exact {
+			v.ramCopy = "prepared"
+		}
+	}
+	if restore != nil && !exact {
+		ramSrc, err := os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.RAMFile))
+		if err != nil {
+			hostNet.Close()
+			if opts.RAM != nil {
+				opts.RAM.Close()
+			}
+			return nil, err
+		}
+		defer ramSrc.Close() // the copy ends before Start returns
+		copyFn, into := checkpoint.CopySparse, "new"
+		if opts.RAM != nil {
+			copyFn, into = checkpoint.CopyOver, "ready"
+		}
+		opts.PrepareRAM = func(ram *os.File) error {
+			// Copied into shared memory rather than mapped copy-on-write:
+			// the next checkpoint can then skip RAM in the migration
+			// stream again (x-ignore-shared).
+			t := time.Now()
+			n, err := copyFn(ram, ramSrc)
+			v.ramCopy = fmt.Sprintf("%d MiB into %s pages in %.0f ms", n>>20, into, msBetween(t, time.Now()))
+			return err
+		}
+	}
+	v.t0 = time.Now()
+	v.m, err = s.drv.Start(ctx, &spec, opts)
+	v.tRun = time.Now()
+	if err != nil {
+		hostNet.Close()
+		return nil, err
+	}
+	// "qemu started" is what the e2e tests look for; confined says how
+	// the VMM is confined, where its driver can tell.
+	var confined string
+	if c, ok := v.m.(interface{ Confined() string }); ok {
+		confined = c.Confined()
+	}
+	s.log.Info("qemu started", "pid", v.m.Pid(), "confined", confined)
+	return v, nil
+}
+
+// bringUp makes a started QEMU the sandbox's machine: its network link is
+// served, a restore's device state loaded and its guest resumed, and the
+// agent connected (after a restore, the RNG reseeded and the clock stepped
+// before the workloads run). A machine that does not come up is killed.
+func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkpoint.Meta) (err error) {
+	m := v.m
+	if err := s.net.attachLink(v.netHost); err != nil {
+		_ = m.Kill()
+		return err
+	}
+	s.clientMu.Lock()
+	s.machine = m
+	s.clientMu.Unlock()
+	defer func() {
+		// All or nothing: a QEMU whose guest never came up is not left
+		// running beside a supervisor that gave up on it.
+		if err != nil {
+			if kerr := m.Kill(); kerr != nil {
+				s.log.Error("kill the QEMU of a failed start", "err", kerr)
+			}
+		}
+	}()
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-m.Done():
+			cancel() // QEMU died: stop waiting for it
+		case <-lctx.Done():
+		}
+	}()
+	tUp := time.Now()
+	if restore != nil {
+		dev, err := os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.DevicesFile))
+		if err != nil {
+			return err
+		}
+		snap, err := snapshotter(m)
+		if err == nil {
+			err = snap.LoadDevices(lctx, dev)
+		}
+		dev.Close()
+		if err != nil {
+			return fmt.Errorf("load the checkpoint's device state: %w", err)
+		}
+		if err := snap.Resume(lctx); err != nil {
+			return err
+		}
+	}
+	tLoaded := time.Now()
+	client, err := guest.Connect(lctx, m.Agent())
+	if err != nil {
+		// A QEMU that dies resets the agent's socket a moment before its
+		// exit is reaped: give the exit a moment to arrive, as QEMU's own
+		// words say more than the reset.
+		wait := 2 * time.Second
+		if ctx.Err() != nil {
+			wait = 0
+		}
+		grace := time.NewTimer(wait)
+		defer grace.Stop()
+		select {
+		case <-m.Done():
+			why := "QEMU exited: the guest's kernel stopped (a panic, or a power-off)"
+			if werr := m.Wait(context.Background()); werr != nil {
+				why = werr.Error()
+			}
+			return fmt.Errorf("the VM stopped while booting: %s%s", why, consoleTail(s.sb.Path(sandbox.ConsoleLog)))
+		case <-grace.C:
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return fmt.Errorf("the guest agent did not answer%s", consoleTail(s.sb.Path(sandbox.ConsoleLog)))
+		}
+		return err
+	}
+	if restore != nil {
+		entropy := make([]byte, 64)
+		_, _ = rand.Read(entropy)
+		tConnected := time.Now()
+		if err := client.Restored(lctx, entropy, time.Now()); err != nil {
+			return fmt.Errorf("restored guest: %w", err)
+		}
+		// qemu_and_ram_ms: QEMU's start with the RAM copy; a QEMU
+		// started ahead (a rewind) waited waiting_ms beside it for the
+		// old machine to go.
+		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", msBetween(v.t0, v.tRun), "waiting_ms", msBetween(v.tRun, tUp),
+			"ram_copy", v.ramCopy, "devices_ms", msBetween(tUp, tLoaded), "agent_ms", msBetween(tLoaded, tConnected), "reseed_ms", msSince(tConnected))
+	} else if err := client.SetTime(lctx, time.Now()); err != nil {
+		s.log.Warn("set guest clock", "err", err)
+	}
+	s.setClient(client)
+	return nil
+}
+
+// disks are the sandbox's active disk layers, as QEMU takes them.
+func (s *supervisor) disks() []vmspec.Disk { return specDisks(s.sb, s.sb.ActiveDisks()) }
+
+// specDisks are layers (disk id to layer) as QEMU takes them, root first.
+func specDisks(sb *sandbox.Sandbox, layers map[string]checkpoint.Disk) []vmspec.Disk {
+	var out []vmspec.Disk
+	for _, id := range []string{"root", "ws"} {
+		if d, ok := layers[id]; ok {
+			out = append(out, vmspec.Disk{ID: id, Path: sb.Path(d.Path), Format: d.Format})
+		}
+	}
+	return out
+}
