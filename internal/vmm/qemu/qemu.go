@@ -321,7 +321,13 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 			return fail(err)
 		}
 	}
-	cleanup = append(cleanup, func() { closeRAMFile(ram) })
+	// A RAM file made here is removed here (macOS names it); one handed
+	// in is only closed.
+	closeRAM := func() { ram.Close() }
+	if opts.RAM == nil {
+		closeRAM = func() { closeRAMFile(ram) }
+	}
+	cleanup = append(cleanup, closeRAM)
 	plan, err := planConfinement(d.confine, d.binary, ram, spec, d.accel)
 	if err != nil {
 		return fail(err)
@@ -433,7 +439,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		// stays allocated on tmpfs while any descriptor is open. Whoever
 		// needs it after QEMU (a checkpoint written out later) holds a
 		// duplicate.
-		closeRAMFile(m.ram)
+		closeRAM()
 		close(m.done)
 	}()
 	if err := <-started; err != nil {
