@@ -108,7 +108,7 @@ func TestConfinementLimitsFiles(t *testing.T) {
 	if err := os.WriteFile(neighbour, []byte("another sandbox's RAM"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := planConfinement(c, "/bin/sh", ram, spec, vmm.TCG)
+	p, err := planConfinement(c, "/bin/sh", ram, spec, vmm.TCG, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func TestConfinedQEMUCannotOpenOutside(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ram.Close()
-		p, err := planConfinement(c, bin, ram, spec, vmm.TCG)
+		p, err := planConfinement(c, bin, ram, spec, vmm.TCG, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,5 +222,54 @@ func TestConfinedQEMUCannotOpenOutside(t *testing.T) {
 	}
 	if out := open(outside); !strings.Contains(out, "Permission denied") {
 		t.Fatalf("confined QEMU opened %s, outside its set:\n%s", outside, out)
+	}
+}
+
+// Under root every other start of one driver runs as another uid: the
+// QEMU a rewind starts while the old one still runs gets its layers
+// before the old one is killed, and the old one (the guest may own it)
+// must not write them, though both may write their own files in the
+// sandbox's disks folder.
+func TestNextQEMUOutOfTheOldOnesReach(t *testing.T) {
+	requireLandlock(t)
+	if os.Geteuid() != 0 {
+		t.Skip("QEMU runs as a uid of its own only under root")
+	}
+	dir, c, spec, _ := confinedSetup(t)
+	plan := func(start uint64, layer string) *confinePlan {
+		t.Helper()
+		ram, err := os.CreateTemp(filepath.Join(dir, "ram"), "x-*.ram")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ram.Close() })
+		os.Remove(ram.Name())
+		s := *spec
+		s.Disks = []vmspec.Disk{{ID: "root", Path: layer, Format: "qcow2"}}
+		if err := os.WriteFile(layer, []byte("layer"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p, err := planConfinement(c, "/bin/sh", ram, &s, vmm.TCG, start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.close)
+		if err := p.prepare(ram); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	oldLayer, newLayer := filepath.Join(dir, "sb/disks/old.qcow2"), filepath.Join(dir, "sb/disks/new.qcow2")
+	old, next := plan(7, oldLayer), plan(8, newLayer)
+	if old.uid == next.uid || old.uid <= 0 || next.uid <= 0 || next.uid >= 1<<31 {
+		t.Fatalf("consecutive starts run as uids %d and %d", old.uid, next.uid)
+	}
+	script := "for f in " + oldLayer + " " + newLayer + "; do if (echo x >> $f) 2>/dev/null; then echo ok; else echo denied; fi; done"
+	out, err := runConfined(t, old, exec.Command("/bin/sh", "-c", script))
+	if err != nil {
+		t.Fatalf("confined shell: %v\n%s", err, out)
+	}
+	if got := strings.Fields(out); len(got) != 2 || got[0] != "ok" || got[1] != "denied" {
+		t.Errorf("the old QEMU writing its own layer, then the next one's: %v, want ok denied", got)
 	}
 }

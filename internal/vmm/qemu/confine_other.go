@@ -14,7 +14,7 @@ import (
 // and QEMU runs as the user (see the README).
 type confinePlan struct{}
 
-func planConfinement(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel) (*confinePlan, error) {
+func planConfinement(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel, _ uint64) (*confinePlan, error) {
 	return nil, nil
 }
 

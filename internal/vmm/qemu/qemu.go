@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/vmm"
@@ -32,6 +33,7 @@ type Driver struct {
 	inst    Install
 	confine *Confinement
 	cfg     Config // as New completed it: Info and RecordFailure read it
+	starts  atomic.Uint64
 }
 
 // Config selects how a Driver runs QEMU.
@@ -328,7 +330,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		closeRAM = func() { closeRAMFile(ram) }
 	}
 	cleanup = append(cleanup, closeRAM)
-	plan, err := planConfinement(d.confine, d.binary, ram, spec, d.accel)
+	plan, err := planConfinement(d.confine, d.binary, ram, spec, d.accel, d.starts.Add(1))
 	if err != nil {
 		return fail(err)
 	}
