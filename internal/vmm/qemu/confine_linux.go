@@ -19,10 +19,11 @@ import (
 //
 //   - Run by root, QEMU gets a uid and gid of its own (confineIDBase plus
 //     the supervisor's pid: one per sandbox, so that QEMUs cannot signal or
-//     trace each other or anything else; and every other start of one
-//     supervisor has the pid's twin, a bit above pid_max, so that the QEMU a
-//     rewind starts while the old one still runs, on layers already handed
-//     to it, is out of the old one's reach), no supplementary group but
+//     trace each other or anything else; and a QEMU started while another
+//     of the supervisor may still run gets the other of the pid's uid and
+//     its twin, a bit above pid_max (twins.go), so that the QEMU a rewind
+//     starts while the old one still runs, on layers already handed to it,
+//     is out of the old one's reach), no supplementary group but
 //     /dev/kvm's, and one capability, CAP_DAC_READ_SEARCH, so that it can
 //     read its image and frozen disk layers under root's private home. What
 //     it writes (the RAM file, the active disk layers, the console log, the
@@ -88,21 +89,25 @@ func llHandled(abi int) uint64 {
 	return h
 }
 
-// confineTwin sets the uid of every other start apart (see above): above
+// confineTwin sets the twin uid apart (see above): above
 // the largest pid Linux hands out (2^22), and with confineIDBase still
 // below 2^31.
 const confineTwin = 1 << 22
 
+// runsAsOwnUID tells whether QEMU confined by c runs as a uid of its own
+// (twins.go picks which).
+func runsAsOwnUID(c *Confinement) bool { return c != nil && os.Geteuid() == 0 }
+
 // planConfinement decides how QEMU for spec is confined and prepares the
-// Landlock ruleset; start counts the driver's starts (its uid alternates
-// with it). A nil c: not confined.
-func planConfinement(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel, start uint64) (*confinePlan, error) {
+// Landlock ruleset; twin (0 or 1) is the start's uid slot (twins.go). A
+// nil c: not confined.
+func planConfinement(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel, twin int) (*confinePlan, error) {
 	if c == nil {
 		return nil, nil
 	}
 	p := &confinePlan{uid: -1, gid: -1, ruleset: -1}
 	if os.Geteuid() == 0 {
-		id := confineIDBase + os.Getpid() + int(start&1)*confineTwin
+		id := confineIDBase + os.Getpid() + (twin&1)*confineTwin
 		p.uid, p.gid = id, id
 		if accel == vmm.KVM {
 			var st unix.Stat_t

@@ -236,7 +236,7 @@ func TestNextQEMUOutOfTheOldOnesReach(t *testing.T) {
 		t.Skip("QEMU runs as a uid of its own only under root")
 	}
 	dir, c, spec, _ := confinedSetup(t)
-	plan := func(start uint64, layer string) *confinePlan {
+	plan := func(twin int, layer string) *confinePlan {
 		t.Helper()
 		ram, err := os.CreateTemp(filepath.Join(dir, "ram"), "x-*.ram")
 		if err != nil {
@@ -249,7 +249,7 @@ func TestNextQEMUOutOfTheOldOnesReach(t *testing.T) {
 		if err := os.WriteFile(layer, []byte("layer"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		p, err := planConfinement(c, "/bin/sh", ram, &s, vmm.TCG, start)
+		p, err := planConfinement(c, "/bin/sh", ram, &s, vmm.TCG, twin)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -260,7 +260,7 @@ func TestNextQEMUOutOfTheOldOnesReach(t *testing.T) {
 		return p
 	}
 	oldLayer, newLayer := filepath.Join(dir, "sb/disks/old.qcow2"), filepath.Join(dir, "sb/disks/new.qcow2")
-	old, next := plan(7, oldLayer), plan(8, newLayer)
+	old, next := plan(1, oldLayer), plan(0, newLayer)
 	if old.uid == next.uid || old.uid <= 0 || next.uid <= 0 || next.uid >= 1<<31 {
 		t.Fatalf("consecutive starts run as uids %d and %d", old.uid, next.uid)
 	}

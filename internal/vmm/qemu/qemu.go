@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/vmm"
@@ -33,7 +32,7 @@ type Driver struct {
 	inst    Install
 	confine *Confinement
 	cfg     Config // as New completed it: Info and RecordFailure read it
-	starts  atomic.Uint64
+	twins   twins  // the uid slot of each QEMU it starts (twins.go)
 }
 
 // Config selects how a Driver runs QEMU.
@@ -330,7 +329,19 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		closeRAM = func() { closeRAMFile(ram) }
 	}
 	cleanup = append(cleanup, closeRAM)
-	plan, err := planConfinement(d.confine, d.binary, ram, spec, d.accel, d.starts.Add(1))
+	// The slot is held until QEMU has exited (the goroutine below), or
+	// given back here if it never starts.
+	twin, releaseTwin, ok := d.twins.take()
+	if !ok && runsAsOwnUID(d.confine) {
+		return fail(errors.New("two QEMUs of this sandbox still run: no uid left that neither can write to"))
+	}
+	qemuStarted := false
+	cleanup = append(cleanup, func() {
+		if !qemuStarted {
+			releaseTwin()
+		}
+	})
+	plan, err := planConfinement(d.confine, d.binary, ram, spec, d.accel, twin)
 	if err != nil {
 		return fail(err)
 	}
@@ -427,6 +438,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		}
 		started <- nil
 		err := cmd.Wait()
+		releaseTwin() // exited: its uid runs nothing any more
 		if err != nil {
 			err = fmt.Errorf("qemu exited: %w%s", err, m.stderr.Suffix())
 		}
@@ -447,6 +459,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	if err := <-started; err != nil {
 		return fail(fmt.Errorf("start %s: %w", d.binary, err))
 	}
+	qemuStarted = true // the slot is the goroutine's to give back
 	m.pid = cmd.Process.Pid
 	cleanup = append(cleanup, func() { _ = m.Kill() })
 	if !parentDeathSignal() {
