@@ -1100,3 +1100,44 @@ func TestFinalCheckpointNotKeptOverActiveLayers(t *testing.T) {
 		t.Errorf("half-written checkpoint left: %v", half)
 	}
 }
+
+// The old machine's layers (the state before's) are taken back from its
+// QEMU's uid as soon as it is gone, before another QEMU starts: one
+// started after a failed early start may run as that uid again (its slot
+// is free once the old one exited), and the guest runs on it before the
+// state before is written out and committed.
+func TestRewindTakesBackTheOldLayersBeforeAnotherStart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("handing layers to another uid needs root")
+	}
+	r := newRewindRig(t)
+	s := r.s
+	ctx := context.Background()
+	cp, err := s.checkpoint(ctx, "before", "manual")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old machine's QEMU writes its layer as a uid of its own.
+	const qemuUID = 0x7a0f0f0f
+	last := s.sb.Path(s.sb.ActiveDisks()["root"].Path)
+	if err := os.Lchown(last, qemuUID, qemuUID); err != nil {
+		t.Fatal(err)
+	}
+	var owners []uint32
+	onStart := r.drv.OnStart
+	r.drv.OnStart = func(m *vmmtest.Machine) {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(last, &st); err != nil {
+			t.Errorf("the old machine's layer at a start: %v", err)
+		}
+		owners = append(owners, st.Uid)
+		onStart(m)
+	}
+	r.drv.FailStart(errors.New("injected: no memory for a second QEMU beside the first"))
+	if _, err := s.rewind(ctx, cp.ID); err != nil {
+		t.Fatalf("rewind: %v", err)
+	}
+	if len(owners) != 1 || owners[0] == qemuUID {
+		t.Errorf("the state before's layer belonged to uid %v as the next QEMU started, want it taken back from the old QEMU's %d", owners, qemuUID)
+	}
+}
