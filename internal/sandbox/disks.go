@@ -164,6 +164,15 @@ func SaveDisks(sb *Sandbox, message string) (*checkpoint.Meta, error) {
 		store.Abort(tmp)
 		return nil, err
 	}
+	// Taken back from the uid of the QEMU that last wrote them (nothing
+	// did at its exit): a later QEMU of that uid could write them.
+	for _, d := range frozen {
+		if err := sb.TakeBack(d); err != nil {
+			sb.RemoveLayers(next)
+			store.Abort(tmp)
+			return nil, fmt.Errorf("take a disk layer back from QEMU: %w", err)
+		}
+	}
 	st := sb.Status()
 	meta := &checkpoint.Meta{
 		ID: id, Parent: st.Checkpoint, Created: time.Now().UTC(), Message: message, Kind: "disks", DisksOnly: true,

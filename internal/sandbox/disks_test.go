@@ -3,6 +3,7 @@ package sandbox
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
@@ -69,5 +70,36 @@ func TestNewOverlaysFailingLeaveNone(t *testing.T) {
 	files, _ := filepath.Glob(sb.Path(filepath.Join(DisksDir, "*")))
 	if len(files) != 1 || files[0] != taken {
 		t.Errorf("layers left: %v, want only the one that was there", files)
+	}
+}
+
+// The layers a stopped sandbox's disks checkpoint freezes are taken back
+// from the uid of the QEMU that last wrote them (a supervisor under root
+// hands them to the QEMU's own uid and nothing took them back at its
+// exit): a later QEMU whose uid is that one again (its supervisor's pid
+// reused, and its Landlock rule lets it write any file of its uid in the
+// disks folder) must not write into a checkpoint's disk.
+func TestSaveDisksTakesTheLayersBack(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("handing layers to another uid needs root")
+	}
+	sb := &Sandbox{Dir: t.TempDir(), Disks: vmmtest.Layers{}}
+	if err := os.WriteFile(sb.Path(RootDisk), []byte("base\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const qemuUID = 0x7a0f0f0f
+	if err := os.Lchown(sb.Path(RootDisk), qemuUID, qemuUID); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := SaveDisks(sb, "disks before start --from")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(sb.Path(meta.Disks["root"].Path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != uint32(os.Geteuid()) {
+		t.Errorf("the checkpoint's layer belongs to uid %d, want the supervisor's %d", uid, os.Geteuid())
 	}
 }
