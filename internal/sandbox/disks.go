@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,15 +28,31 @@ func (s *Sandbox) Checkpoints() checkpoint.Store {
 // ActiveDisks are the layers new writes go to (paths relative to the
 // sandbox directory).
 func (s *Sandbox) ActiveDisks() map[string]checkpoint.Disk {
+	m, _ := s.RecordedDisks()
+	return m
+}
+
+// RecordedDisks is ActiveDisks and why its record could not be read: the
+// first disks stand for a record that is missing (nothing switched them
+// yet), and for one that is unreadable too, where the error says so
+// (a decision that must not guess, as whether a layer is still written
+// to, fails on it).
+func (s *Sandbox) RecordedDisks() (map[string]checkpoint.Disk, error) {
 	m := map[string]checkpoint.Disk{}
-	if err := readJSON(s.Path(disksFile), &m); err == nil && len(m) > 0 {
-		return m
+	err := readJSON(s.Path(disksFile), &m)
+	if err == nil && len(m) > 0 {
+		return m, nil
 	}
-	m["root"] = checkpoint.Disk{Path: RootDisk, Format: "qcow2"}
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil
+	} else if err == nil {
+		err = fmt.Errorf("%s names no disk", s.Path(disksFile))
+	}
+	m = map[string]checkpoint.Disk{"root": {Path: RootDisk, Format: "qcow2"}}
 	if s.Config.Workspace != nil {
 		m["ws"] = checkpoint.Disk{Path: WorkspaceDisk, Format: "raw"}
 	}
-	return m
+	return m, err
 }
 
 // SaveActiveDisks records the layers new writes go to.

@@ -1073,6 +1073,42 @@ func TestRewindStartsAgainWhenTheEarlyStartFails(t *testing.T) {
 	}
 }
 
+// Nor when the record cannot be read: whether a start would write into
+// the layers is then unknown.
+func TestFinalCheckpointNotKeptOverAnUnreadableRecord(t *testing.T) {
+	r := newRewindRig(t)
+	s := r.s
+	ctx := context.Background()
+	if _, err := s.checkpoint(ctx, "first", "manual"); err != nil {
+		t.Fatal(err)
+	}
+	s.cpMu.Lock()
+	meta, finish, err := s.checkpointFinal(ctx, "before rewind", "pre-rewind", true)
+	s.cpMu.Unlock()
+	if err != nil || finish == nil {
+		t.Fatalf("final checkpoint: %v (finish %v)", err, finish != nil)
+	}
+	_ = s.currentMachine().Kill()
+	next, err := s.sb.NewOverlays(meta.Disks, checkpoint.NewID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.sb.SaveActiveDisks(next); err != nil {
+		t.Fatal(err)
+	}
+	// Damaged after the new layers were recorded: read as the first
+	// disks, which are not the state before's, the guard would pass.
+	if err := os.WriteFile(s.sb.Path("disks.json"), []byte("{\"root\": "), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := finish(); err == nil || !strings.Contains(err.Error(), "damaged") {
+		t.Fatalf("finish over an unreadable record: %v", err)
+	}
+	if list, _ := s.sb.Checkpoints().List(); len(list) != 1 {
+		t.Errorf("checkpoints: %d, want only the first", len(list))
+	}
+}
+
 // A rewind's state before keeps the layers its machine wrote to, so it is
 // never kept while the record still names them as the sandbox's: a start
 // would write into a checkpoint's disk.

@@ -461,7 +461,10 @@ func (j *cpJob) handOver(context.Context) error {
 // machine's.
 func (j *cpJob) freezeLayers() error {
 	sb := j.s.sb
-	active := sb.ActiveDisks()
+	active, err := sb.RecordedDisks()
+	if err != nil {
+		return fmt.Errorf("which layers the sandbox writes to: %w", err)
+	}
 	for diskID, d := range j.frozen {
 		for _, a := range active {
 			if a.Path == d.Path {
