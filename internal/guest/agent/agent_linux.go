@@ -59,6 +59,10 @@ type Config struct {
 // rootGrowWait bounds an exec's wait for the root filesystem to grow.
 const rootGrowWait = 30 * time.Second
 
+// freezeGrowWait bounds a checkpoint's wait for the root filesystem to
+// grow: the host waits 15 s for the freeze.
+const freezeGrowWait = 10 * time.Second
+
 // New returns an agent. Only one per process: it reaps all children.
 func New(cfg Config) *Agent {
 	if cfg.Etc == "" {
@@ -130,6 +134,17 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 	case guest.OpWSOp:
 		a.handleWSOp(s, &req)
 	case guest.OpFreeze, guest.OpThaw:
+		if req.Op == guest.OpFreeze {
+			// A checkpoint's disks never catch the root filesystem
+			// halfway through its online resize (started at boot, in the
+			// background): a start from those disks alone (another QEMU
+			// build, a failed rewind) found it broken (a 64 GiB disk's
+			// filesystem stuck at 6 GiB and full, a kernel warning in
+			// ext4_resize_fs; an I/O error on mkdir). Bounded well within
+			// the host's deadline for the call: a freeze that answered
+			// after the host gave up (and thawed) would stay.
+			a.waitRootGrown(freezeGrowWait, "the checkpoint goes on")
+		}
 		if err := a.freeze(req.Op == guest.OpFreeze); err != nil {
 			a.respondError(s, err)
 			return

@@ -551,3 +551,32 @@ func TestExecWaitsForTheRootToGrow(t *testing.T) {
 		t.Fatal("the command did not run once the root filesystem had grown")
 	}
 }
+
+// A checkpoint's freeze waits for the root filesystem to finish growing
+// too: its disks must not catch the filesystem mid-resize.
+func TestFreezeWaitsForTheRootToGrow(t *testing.T) {
+	grown := make(chan struct{})
+	testAgent.rootGrown = grown
+	t.Cleanup(func() { testAgent.rootGrown = nil })
+	c, _ := pair(t)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		done <- c.Freeze(ctx)
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the freeze answered before the root filesystem had grown (%v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(grown)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the freeze did not answer once the root filesystem had grown")
+	}
+}

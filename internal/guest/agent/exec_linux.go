@@ -136,7 +136,7 @@ func (a *Agent) handleExec(ctx context.Context, s net.Conn, req *guest.ExecReque
 		a.respondError(s, err)
 		return
 	}
-	a.waitRootGrown()
+	a.waitRootGrown(rootGrowWait, "the command starts anyway")
 	if req.ID == "" {
 		req.ID = newID()
 	}
@@ -521,15 +521,15 @@ func lookPath(name, path string) (string, error) {
 	return "", fmt.Errorf("exec: %s: command not found", name)
 }
 
-// waitRootGrown waits, up to rootGrowWait, for the root filesystem to
-// finish growing to its disk (Config.RootGrown).
-func (a *Agent) waitRootGrown() {
+// waitRootGrown waits, up to max, for the root filesystem to finish
+// growing to its disk (Config.RootGrown); what says so if it had not.
+func (a *Agent) waitRootGrown(max time.Duration, what string) {
 	if a.rootGrown == nil {
 		return
 	}
 	select {
 	case <-a.rootGrown:
-	case <-time.After(rootGrowWait):
-		a.log.Warn("the root filesystem is still growing: the command starts anyway")
+	case <-time.After(max):
+		a.log.Warn("the root filesystem is still growing: " + what)
 	}
 }
