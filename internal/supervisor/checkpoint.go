@@ -353,8 +353,8 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, 
 	// Its layers, the state before's, are taken back from its QEMU's uid
 	// now, before any other QEMU starts: one started after a failed early
 	// start may get that uid again (free once the old QEMU exited), and
-	// its guest runs before the state before is written out (finish takes
-	// them back too). Still the sandbox's until the new layers are
+	// its guest runs before the state before is written out. Still the
+	// sandbox's until the new layers are
 	// recorded, they are handed again to whatever starts on them.
 	for diskID, d := range pre.Disks {
 		if err := s.sb.TakeBack(d); err != nil {

@@ -457,11 +457,10 @@ func (j *cpJob) handOver(context.Context) error {
 // layers it wrote to the checkpoint's: never while the record names one
 // as a layer the sandbox writes to (a rewind that could not record its
 // new layers: the next start boots from them, and the checkpoint is not
-// kept), and taken back from QEMU's uid, as snapshotDisks takes a running
-// machine's.
+// kept). The rewind took them back from QEMU's uid as soon as it killed
+// the machine.
 func (j *cpJob) freezeLayers() error {
-	sb := j.s.sb
-	active, err := sb.RecordedDisks()
+	active, err := j.s.sb.RecordedDisks()
 	if err != nil {
 		return fmt.Errorf("which layers the sandbox writes to: %w", err)
 	}
@@ -470,9 +469,6 @@ func (j *cpJob) freezeLayers() error {
 			if a.Path == d.Path {
 				return fmt.Errorf("disk %s: its layer %s is still the one the sandbox writes to", diskID, d.Path)
 			}
-		}
-		if err := sb.TakeBack(d); err != nil {
-			j.s.log.Warn("take a frozen disk layer back from QEMU", "disk", diskID, "err", err)
 		}
 	}
 	return nil

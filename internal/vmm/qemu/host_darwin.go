@@ -71,7 +71,8 @@ func closeRAMFile(f *os.File) {
 	f.Close()
 }
 
-// ramAhead: not here. QEMU opens the RAM file by its name, which one
-// sandbox's second file would share; macOS's rewinds are to clone the
-// checkpoint's RAM instead (README, "Guest RAM on macOS").
+// ramAhead: not here. QEMU opens the RAM file by its name, which Start
+// removes only for the files it made itself (closeRAMFile); macOS's
+// rewinds are to clone the checkpoint's RAM instead (README, "Guest RAM
+// on macOS").
 const ramAhead = false
