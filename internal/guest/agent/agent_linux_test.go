@@ -521,40 +521,26 @@ func TestWorkspaceChangesCheckWhatWasThere(t *testing.T) {
 // A command waits for the root filesystem to finish growing, which it
 // does in the background while the boot goes on.
 func TestExecWaitsForTheRootToGrow(t *testing.T) {
-	grown := make(chan struct{})
-	testAgent.rootGrown = grown
-	t.Cleanup(func() { testAgent.rootGrown = nil })
-	c, _ := pair(t)
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
+	waitsForTheRootToGrow(t, "the command", func(ctx context.Context, c *guest.Client) error {
 		s, _, err := c.Exec(ctx, &guest.ExecRequest{Argv: []string{"true"}})
 		if err == nil {
 			_, err = guest.Pump(s, guest.StdIO{})
 			s.Close()
 		}
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		t.Fatalf("the command ran before the root filesystem had grown (%v)", err)
-	case <-time.After(300 * time.Millisecond):
-	}
-	close(grown)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the command did not run once the root filesystem had grown")
-	}
+		return err
+	})
 }
 
 // A checkpoint's freeze waits for the root filesystem to finish growing
 // too: its disks must not catch the filesystem mid-resize.
 func TestFreezeWaitsForTheRootToGrow(t *testing.T) {
+	waitsForTheRootToGrow(t, "the freeze", func(ctx context.Context, c *guest.Client) error { return c.Freeze(ctx) })
+}
+
+// waitsForTheRootToGrow checks that call (what) ends only once the root
+// filesystem has grown, and then does.
+func waitsForTheRootToGrow(t *testing.T, what string, call func(context.Context, *guest.Client) error) {
+	t.Helper()
 	grown := make(chan struct{})
 	testAgent.rootGrown = grown
 	t.Cleanup(func() { testAgent.rootGrown = nil })
@@ -563,11 +549,11 @@ func TestFreezeWaitsForTheRootToGrow(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		done <- c.Freeze(ctx)
+		done <- call(ctx, c)
 	}()
 	select {
 	case err := <-done:
-		t.Fatalf("the freeze answered before the root filesystem had grown (%v)", err)
+		t.Fatalf("%s ended before the root filesystem had grown (%v)", what, err)
 	case <-time.After(300 * time.Millisecond):
 	}
 	close(grown)
@@ -577,6 +563,6 @@ func TestFreezeWaitsForTheRootToGrow(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-time.After(15 * time.Second):
-		t.Fatal("the freeze did not answer once the root filesystem had grown")
+		t.Fatalf("%s did not end once the root filesystem had grown", what)
 	}
 }
