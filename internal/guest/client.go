@@ -216,9 +216,10 @@ func (c *Client) Info(ctx context.Context) (*Info, error) {
 	return resp.Info, nil
 }
 
-// SetTime steps the guest clock to t.
-func (c *Client) SetTime(ctx context.Context, t time.Time) error {
-	_, err := c.call(ctx, &Request{Op: OpSetTime, Time: t})
+// SetTime steps the guest's clock to t and, if hostname is set, names the
+// guest (a cold boot's first call).
+func (c *Client) SetTime(ctx context.Context, t time.Time, hostname string) error {
+	_, err := c.call(ctx, &Request{Op: OpSetTime, Time: t, Hostname: hostname})
 	return err
 }
 
@@ -432,8 +433,8 @@ func (c *Client) Thaw(ctx context.Context) error {
 }
 
 // Restored tells a restored guest to reseed its RNG with entropy, step its
-// clock to now and thaw its workloads.
-func (c *Client) Restored(ctx context.Context, entropy []byte, now time.Time) error {
-	_, err := c.call(ctx, &Request{Op: OpRestored, Entropy: entropy, Time: now})
+// clock to now, take hostname (if set) and thaw its workloads.
+func (c *Client) Restored(ctx context.Context, entropy []byte, now time.Time, hostname string) error {
+	_, err := c.call(ctx, &Request{Op: OpRestored, Entropy: entropy, Time: now, Hostname: hostname})
 	return err
 }

@@ -32,7 +32,7 @@ const (
 	// thaws them (a restored snapshot must not replay random numbers).
 	OpFreeze   Op = "freeze"
 	OpThaw     Op = "thaw"
-	OpRestored Op = "restored" // Entropy, Time; then thaw
+	OpRestored Op = "restored" // Entropy, Time, Hostname; then thaw
 
 	OpWSPut Op = "ws_put" // many entries: a FrameRequest WSPutItem each (files then FrameData…FrameEOF), an item with End last; answered at once and again at the end
 )
@@ -91,8 +91,12 @@ type Request struct {
 	Mode fs.FileMode `json:"mode,omitempty"`
 	User string      `json:"user,omitempty"` // owner of written files; default user when empty
 
-	// Time is the host's wall clock for OpSetTime.
+	// Time is the host's wall clock for OpSetTime and OpRestored.
 	Time time.Time `json:"time,omitzero"`
+	// Hostname, for OpSetTime and OpRestored, is the sandbox's: the
+	// kernel's command line names none, so a machine booted for one
+	// sandbox (a template) can become another's.
+	Hostname string `json:"hostname,omitempty"`
 
 	// Hash and Root let a workspace write record the content's hash;
 	// content that does not hash to Hash is refused, the file left as it was.

@@ -47,6 +47,7 @@ type fakeGuest struct {
 	execs   []guest.ExecRequest
 	signals []syscall.Signal
 	info    *guest.Info
+	names   []string // the hostnames set_time and restored named
 }
 
 // SetInfo is what the guest answers to info from now on.
@@ -94,6 +95,9 @@ func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
 		}
 		g.mu.Lock()
 		g.ops = append(g.ops, req.Op)
+		if req.Op == guest.OpSetTime || req.Op == guest.OpRestored {
+			g.names = append(g.names, req.Hostname)
+		}
 		info := g.info
 		g.mu.Unlock()
 		switch req.Op {

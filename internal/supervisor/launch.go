@@ -182,7 +182,7 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 		entropy := make([]byte, 64)
 		_, _ = rand.Read(entropy)
 		tConnected := time.Now()
-		if err := client.Restored(lctx, entropy, time.Now()); err != nil {
+		if err := client.Restored(lctx, entropy, time.Now(), sandbox.Hostname(s.sb.Config.Name)); err != nil {
 			return fmt.Errorf("restored guest: %w", err)
 		}
 		// qemu_and_ram_ms: QEMU's start with the RAM copy; a QEMU
@@ -190,8 +190,8 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 		// old machine to go.
 		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", msBetween(v.t0, v.tRun), "waiting_ms", msBetween(v.tRun, tUp),
 			"ram_copy", v.ramCopy, "devices_ms", msBetween(tUp, tLoaded), "agent_ms", msBetween(tLoaded, tConnected), "reseed_ms", msSince(tConnected))
-	} else if err := client.SetTime(lctx, time.Now()); err != nil {
-		s.log.Warn("set guest clock", "err", err)
+	} else if err := client.SetTime(lctx, time.Now(), sandbox.Hostname(s.sb.Config.Name)); err != nil {
+		s.log.Warn("set guest clock and hostname", "err", err)
 	}
 	s.setClient(client)
 	return nil

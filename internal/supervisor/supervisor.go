@@ -333,7 +333,9 @@ func Cmdline(c *sandbox.Config) string {
 		"kosa8.user=" + c.User,
 		"kosa8.uid=" + strconv.Itoa(c.UID),
 		"kosa8.gid=" + strconv.Itoa(c.GID),
-		"kosa8.hostname=" + sandbox.Hostname(c.Name),
+		// No hostname: the host names the guest once its agent answers
+		// (SetTime, Restored), so the line, and a machine booted with it
+		// (a template), is the same for every sandbox of a user.
 	}
 	return strings.Join(parts, " ")
 }

@@ -166,6 +166,10 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 			a.respondError(s, fmt.Errorf("set clock: %w", err))
 			return
 		}
+		if err := takeHostname(req.Hostname); err != nil {
+			a.respondError(s, err)
+			return
+		}
 		a.respond(s, guest.Response{})
 	case guest.OpPoweroff:
 		if a.poweroff == nil {

@@ -421,6 +421,39 @@ func afterSwitch() error {
 	return nil
 }
 
+// takeHostname names the guest as the host asks after a boot or a
+// restore (empty: unchanged). The host derives it from a sandbox name;
+// anything else is refused rather than written into /etc/hosts.
+func takeHostname(name string) error {
+	if name == "" {
+		return nil
+	}
+	if !validHostname(name) {
+		return fmt.Errorf("hostname %q refused: 1–63 of a-z, 0-9 and '-'", name)
+	}
+	var u unix.Utsname
+	if err := unix.Uname(&u); err == nil && unix.ByteSliceToString(u.Nodename[:]) == name {
+		return nil
+	}
+	if err := setHostname(name); err != nil {
+		return fmt.Errorf("hostname: %w", err)
+	}
+	return nil
+}
+
+// validHostname: what sandbox.Hostname makes, one DNS label.
+func validHostname(name string) bool {
+	if len(name) == 0 || len(name) > 63 || name[0] == '-' || name[len(name)-1] == '-' {
+		return false
+	}
+	for _, r := range name {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
+			return false
+		}
+	}
+	return true
+}
+
 func setHostname(name string) error {
 	if err := unix.Sethostname([]byte(name)); err != nil {
 		return err

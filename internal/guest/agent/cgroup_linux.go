@@ -73,6 +73,9 @@ func (a *Agent) restored(req *guest.Request) error {
 			return fmt.Errorf("set clock: %w", err)
 		}
 	}
+	if err := takeHostname(req.Hostname); err != nil {
+		return err
+	}
 	a.log.Info("restored: RNG reseeded, clock stepped")
 	return a.freeze(false)
 }
