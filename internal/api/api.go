@@ -92,6 +92,9 @@ type Status struct {
 	// ColdBoot says why a start from a checkpoint booted from its disks
 	// instead of loading its machine (saved by another QEMU build).
 	ColdBoot string `json:"cold_boot,omitempty"`
+	// Template is the boot template the sandbox's first start restored
+	// instead of booting (its key), if any.
+	Template string `json:"template,omitempty"`
 	// Pending counts the workspace changes left waiting for review or
 	// approval when the sandbox stopped: they live on its disk, and
 	// 'kosa8 diff', 'apply', 'discard' and 'rm' must not forget them.

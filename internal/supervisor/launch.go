@@ -63,7 +63,7 @@ func (s *supervisor) startVMM(ctx context.Context, restore *checkpoint.Meta, dis
 		}
 	}
 	if restore != nil && !exact {
-		ramSrc, err := os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.RAMFile))
+		ramSrc, err := os.Open(filepath.Join(s.restoreDir(restore), checkpoint.RAMFile))
 		if err != nil {
 			hostNet.Close()
 			if opts.RAM != nil {
@@ -136,7 +136,7 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 	}()
 	tUp := time.Now()
 	if restore != nil {
-		dev, err := os.Open(filepath.Join(s.sb.Checkpoints().Path(restore.ID), checkpoint.DevicesFile))
+		dev, err := os.Open(filepath.Join(s.restoreDir(restore), checkpoint.DevicesFile))
 		if err != nil {
 			return err
 		}
@@ -195,6 +195,15 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 	}
 	s.setClient(client)
 	return nil
+}
+
+// restoreDir is where a restore's RAM and device state are: the
+// checkpoint's directory, or a template's.
+func (s *supervisor) restoreDir(m *checkpoint.Meta) string {
+	if m.Dir != "" {
+		return m.Dir
+	}
+	return s.sb.Checkpoints().Path(m.ID)
 }
 
 // disks are the sandbox's active disk layers, as QEMU takes them.

@@ -30,6 +30,7 @@ import (
 // beyond the guest's own boot goes.
 func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (*http.Server, error) {
 	j := &startJob{s: s, m: m, o: o}
+	s.cache = m.Paths.Cache
 	err := j.run(ctx, []step{
 		{"image", j.image},
 		{"driver", j.driver},
@@ -184,7 +185,27 @@ func (j *startJob) machine(ctx context.Context) error {
 		}
 		return err
 	})
-	return s.launchFirst(ctx, restore, j.forced)
+	// A new sandbox: its boot is every new sandbox's of its shape, so a
+	// template of it stands in (template.go), or is made of it.
+	template := ""
+	if restore == nil && j.o.Restore == "" && s.firstBoot && s.freshDisks() && !templatesOff() {
+		template = s.templateKey()
+		if s.startFromTemplate(ctx, template) {
+			return nil
+		}
+	}
+	if err := s.launchFirst(ctx, restore, j.forced); err != nil {
+		return err
+	}
+	if template != "" {
+		// The key again: the boot may have fallen back to TCG.
+		if key := s.templateKey(); s.findTemplate(key) == nil {
+			if err := s.captureTemplate(ctx, key); err != nil {
+				s.log.Warn("no template made of this boot", "err", err)
+			}
+		}
+	}
+	return nil
 }
 
 // guestSetup starts the guest's setup (its kernel's name, the sandbox CA

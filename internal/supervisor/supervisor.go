@@ -73,6 +73,13 @@ type supervisor struct {
 	// qemuFirmware: the microvm firmware's file name ("" for QEMU's default).
 	qemuFirmware string
 
+	// firstBoot: the sandbox was never started before this supervisor
+	// (its disks are as sandbox.Create made them): a boot template may
+	// stand in for its boot, or be made from it (template.go).
+	firstBoot bool
+	cache     string         // KOSA8_CACHE: the images, and the templates beside them
+	bg        sync.WaitGroup // work that outlives a step (a template's publication)
+
 	mu     sync.Mutex
 	status api.Status
 
@@ -150,7 +157,10 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 
 	s := &supervisor{sb: sb, log: log, stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
 	start := time.Now()
-	parent := sb.Status().Checkpoint // the checkpoint tree carries across restarts
+	prev := sb.Status()
+	parent := prev.Checkpoint // the checkpoint tree carries across restarts
+	s.firstBoot = prev.State == api.Created
+	defer waitBackground(&s.bg, time.Minute, log)
 	s.setStatus(func(st *api.Status) {
 		*st = api.Status{State: api.Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
 	})
@@ -307,6 +317,17 @@ wait:
 		return m.Remove(name)
 	}
 	return nil
+}
+
+// waitBackground waits for wg, at most d.
+func waitBackground(wg *sync.WaitGroup, d time.Duration, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		log.Warn("background work did not end in time", "waited", d)
+	}
 }
 
 func (s *supervisor) setStatus(f func(*api.Status)) {

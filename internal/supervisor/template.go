@@ -1,0 +1,486 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm"
+)
+
+// Boot templates. A new sandbox's first start boots a guest that is the
+// same, up to its agent answering, as every other sandbox of its shape:
+// one image, one agent, one kernel command line (which names no sandbox:
+// the hostname comes after), one size of CPUs, memory and disks, one
+// accelerator and QEMU build. The first such boot is saved as a template
+// (its RAM, device state and disks, paused for the copy) before anything
+// of the sandbox's own reaches the guest (the workspace, the CA, a
+// command); a later sandbox of that shape starts from copies of its disks
+// and loads its machine instead of booting: a restore, not a boot.
+//
+// A template is a cache: any sandbox may be started without one, a start
+// from one that fails boots instead, and KOSA8_TEMPLATES=0 turns them off.
+// Each start that uses one copies its disks into the sandbox's own, so
+// nothing refers to a template once it is started, and a template can be
+// removed at any time (the oldest beyond templateKeep are).
+
+// templateVersion changes with what a template holds or how its key is
+// made.
+const templateVersion = 1
+
+// templateKeep is how many templates are kept (the newest).
+const templateKeep = 3
+
+// Files in a template's directory.
+const (
+	templateMetaFile = "template.json"
+	templateRoot     = "root.qcow2"
+	templateWS       = "workspace.img"
+)
+
+// templatesOff: KOSA8_TEMPLATES=0 (or "off", "false") in the supervisor's
+// environment.
+func templatesOff() bool {
+	switch strings.ToLower(os.Getenv("KOSA8_TEMPLATES")) {
+	case "0", "off", "false", "no":
+		return true
+	}
+	return false
+}
+
+// templateMeta is a template's record (template.json).
+type templateMeta struct {
+	Version   int       `json:"version"`
+	Key       string    `json:"key"`
+	Created   time.Time `json:"created"`
+	QEMU      string    `json:"qemu"`
+	Firmware  string    `json:"qemu_firmware,omitempty"`
+	Accel     string    `json:"accel"`
+	Arch      string    `json:"arch"`
+	CPUs      int       `json:"cpus"`
+	MemoryMiB int       `json:"memory_mib"`
+	DiskGiB   int       `json:"disk_gib"`
+	Workspace bool      `json:"workspace"`
+	ImageDir  string    `json:"image_dir"`
+	RAMBytes  int64     `json:"ram_bytes"`
+	PauseMS   float64   `json:"pause_ms"` // the template sandbox's pause for the copy
+}
+
+// templateKey is the key of the machine s boots now: everything the guest
+// sees up to its agent's first answer. The disks are the ones a new
+// sandbox gets (sandbox.Create), so a sandbox is eligible only before its
+// first start.
+func (s *supervisor) templateKey() string {
+	cfg, spec := &s.sb.Config, s.spec
+	parts := []any{
+		templateVersion, spec.Arch, spec.CPUs, spec.MemoryMiB, spec.Kernel, spec.Initrd, spec.Cmdline,
+		spec.AgentPort, spec.Net,
+		cfg.ImageDir, cfg.DiskGiB, cfg.Workspace != nil, string(s.accel), s.qemuVersion, s.qemuFirmware,
+	}
+	b, _ := json.Marshal(parts)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
+}
+
+// templatesDir holds the templates, beside the images they are made from.
+func (s *supervisor) templatesDir() string { return filepath.Join(s.cache, "templates") }
+
+// freshDisks: the sandbox's disks are still those sandbox.Create made (no
+// layer over them recorded), the only ones a template's stand in for.
+func (s *supervisor) freshDisks() bool {
+	m, err := s.sb.RecordedDisks()
+	if err != nil || len(m) != 1+boolInt(s.sb.Config.Workspace != nil) {
+		return false
+	}
+	if m["root"].Path != sandbox.RootDisk {
+		return false
+	}
+	return s.sb.Config.Workspace == nil || m["ws"].Path == sandbox.WorkspaceDisk
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// template is a template found for a start.
+type template struct {
+	dir  string
+	meta templateMeta
+}
+
+// findTemplate returns the template for key, or nil (none, or one that
+// does not match: a record is read bounded, never through a link).
+func (s *supervisor) findTemplate(key string) *template {
+	dir := filepath.Join(s.templatesDir(), key)
+	var meta templateMeta
+	if err := readRecord(filepath.Join(dir, templateMetaFile), &meta); err != nil {
+		return nil
+	}
+	if meta.Version != templateVersion || meta.Key != key || meta.QEMU != s.qemuVersion || meta.Firmware != s.qemuFirmware || meta.Accel != string(s.accel) {
+		return nil
+	}
+	return &template{dir: dir, meta: meta}
+}
+
+// readRecord reads a small JSON record: a regular file, not a link, at
+// most 64 KiB.
+func readRecord(path string, v any) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s: not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 64<<10+1))
+	if err != nil {
+		return err
+	}
+	if len(b) > 64<<10 {
+		return fmt.Errorf("%s: too large", path)
+	}
+	return json.Unmarshal(b, v)
+}
+
+// restoreMeta is the template as a checkpoint to restore (its files in
+// its own directory).
+func (t *template) restoreMeta() *checkpoint.Meta {
+	return &checkpoint.Meta{
+		ID: "template-" + t.meta.Key, Kind: "template", QEMU: t.meta.QEMU, Firmware: t.meta.Firmware,
+		Arch: t.meta.Arch, MemoryMiB: t.meta.MemoryMiB, Dir: t.dir,
+	}
+}
+
+// templateDisks pairs each of a template's disk files with the sandbox
+// file it stands for.
+func (s *supervisor) templateDisks() [][2]string {
+	d := [][2]string{{templateRoot, sandbox.RootDisk}}
+	if s.sb.Config.Workspace != nil {
+		d = append(d, [2]string{templateWS, sandbox.WorkspaceDisk})
+	}
+	return d
+}
+
+// takeTemplateDisks makes the sandbox's disks copies of the template's:
+// each is copied (sparse) beside the sandbox's file under a name claimed
+// with O_EXCL, never through a link, then renamed over it. Sources are
+// opened first, so a template removed meanwhile is still read whole.
+func (s *supervisor) takeTemplateDisks(t *template) error {
+	for _, d := range s.templateDisks() {
+		src, err := openRegular(filepath.Join(t.dir, d[0]))
+		if err != nil {
+			return err
+		}
+		err = replaceWithCopy(s.sb.Path(d[1]), src)
+		src.Close()
+		if err != nil {
+			return fmt.Errorf("copy the template's %s: %w", d[0], err)
+		}
+	}
+	return nil
+}
+
+// openRegular opens a regular file for reading, not through a link.
+func openRegular(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	return f, nil
+}
+
+// replaceWithCopy makes dst a copy of src (holes kept): written to a new
+// file beside it, then renamed over it.
+func replaceWithCopy(dst string, src *os.File) error {
+	tmp := dst + ".new-" + randomSuffix()
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = checkpoint.CopySparse(f, src)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
+func randomSuffix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// startFromTemplate starts the machine from the template for this
+// sandbox's shape, if there is one: its disks copied in, its machine
+// restored. It reports whether it did; a start that fails is undone (QEMU
+// killed) and the caller boots instead, on the copied disks, which are a
+// booted guest's and boot as well as new ones.
+func (s *supervisor) startFromTemplate(ctx context.Context, key string) bool {
+	t := s.findTemplate(key)
+	if t == nil {
+		return false
+	}
+	tStart := time.Now()
+	if err := s.takeTemplateDisks(t); err != nil {
+		s.log.Warn("start from a template: booting instead", "template", key, "err", err)
+		return false
+	}
+	tDisks := time.Now()
+	lctx := ctx
+	if s.accel != vmm.TCG {
+		var cancel context.CancelFunc
+		lctx, cancel = context.WithTimeout(ctx, accelBootTimeout)
+		defer cancel()
+	}
+	if err := s.launch(lctx, t.restoreMeta()); err != nil {
+		if m := s.currentMachine(); m != nil {
+			_ = m.Kill()
+		}
+		// Removed: a template this machine cannot start from would cost
+		// every later start the same try (a good one is made again by the
+		// boot that follows).
+		os.RemoveAll(t.dir)
+		s.log.Warn("start from a template failed: removed it, booting instead", "template", key, "err", err)
+		s.resetConsoleLog()
+		return false
+	}
+	s.setStatus(func(st *api.Status) { st.Template = key })
+	s.log.Info("started from a template", "template", key, "disks_ms", msBetween(tStart, tDisks), "ms", msSince(tStart))
+	return true
+}
+
+// captureTemplate saves the machine just booted as the template for key:
+// the guest's workloads frozen (the freeze waits for the root
+// filesystem's grow), the VM paused while its device state, RAM and disks
+// are copied, then resumed and thawed. The files are synced and
+// published (renamed into place) in the background; wait for it with
+// s.bg. A failure costs the template, never the start.
+func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
+	if !s.freshDisks() {
+		return errors.New("the sandbox's disks are not new")
+	}
+	dir := s.templatesDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	sweepTemplateTemps(dir)
+	tmp, err := os.MkdirTemp(dir, ".tmp-"+key+"-")
+	if err != nil {
+		return err
+	}
+	published := false
+	defer func() {
+		if !published {
+			os.RemoveAll(tmp)
+		}
+	}()
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	create := func(name string) (*os.File, error) {
+		f, err := os.OpenFile(filepath.Join(tmp, name), os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+		if err == nil {
+			files = append(files, f)
+		}
+		return f, err
+	}
+	dev, err := create(checkpoint.DevicesFile)
+	if err != nil {
+		return err
+	}
+	ram, err := create(checkpoint.RAMFile)
+	if err != nil {
+		return err
+	}
+	type diskCopy struct{ dst, src *os.File }
+	var disks []diskCopy
+	for _, d := range s.templateDisks() {
+		dst, err := create(d[0])
+		if err != nil {
+			return err
+		}
+		src, err := openRegular(s.sb.Path(d[1]))
+		if err != nil {
+			return err
+		}
+		files = append(files, src)
+		disks = append(disks, diskCopy{dst, src})
+	}
+	m := s.currentMachine()
+	snap, err := snapshotter(m)
+	if err != nil {
+		return err
+	}
+	ramSrc, err := dupFile(snap.RAM())
+	if err != nil {
+		return err
+	}
+	files = append(files, ramSrc)
+
+	client := s.currentClient()
+	fctx, cancel := withTimeout(ctx, guestCallTimeout)
+	err = within(fctx, client.Freeze)
+	cancel()
+	defer func() {
+		tctx, cancel := withTimeout(context.Background(), guestCallTimeout)
+		if terr := within(tctx, client.Thaw); terr != nil {
+			s.log.Warn("thaw after the template's copy", "err", terr)
+		}
+		cancel()
+	}()
+	if err != nil {
+		return fmt.Errorf("freeze: %w", err)
+	}
+	pctx, cancel := withTimeout(ctx, vmCallTimeout)
+	err = snap.Pause(pctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
+	tPaused := time.Now()
+	var ramBytes int64
+	err = snap.SaveDevices(ctx, dev)
+	if err == nil {
+		ramBytes, err = checkpoint.CopySparse(ram, ramSrc)
+	}
+	for _, d := range disks {
+		if err == nil {
+			_, err = checkpoint.CopySparse(d.dst, d.src)
+		}
+	}
+	rctx, cancel := withTimeout(context.Background(), vmCallTimeout)
+	rerr := snap.Resume(rctx)
+	cancel()
+	pause := msSince(tPaused)
+	if rerr != nil {
+		return errors.Join(err, fmt.Errorf("the VM did not resume after the template's copy (%w): 'kosa8 stop --kill %s' ends it", rerr, s.sb.Config.Name))
+	}
+	if err != nil {
+		return err
+	}
+	meta := templateMeta{
+		Version: templateVersion, Key: key, Created: time.Now().UTC(), QEMU: s.qemuVersion, Firmware: s.qemuFirmware,
+		Accel: string(s.accel), Arch: string(s.spec.Arch), CPUs: s.spec.CPUs, MemoryMiB: s.spec.MemoryMiB,
+		DiskGiB: s.sb.Config.DiskGiB, Workspace: s.sb.Config.Workspace != nil, ImageDir: s.sb.Config.ImageDir,
+		RAMBytes: ramBytes, PauseMS: pause,
+	}
+	// Synced and published off the start's path; Supervise waits for it
+	// before it returns.
+	published = true
+	keep := files
+	files = nil
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		err := publishTemplate(dir, tmp, key, &meta, keep)
+		for _, f := range keep {
+			f.Close()
+		}
+		if err != nil {
+			os.RemoveAll(tmp)
+			s.log.Warn("template not saved", "template", key, "err", err)
+			return
+		}
+		s.log.Info("template saved", "template", key, "pause_ms", pause, "ram_mib", ramBytes>>20)
+		pruneTemplates(dir, templateKeep, s.log)
+	}()
+	return nil
+}
+
+// publishTemplate syncs a template's files and record and renames its
+// directory into place (not over one already there: another sandbox's
+// capture of the same shape won).
+func publishTemplate(dir, tmp, key string, meta *templateMeta, files []*os.File) error {
+	for _, f := range files {
+		if f.Name() == "" || !strings.HasPrefix(f.Name(), tmp+string(filepath.Separator)) {
+			continue // a source
+		}
+		if err := f.Sync(); err != nil {
+			return err
+		}
+	}
+	if err := sandbox.WriteJSONAtomic(filepath.Join(tmp, templateMetaFile), meta); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, key)); err != nil {
+		if errors.Is(err, os.ErrExist) || errors.Is(err, syscall.ENOTEMPTY) {
+			os.RemoveAll(tmp)
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
+// sweepTemplateTemps removes captures a killed supervisor left (older
+// than any capture takes).
+func sweepTemplateTemps(dir string) {
+	tmps, _ := filepath.Glob(filepath.Join(dir, ".tmp-*"))
+	for _, d := range tmps {
+		if fi, err := os.Lstat(d); err == nil && time.Since(fi.ModTime()) > 10*time.Minute {
+			os.RemoveAll(d)
+		}
+	}
+}
+
+// pruneTemplates keeps the newest keep templates and removes the rest.
+func pruneTemplates(dir string, keep int, log interface{ Info(string, ...any) }) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	type tpl struct {
+		name    string
+		created time.Time
+	}
+	var all []tpl
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		var meta templateMeta
+		if err := readRecord(filepath.Join(dir, e.Name(), templateMetaFile), &meta); err != nil {
+			// Damaged (a published directory always has its record).
+			os.RemoveAll(filepath.Join(dir, e.Name()))
+			continue
+		}
+		all = append(all, tpl{e.Name(), meta.Created})
+	}
+	slices.SortFunc(all, func(a, b tpl) int { return b.created.Compare(a.created) })
+	for i := keep; i < len(all); i++ {
+		if err := os.RemoveAll(filepath.Join(dir, all[i].name)); err == nil {
+			log.Info("template removed (older than the newest kept)", "template", all[i].name)
+		}
+	}
+}

@@ -1,0 +1,238 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
+)
+
+// templateRig starts new sandboxes named as given, on fake machines,
+// sharing one cache (where templates are kept); each starts as a
+// sandbox's first start does.
+type templateRig struct {
+	t     *testing.T
+	cache string
+	img   *image.Image // one image for all: part of the shape
+}
+
+type templateStart struct {
+	j     *startJob
+	drv   *vmmtest.Driver
+	guest *fakeGuest
+}
+
+func (r *templateRig) start(name string, prepare func(*vmmtest.Machine)) (*templateStart, error) {
+	t := r.t
+	j, drv := newStartJob(t)
+	ts := &templateStart{j: j, drv: drv}
+	drv.OnStart = func(m *vmmtest.Machine) {
+		ts.guest = serveFakeGuest(t, m)
+		if prepare != nil {
+			prepare(m)
+		}
+	}
+	s := j.s
+	s.sb.Config.Name = name
+	s.firstBoot = true
+	j.m.Paths.Cache = r.cache
+	if r.img == nil {
+		r.img = &image.Image{Dir: t.TempDir()}
+	}
+	j.img = r.img
+	// The disks sandbox.Create made: this sandbox's own bytes.
+	if err := os.WriteFile(s.sb.Path(sandbox.RootDisk), []byte("root of "+name), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.setStatus(func(st *api.Status) { st.State, st.Started = api.Starting, time.Now() })
+	j.s.cache = r.cache
+	err := j.run(context.Background(), []step{{"network", j.network}, {"machine", j.machine}})
+	t.Cleanup(func() {
+		if s.net != nil {
+			s.net.close()
+		}
+	})
+	s.bg.Wait()
+	return ts, err
+}
+
+func (r *templateRig) templates() []string {
+	ents, _ := os.ReadDir(filepath.Join(r.cache, "templates"))
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// A new sandbox's first boot is saved as a template (paused for the copy,
+// frozen, then running and thawed again); the next new sandbox of the
+// same shape starts from it: the template's disks, device state and RAM,
+// restored, its own hostname given after. Nothing of the first sandbox's
+// own name is in the machine the second gets (the command line names
+// none).
+func TestTemplateMadeByTheFirstBootAndStartedFrom(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	a, err := r.start("first", func(m *vmmtest.Machine) {
+		if _, err := m.RAM().WriteAt([]byte("booted guest"), 4096); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ma := a.drv.Machines()[0]
+	if names := ma.CallNames(); !slices.Equal(names, []string{"Start", "Pause", "SaveDevices", "Resume"}) {
+		t.Errorf("the first boot's machine: calls %v, want a start, then a pause for the copy and a resume", names)
+	}
+	if ma.Paused() {
+		t.Error("the first sandbox's machine stays paused after the template's copy")
+	}
+	ops := a.guest.ops
+	if i := slices.Index(ops, guest.OpFreeze); i < 0 || !slices.Contains(ops[i:], guest.OpThaw) {
+		t.Errorf("guest ops %v: want a freeze before the copy and a thaw after it", ops)
+	}
+	tpls := r.templates()
+	if len(tpls) != 1 {
+		t.Fatalf("templates after the first boot: %v, want one", tpls)
+	}
+	key := tpls[0]
+	if key != a.j.s.templateKey() || a.j.s.getStatus().Template != "" {
+		t.Errorf("template %s, the first sandbox's key %s, its status says %q (booted, not started from one)", key, a.j.s.templateKey(), a.j.s.getStatus().Template)
+	}
+	if slices.Contains(a.guest.names, "") || !slices.Contains(a.guest.names, "first") {
+		t.Errorf("hostnames the first guest was given: %q", a.guest.names)
+	}
+	tdir := filepath.Join(r.cache, "templates", key)
+	if b, _ := os.ReadFile(filepath.Join(tdir, templateRoot)); string(b) != "root of first" {
+		t.Errorf("the template's root disk holds %q", b)
+	}
+
+	b, err := r.start("second", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb := b.drv.Machines()
+	if len(mb) != 1 {
+		t.Fatalf("%d machines started for the second sandbox, want 1 (restored)", len(mb))
+	}
+	if names := mb[0].CallNames(); !slices.Equal(names, []string{"Start", "LoadDevices", "Resume"}) {
+		t.Errorf("the second sandbox's machine: calls %v, want its device state loaded, not a boot", names)
+	}
+	if !mb[0].Copied {
+		t.Error("the second machine's RAM was not prepared from the template's")
+	}
+	ram := make([]byte, 12)
+	if _, err := mb[0].RAM().ReadAt(ram, 4096); err != nil || string(ram) != "booted guest" {
+		t.Errorf("the second machine's RAM holds %q (%v), want the template's", ram, err)
+	}
+	if got, _ := os.ReadFile(b.j.s.sb.Path(sandbox.RootDisk)); string(got) != "root of first" {
+		t.Errorf("the second sandbox's root disk holds %q, want the template's copy", got)
+	}
+	if st := b.j.s.getStatus(); st.Template != key {
+		t.Errorf("status.template %q, want %q", st.Template, key)
+	}
+	if !slices.Contains(b.guest.ops, guest.OpRestored) || !slices.Equal(b.guest.names, []string{"second"}) {
+		t.Errorf("the restored guest: ops %v, hostnames %q; want restored, named second", b.guest.ops, b.guest.names)
+	}
+	if n := len(r.templates()); n != 1 {
+		t.Errorf("%d templates after a start from one, want still 1", n)
+	}
+	// The copy is the sandbox's own: the template stays as it was.
+	if err := os.WriteFile(b.j.s.sb.Path(sandbox.RootDisk), []byte("written by second"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(tdir, templateRoot)); string(got) != "root of first" {
+		t.Errorf("the template's disk changed with a sandbox's: %q", got)
+	}
+}
+
+// A start from a template that fails (a device state QEMU refuses) boots
+// instead, on the copied disks, and removes the template; the boot makes
+// a new one. KOSA8_TEMPLATES=0 neither uses nor makes one.
+func TestTemplateFailedStartBootsAndOffMeansOff(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	if _, err := r.start("first", nil); err != nil {
+		t.Fatal(err)
+	}
+	key := r.templates()[0]
+	devs := filepath.Join(r.cache, "templates", key, checkpoint.DevicesFile)
+	if err := os.WriteFile(devs, []byte("not a device state\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.start("second", nil)
+	if err != nil {
+		t.Fatalf("a start whose template fails: %v, want a boot", err)
+	}
+	ms := b.drv.Machines()
+	if len(ms) != 2 || !slices.Contains(ms[0].CallNames(), "LoadDevices") || slices.Contains(ms[1].CallNames(), "LoadDevices") {
+		t.Fatalf("machines: %d, want the failed restore then a boot", len(ms))
+	}
+	select {
+	case <-ms[0].Done():
+	case <-time.After(5 * time.Second):
+		t.Error("the failed restore's machine still runs")
+	}
+	if st := b.j.s.getStatus(); st.Template != "" {
+		t.Errorf("status.template %q after a boot", st.Template)
+	}
+	if got, _ := os.ReadFile(devs); bytes.Contains(got, []byte("not a device state")) {
+		t.Error("the failed template is still there")
+	}
+	if len(r.templates()) != 1 {
+		t.Errorf("templates after the boot: %v, want the boot's new one", r.templates())
+	}
+
+	t.Setenv("KOSA8_TEMPLATES", "0")
+	if err := os.RemoveAll(filepath.Join(r.cache, "templates")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := r.start("third", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names := c.drv.Machines()[0].CallNames(); !slices.Equal(names, []string{"Start"}) || len(r.templates()) != 0 {
+		t.Errorf("KOSA8_TEMPLATES=0: calls %v, templates %v; want a boot and none made", names, r.templates())
+	}
+}
+
+// Only a sandbox's first start, on the disks Create made, is a template's
+// business: a sandbox started before, or one whose disks a checkpoint
+// moved on, boots as it always did, and makes none.
+func TestTemplateOnlyForNewSandboxes(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	j, _ := newStartJob(t)
+	j.s.cache = r.cache
+	if j.s.firstBoot {
+		t.Fatal("a supervisor of the rig's kind starts with firstBoot")
+	}
+	j.s.firstBoot = true
+	if err := j.s.sb.SaveActiveDisks(map[string]checkpoint.Disk{"root": {Path: "disks/x-root.qcow2", Format: "qcow2"}}); err != nil {
+		t.Fatal(err)
+	}
+	if j.s.freshDisks() {
+		t.Error("disks moved on by a checkpoint count as fresh")
+	}
+	if err := os.WriteFile(j.s.sb.Path("disks.json"), []byte("{damaged"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if j.s.freshDisks() {
+		t.Error("a damaged disks record counts as fresh")
+	}
+	if err := j.s.captureTemplate(context.Background(), "k"); err == nil {
+		t.Errorf("capture over moved disks: %v, want refused", err)
+	}
+	if len(r.templates()) != 0 {
+		t.Errorf("templates: %v", r.templates())
+	}
+}
