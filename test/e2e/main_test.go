@@ -273,6 +273,7 @@ type lsEntry struct {
 		SupervisorPID int    `json:"supervisor_pid"`
 		QEMUPID       int    `json:"qemu_pid"`
 		Accel         string `json:"accel"`
+		Template      string `json:"template"`
 	} `json:"status"`
 }
 

@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A new sandbox of a shape already booted once starts from that boot's
+// template (its machine restored, not booted) and is still a machine of
+// its own: its own hostname, its own workspace, its own root disk, and
+// random numbers no other sandbox from the template reads. The attack
+// first: a guest restored twice from one RAM image holds one RNG state,
+// and without the reseed two sandboxes would read the same "random"
+// bytes (the same ssh-keygen keys, the same TLS secrets).
+func TestNewSandboxesStartFromATemplate(t *testing.T) {
+	env := []string{"KOSA8_CACHE=" + privateCache(t)} // no template of any shape yet
+	k := func(args ...string) result {
+		t.Helper()
+		r := runEnv(t, env, 3*time.Minute, args...)
+		if r.code != 0 {
+			t.Fatalf("kosa8 %v:\n%s", args, r)
+		}
+		return r
+	}
+	names := []string{"tpl-first", "tpl-b", "tpl-c"}
+	for i, n := range names {
+		ws := t.TempDir()
+		if err := os.WriteFile(filepath.Join(ws, "mine"), []byte(n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		k("create", "--workspace", ws, n)
+		t.Cleanup(func() { runEnv(t, env, time.Minute, "rm", "-f", n) })
+		k("start", n)
+		tpl := ls(t)[n].Status.Template
+		switch {
+		case i == 0 && tpl != "":
+			t.Fatalf("%s, the first boot of its shape in a new cache, started from template %s", n, tpl)
+		case i > 0 && tpl == "":
+			printLogs(ls(t)[n].Dir)
+			t.Fatalf("%s did not start from the template the first boot made", n)
+		}
+		if got := strings.TrimSpace(k("exec", n, "--", "hostname").stdout); got != n {
+			t.Errorf("hostname in %s: %q", n, got)
+		}
+		if got := k("exec", n, "--", "cat", "/proc/cmdline").stdout; strings.Contains(got, "tpl-") {
+			t.Errorf("the kernel command line in %s names a sandbox: %q", n, got)
+		}
+		if got := k("exec", n, "--", "cat", filepath.Join(ws, "mine")).stdout; got != n {
+			t.Errorf("the workspace file in %s reads %q", n, got)
+		}
+		if i == 1 {
+			k("exec", n, "--", "sh", "-c", "echo only-in-b | sudo tee /etc/tpl-marker >/dev/null && sync")
+		}
+	}
+	random := func(n string) string {
+		return k("exec", n, "--", "sh", "-c", "head -c 32 /dev/urandom | od -An -tx1").stdout
+	}
+	if b, c := random("tpl-b"), random("tpl-c"); b == c || len(b) < 64 {
+		t.Fatalf("two sandboxes from one template read the same random bytes: %q", b)
+	}
+	if r := runEnv(t, env, time.Minute, "exec", "tpl-c", "--", "cat", "/etc/tpl-marker"); r.code == 0 {
+		t.Errorf("a file tpl-b wrote to its root is in tpl-c (from the same template): %q", r.stdout)
+	}
+	// The root disk tpl-b got is a disk of its own that boots: stopped,
+	// started again (a boot, from its disks), its file still there.
+	k("stop", "tpl-b")
+	k("start", "tpl-b")
+	if got := k("exec", "tpl-b", "--", "cat", "/etc/tpl-marker").stdout; got != "only-in-b\n" {
+		t.Errorf("tpl-b's root after a stop and start: %q", got)
+	}
+	k("stop", "tpl-b")
+	if out, err := exec.Command("qemu-img", "check", "-q", filepath.Join(ls(t)["tpl-b"].Dir, "root.qcow2")).CombinedOutput(); err != nil {
+		t.Errorf("qemu-img check of tpl-b's root disk: %v\n%s", err, out)
+	}
+}
