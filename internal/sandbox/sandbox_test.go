@@ -164,11 +164,24 @@ func TestStatusFollowsSupervisorLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A supervisor asks whether its sandbox was ever started with the
+	// lock held, when Status says running: NeverStarted reads the record.
+	first, err := LockSupervisor(sb.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sb.NeverStarted() || sb.Status().State != api.Running {
+		t.Errorf("a new sandbox under its first supervisor: never started %v, status %s", sb.NeverStarted(), sb.Status().State)
+	}
+	first.Close()
 	if err := sb.WriteStatus(api.Status{State: api.Running, SupervisorPID: 424242}); err != nil {
 		t.Fatal(err)
 	}
 	if st := sb.Status(); st.State != api.Crashed || !strings.Contains(st.Error, "424242") {
 		t.Fatalf("running without a supervisor: %+v", st)
+	}
+	if sb.NeverStarted() {
+		t.Error("a sandbox started once counts as never started")
 	}
 	lock, err := LockSupervisor(sb.Dir)
 	if err != nil {

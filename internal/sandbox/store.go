@@ -211,6 +211,14 @@ func (s *Sandbox) Status() api.Status {
 	return st
 }
 
+// NeverStarted reports whether the sandbox's record says it was never
+// started (as Create left it), whoever holds its supervisor's lock now:
+// Status, asked by the supervisor that holds it, says running.
+func (s *Sandbox) NeverStarted() bool {
+	var st api.Status
+	return readJSON(filepath.Join(s.Dir, stateFile), &st) == nil && st.State == api.Created
+}
+
 // Alive reports whether a supervisor runs for the sandbox.
 func (s *Sandbox) Alive() bool { return supervisorAlive(s.Dir) }
 

@@ -157,9 +157,8 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 
 	s := &supervisor{sb: sb, log: log, stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
 	start := time.Now()
-	prev := sb.Status()
-	parent := prev.Checkpoint // the checkpoint tree carries across restarts
-	s.firstBoot = prev.State == api.Created
+	parent := sb.Status().Checkpoint // the checkpoint tree carries across restarts
+	s.firstBoot = sb.NeverStarted()
 	defer waitBackground(&s.bg, time.Minute, log)
 	s.setStatus(func(st *api.Status) {
 		*st = api.Status{State: api.Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
