@@ -188,8 +188,18 @@ func (j *startJob) machine(ctx context.Context) error {
 	// A new sandbox: its boot is every new sandbox's of its shape, so a
 	// template of it stands in (template.go), or is made of it.
 	template := ""
-	if restore == nil && j.o.Restore == "" && s.firstBoot && s.freshDisks() && !templatesOff() {
-		template = s.templateKey()
+	if restore == nil && s.sb.DisksUnused() {
+		// Recorded before any QEMU has them: a start that stops short
+		// after the guest (or the workspace's copy) wrote them can put
+		// the sandbox back to "created" (launch.Launch), and its disks
+		// are then no longer every new sandbox's.
+		if err := s.sb.SaveActiveDisks(s.sb.ActiveDisks()); err != nil {
+			s.log.Warn("record the disks: no template for this start", "err", err)
+		} else if j.o.Restore == "" && s.firstBoot && s.freshDisks() && !templatesOff() {
+			template = s.templateKey()
+		}
+	}
+	if template != "" {
 		if s.startFromTemplate(ctx, template) {
 			return nil
 		}

@@ -101,6 +101,8 @@ func (s *supervisor) templatesDir() string { return filepath.Join(s.cache, "temp
 
 // freshDisks: the sandbox's disks are still those sandbox.Create made (no
 // layer over them recorded), the only ones a template's stand in for.
+// Whether a QEMU had them before is sandbox.DisksUnused, asked before the
+// start records them (start.go's machine).
 func (s *supervisor) freshDisks() bool {
 	m, err := s.sb.RecordedDisks()
 	if err != nil || len(m) != 1+boolInt(s.sb.Config.Workspace != nil) {

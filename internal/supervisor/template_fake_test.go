@@ -236,3 +236,45 @@ func TestTemplateOnlyForNewSandboxes(t *testing.T) {
 		t.Errorf("templates: %v", r.templates())
 	}
 }
+
+// A new sandbox's start that stops short after its QEMU had the disks (^C
+// while booting: launch.Launch puts a sandbox never started back to
+// "created") leaves disks a guest wrote, and the host's copy of the
+// workspace into it. Its next start is still a first boot by its state,
+// but its disks are no longer every new sandbox's: no template is made
+// of them.
+func TestTemplateNotMadeOfDisksAStartHadBefore(t *testing.T) {
+	t.Setenv("KOSA8_TEMPLATES", "0") // the first start makes none
+	cache := t.TempDir()
+	j, _ := newStartJob(t)
+	j.s.firstBoot = true
+	j.s.cache = cache
+	if err := os.WriteFile(j.s.sb.Path(sandbox.RootDisk), []byte("new root"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.run(context.Background(), []step{{"network", j.network}, {"machine", j.machine}}); err != nil {
+		t.Fatal(err)
+	}
+	j.s.net.close()
+	for _, m := range j.s.drv.(*vmmtest.Driver).Machines() {
+		m.Kill()
+	}
+	// What the guest and the workspace's copy wrote before the ^C.
+	if err := os.WriteFile(j.s.sb.Path(sandbox.RootDisk), []byte("this sandbox's own files"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv("KOSA8_TEMPLATES", "1")
+	k, _ := newStartJob(t)
+	k.s.sb = j.s.sb
+	k.s.firstBoot = true // the state launch.Launch put back
+	k.s.cache = cache
+	if err := k.run(context.Background(), []step{{"network", k.network}, {"machine", k.machine}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.s.net.close)
+	k.s.bg.Wait()
+	if ents, _ := os.ReadDir(filepath.Join(cache, "templates")); len(ents) != 0 {
+		t.Errorf("a template was made of disks a start had before: %v", ents)
+	}
+}
