@@ -279,12 +279,17 @@ func (s *supervisor) startFromTemplate(ctx context.Context, key string) bool {
 	return true
 }
 
+// errNotResumed: the machine stayed paused after a template's copy; the
+// start fails with it (a paused guest answers nothing).
+var errNotResumed = errors.New("the VM did not resume")
+
 // captureTemplate saves the machine just booted as the template for key:
 // the guest's workloads frozen (the freeze waits for the root
 // filesystem's grow), the VM paused while its device state, RAM and disks
 // are copied, then resumed and thawed. The files are synced and
 // published (renamed into place) in the background; wait for it with
-// s.bg. A failure costs the template, never the start.
+// s.bg. A failure costs the template, never the start, but for a machine
+// left paused (errNotResumed).
 func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 	if !s.freshDisks() {
 		return errors.New("the sandbox's disks are not new")
@@ -386,7 +391,7 @@ func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 	cancel()
 	pause := msSince(tPaused)
 	if rerr != nil {
-		return errors.Join(err, fmt.Errorf("the VM did not resume after the template's copy (%w): 'kosa8 stop --kill %s' ends it", rerr, s.sb.Config.Name))
+		return errors.Join(err, fmt.Errorf("%w after the template's copy: %w", errNotResumed, rerr))
 	}
 	if err != nil {
 		return err

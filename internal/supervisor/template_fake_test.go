@@ -3,9 +3,11 @@ package supervisor
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -276,5 +278,24 @@ func TestTemplateNotMadeOfDisksAStartHadBefore(t *testing.T) {
 	k.s.bg.Wait()
 	if ents, _ := os.ReadDir(filepath.Join(cache, "templates")); len(ents) != 0 {
 		t.Errorf("a template was made of disks a start had before: %v", ents)
+	}
+}
+
+// A machine that does not resume after the template's copy fails the
+// start (the sandbox crashed, its QEMU killed) rather than going on with
+// a paused guest whose every call then waits out the boot's deadline.
+func TestTemplateCaptureNotResumedFailsTheStart(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	a, err := r.start("first", func(m *vmmtest.Machine) { m.Fail("Resume", errors.New("injected: no resume")) })
+	if err == nil || !strings.Contains(err.Error(), "injected: no resume") {
+		t.Fatalf("start over a machine left paused: %v, want its failure", err)
+	}
+	select {
+	case <-a.drv.Machines()[0].Done():
+	case <-time.After(5 * time.Second):
+		t.Error("the paused machine still runs after the failed start")
+	}
+	if len(r.templates()) != 0 {
+		t.Errorf("templates: %v", r.templates())
 	}
 }
