@@ -209,12 +209,13 @@ func (j *startJob) machine(ctx context.Context) error {
 	}
 	if template != "" {
 		// The key again: the boot may have fallen back to TCG.
-		if key := s.templateKey(); s.findTemplate(key) == nil {
-			if err := s.captureTemplate(ctx, key); errors.Is(err, errNotResumed) {
-				return err
-			} else if err != nil {
-				s.log.Warn("no template made of this boot", "err", err)
-			}
+		key := s.templateKey()
+		if t := s.findTemplate(key); t != nil {
+			t.close()
+		} else if err := s.captureTemplate(ctx, key); errors.Is(err, errNotResumed) {
+			return err
+		} else if err != nil {
+			s.log.Warn("no template made of this boot", "err", err)
 		}
 	}
 	return nil

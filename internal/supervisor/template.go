@@ -121,43 +121,61 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// template is a template found for a start.
+// template is a template found for a start: its directory held open, so
+// that all its files are one template's even if its path changes.
 type template struct {
 	dir  string
+	root *os.Root
 	meta templateMeta
 }
 
+func (t *template) close() { t.root.Close() }
+
 // findTemplate returns the template for key, or nil (none, or one that
-// does not match: a record is read bounded, never through a link).
+// does not match: a record is read bounded, never through a link). Close
+// what it returns.
 func (s *supervisor) findTemplate(key string) *template {
 	dir := filepath.Join(s.templatesDir(), key)
+	all, err := os.OpenRoot(s.templatesDir())
+	if err != nil {
+		return nil
+	}
+	root, err := all.OpenRoot(key)
+	all.Close()
+	if err != nil {
+		return nil
+	}
 	var meta templateMeta
-	if err := readRecord(filepath.Join(dir, templateMetaFile), &meta); err != nil {
+	f, err := openRegularIn(root, templateMetaFile)
+	if err == nil {
+		err = readRecordFile(f, &meta)
+		f.Close()
+	}
+	if err != nil || meta.Version != templateVersion || meta.Key != key || meta.QEMU != s.qemuVersion || meta.Firmware != s.qemuFirmware || meta.Accel != string(s.accel) {
+		root.Close()
 		return nil
 	}
-	if meta.Version != templateVersion || meta.Key != key || meta.QEMU != s.qemuVersion || meta.Firmware != s.qemuFirmware || meta.Accel != string(s.accel) {
-		return nil
-	}
-	return &template{dir: dir, meta: meta}
+	return &template{dir: dir, root: root, meta: meta}
 }
 
 // readRecord reads a small JSON record: a regular file, not a link, at
 // most 64 KiB.
 func readRecord(path string, v any) error {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	f, err := openRegular(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s: not a regular file", path)
-	}
+	return readRecordFile(f, v)
+}
+
+func readRecordFile(f *os.File, v any) error {
 	b, err := io.ReadAll(io.LimitReader(f, 64<<10+1))
 	if err != nil {
 		return err
 	}
 	if len(b) > 64<<10 {
-		return fmt.Errorf("%s: too large", path)
+		return fmt.Errorf("%s: too large", f.Name())
 	}
 	return json.Unmarshal(b, v)
 }
@@ -167,7 +185,7 @@ func readRecord(path string, v any) error {
 func (t *template) restoreMeta() *checkpoint.Meta {
 	return &checkpoint.Meta{
 		ID: "template-" + t.meta.Key, Kind: "template", QEMU: t.meta.QEMU, Firmware: t.meta.Firmware,
-		Arch: t.meta.Arch, MemoryMiB: t.meta.MemoryMiB, Dir: t.dir,
+		Arch: t.meta.Arch, MemoryMiB: t.meta.MemoryMiB, Root: t.root,
 	}
 }
 
@@ -187,7 +205,7 @@ func (s *supervisor) templateDisks() [][2]string {
 // opened first, so a template removed meanwhile is still read whole.
 func (s *supervisor) takeTemplateDisks(t *template) error {
 	for _, d := range s.templateDisks() {
-		src, err := openRegular(filepath.Join(t.dir, d[0]))
+		src, err := openRegularIn(t.root, d[0])
 		if err != nil {
 			return err
 		}
@@ -209,6 +227,19 @@ func openRegular(path string) (*os.File, error) {
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
 		f.Close()
 		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	return f, nil
+}
+
+// openRegularIn is openRegular for a file in root.
+func openRegularIn(root *os.Root, name string) (*os.File, error) {
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: not a regular file", name)
 	}
 	return f, nil
 }
@@ -250,6 +281,7 @@ func (s *supervisor) startFromTemplate(ctx context.Context, key string) bool {
 	if t == nil {
 		return false
 	}
+	defer t.close()
 	tStart := time.Now()
 	if err := s.takeTemplateDisks(t); err != nil {
 		s.log.Warn("start from a template: booting instead", "template", key, "err", err)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -297,5 +298,74 @@ func TestTemplateCaptureNotResumedFailsTheStart(t *testing.T) {
 	}
 	if len(r.templates()) != 0 {
 		t.Errorf("templates: %v", r.templates())
+	}
+}
+
+// A start reads one template whole: its disks, RAM and device state come
+// from the directory it found, even if another supervisor replaces the
+// template at that path meanwhile (a failed start removed it, a boot made
+// a new one): the new one's device state with the old one's disks would
+// be a guest whose cached file systems are not its disks'.
+func TestTemplateStartReadsOneTemplate(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	if _, err := r.start("first", nil); err != nil {
+		t.Fatal(err)
+	}
+	tdir := filepath.Join(r.cache, "templates", r.templates()[0])
+	swapped := false
+	b, err := r.start("second", func(*vmmtest.Machine) {
+		if swapped {
+			return
+		}
+		swapped = true
+		if err := os.Rename(tdir, tdir+".gone"); err != nil {
+			t.Error(err)
+		}
+		if err := os.Mkdir(tdir, 0o700); err != nil {
+			t.Error(err)
+		}
+		if err := os.WriteFile(filepath.Join(tdir, checkpoint.DevicesFile), []byte("another template's\n"), 0o600); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms := b.drv.Machines(); len(ms) != 1 || !slices.Contains(ms[0].CallNames(), "LoadDevices") {
+		t.Errorf("%d machines: want the one restored from the template found", len(ms))
+	}
+}
+
+// A template's device state or RAM that is not a regular file (a FIFO
+// would block the open for ever, past every deadline) fails the restore
+// at once: the start boots.
+func TestTemplateFileNotRegularBoots(t *testing.T) {
+	for _, name := range []string{checkpoint.DevicesFile, checkpoint.RAMFile} {
+		t.Run(name, func(t *testing.T) {
+			r := &templateRig{t: t, cache: t.TempDir()}
+			if _, err := r.start("first", nil); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(r.cache, "templates", r.templates()[0], name)
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.start("second", nil)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("start over a template with a FIFO: %v, want a boot", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the start hangs on the template's FIFO")
+			}
+		})
 	}
 }
