@@ -45,6 +45,11 @@ const templateVersion = 1
 // templateKeep is how many templates are kept (the newest).
 const templateKeep = 3
 
+// templateSpareBytes is the free space a template's copy must leave on
+// its filesystem (shared, as a rule, with every sandbox's disks, whose
+// writes fail when it is full): a cache is not made at their cost.
+var templateSpareBytes int64 = 1 << 30
+
 // Files in a template's directory.
 const (
 	templateMetaFile = "template.json"
@@ -387,6 +392,18 @@ func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 	}
 	files = append(files, ramSrc)
 
+	need := allocatedBytes(ramSrc)
+	for _, d := range disks {
+		need += allocatedBytes(d.src)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(tmp, &st); err != nil {
+		return err
+	}
+	if free := int64(st.Bavail) * int64(st.Bsize); free < need+templateSpareBytes {
+		return fmt.Errorf("%d MiB free in %s, the copy needs %d MiB and leaves at least %d MiB", free>>20, dir, need>>20, templateSpareBytes>>20)
+	}
+
 	client := s.currentClient()
 	fctx, cancel := withTimeout(ctx, guestCallTimeout)
 	err = within(fctx, client.Freeze)
@@ -455,6 +472,16 @@ func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 		pruneTemplates(dir, templateKeep, s.log)
 	}()
 	return nil
+}
+
+// allocatedBytes is the space f's data takes (sparse files count what
+// they hold).
+func allocatedBytes(f *os.File) int64 {
+	var st syscall.Stat_t
+	if syscall.Fstat(int(f.Fd()), &st) != nil {
+		return 0
+	}
+	return int64(st.Blocks) * 512
 }
 
 // publishTemplate syncs a template's files and record and renames its

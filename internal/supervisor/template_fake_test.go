@@ -369,3 +369,19 @@ func TestTemplateFileNotRegularBoots(t *testing.T) {
 		})
 	}
 }
+
+// A template is a cache: one is not made where its copy would leave the
+// host's disk short (other sandboxes' disks get I/O errors when it fills),
+// and the machine is not paused for it.
+func TestTemplateNotMadeWithoutRoom(t *testing.T) {
+	defer func(n int64) { templateSpareBytes = n }(templateSpareBytes)
+	templateSpareBytes = 1 << 60
+	r := &templateRig{t: t, cache: t.TempDir()}
+	a, err := r.start("first", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names := a.drv.Machines()[0].CallNames(); !slices.Equal(names, []string{"Start"}) || len(r.templates()) != 0 {
+		t.Errorf("calls %v, templates %v: want no pause and none made", names, r.templates())
+	}
+}
