@@ -252,6 +252,12 @@ func openRegularIn(root *os.Root, name string) (*os.File, error) {
 // replaceWithCopy makes dst a copy of src (holes kept): written to a new
 // file beside it, then renamed over it.
 func replaceWithCopy(dst string, src *os.File) error {
+	// Copies a killed supervisor left (one supervisor runs a sandbox at a
+	// time: none is another's under way).
+	old, _ := filepath.Glob(dst + ".new-*")
+	for _, p := range old {
+		os.Remove(p)
+	}
 	tmp := dst + ".new-" + randomSuffix()
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {

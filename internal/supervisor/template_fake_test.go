@@ -385,3 +385,32 @@ func TestTemplateNotMadeWithoutRoom(t *testing.T) {
 		t.Errorf("calls %v, templates %v: want no pause and none made", names, r.templates())
 	}
 }
+
+// A copy of a template's disk a killed supervisor left beside the
+// sandbox's (its tmp name) is removed by the next start's copy, not kept
+// for the sandbox's life.
+func TestTemplateDiskCopyLeftoversRemoved(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	if _, err := r.start("first", nil); err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.start("second", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := b.j.s.sb.Path(sandbox.RootDisk) + ".new-0123456789ab"
+	if err := os.WriteFile(left, []byte("a killed copy"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tpl := b.j.s.findTemplate(r.templates()[0])
+	if tpl == nil {
+		t.Fatal("no template")
+	}
+	defer tpl.close()
+	if err := b.j.s.takeTemplateDisks(tpl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(left); err == nil {
+		t.Error("the killed copy is still there")
+	}
+}
