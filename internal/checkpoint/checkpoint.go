@@ -56,9 +56,10 @@ type Meta struct {
 	// Disks maps a disk's id to its frozen layer (relative to the sandbox
 	// directory) and format.
 	Disks map[string]Disk `json:"disks"`
-	// Dir holds the RAM and device state of a machine restored from
-	// outside the sandbox's checkpoints (a boot template); not recorded.
-	Dir string `json:"-"`
+	// Root holds the RAM and device state of a machine restored from
+	// outside the sandbox's checkpoints (a boot template's directory,
+	// held open); not recorded.
+	Root *os.Root `json:"-"`
 	// Sizes and times.
 	RAMBytes    int64   `json:"ram_bytes"` // data actually stored
 	DeviceBytes int64   `json:"device_bytes"`

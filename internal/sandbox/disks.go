@@ -55,6 +55,14 @@ func (s *Sandbox) RecordedDisks() (map[string]checkpoint.Disk, error) {
 	return m, err
 }
 
+// DisksUnused reports whether the sandbox's disks were never handed to a
+// VM: they have no record yet (a start records them before its QEMU
+// has them).
+func (s *Sandbox) DisksUnused() bool {
+	_, err := os.Lstat(s.Path(disksFile))
+	return errors.Is(err, os.ErrNotExist)
+}
+
 // SaveActiveDisks records the layers new writes go to.
 func (s *Sandbox) SaveActiveDisks(m map[string]checkpoint.Disk) error {
 	return WriteJSONAtomic(s.Path(disksFile), m)

@@ -63,7 +63,7 @@ func (s *supervisor) startVMM(ctx context.Context, restore *checkpoint.Meta, dis
 		}
 	}
 	if restore != nil && !exact {
-		ramSrc, err := os.Open(filepath.Join(s.restoreDir(restore), checkpoint.RAMFile))
+		ramSrc, err := s.openRestore(restore, checkpoint.RAMFile)
 		if err != nil {
 			hostNet.Close()
 			if opts.RAM != nil {
@@ -136,7 +136,7 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 	}()
 	tUp := time.Now()
 	if restore != nil {
-		dev, err := os.Open(filepath.Join(s.restoreDir(restore), checkpoint.DevicesFile))
+		dev, err := s.openRestore(restore, checkpoint.DevicesFile)
 		if err != nil {
 			return err
 		}
@@ -197,13 +197,15 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 	return nil
 }
 
-// restoreDir is where a restore's RAM and device state are: the
-// checkpoint's directory, or a template's.
-func (s *supervisor) restoreDir(m *checkpoint.Meta) string {
-	if m.Dir != "" {
-		return m.Dir
+// openRestore opens a restore's RAM or device state: in the checkpoint's
+// directory, or in a template's, through the directory held since the
+// template was found (all of one template, whatever its path holds
+// meanwhile), and only a regular file.
+func (s *supervisor) openRestore(m *checkpoint.Meta, name string) (*os.File, error) {
+	if m.Root != nil {
+		return openRegularIn(m.Root, name)
 	}
-	return s.sb.Checkpoints().Path(m.ID)
+	return os.Open(filepath.Join(s.sb.Checkpoints().Path(m.ID), name))
 }
 
 // disks are the sandbox's active disk layers, as QEMU takes them.

@@ -188,8 +188,18 @@ func (j *startJob) machine(ctx context.Context) error {
 	// A new sandbox: its boot is every new sandbox's of its shape, so a
 	// template of it stands in (template.go), or is made of it.
 	template := ""
-	if restore == nil && j.o.Restore == "" && s.firstBoot && s.freshDisks() && !templatesOff() {
-		template = s.templateKey()
+	if restore == nil && s.sb.DisksUnused() {
+		// Recorded before any QEMU has them: a start that stops short
+		// after the guest (or the workspace's copy) wrote them can put
+		// the sandbox back to "created" (launch.Launch), and its disks
+		// are then no longer every new sandbox's.
+		if err := s.sb.SaveActiveDisks(s.sb.ActiveDisks()); err != nil {
+			s.log.Warn("record the disks: no template for this start", "err", err)
+		} else if j.o.Restore == "" && s.firstBoot && s.freshDisks() && !templatesOff() {
+			template = s.templateKey()
+		}
+	}
+	if template != "" {
 		if s.startFromTemplate(ctx, template) {
 			return nil
 		}
@@ -199,10 +209,13 @@ func (j *startJob) machine(ctx context.Context) error {
 	}
 	if template != "" {
 		// The key again: the boot may have fallen back to TCG.
-		if key := s.templateKey(); s.findTemplate(key) == nil {
-			if err := s.captureTemplate(ctx, key); err != nil {
-				s.log.Warn("no template made of this boot", "err", err)
-			}
+		key := s.templateKey()
+		if t := s.findTemplate(key); t != nil {
+			t.close()
+		} else if err := s.captureTemplate(ctx, key); errors.Is(err, errNotResumed) {
+			return err
+		} else if err != nil {
+			s.log.Warn("no template made of this boot", "err", err)
 		}
 	}
 	return nil

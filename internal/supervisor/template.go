@@ -45,6 +45,11 @@ const templateVersion = 1
 // templateKeep is how many templates are kept (the newest).
 const templateKeep = 3
 
+// templateSpareBytes is the free space a template's copy must leave on
+// its filesystem (shared, as a rule, with every sandbox's disks, whose
+// writes fail when it is full): a cache is not made at their cost.
+var templateSpareBytes int64 = 1 << 30
+
 // Files in a template's directory.
 const (
 	templateMetaFile = "template.json"
@@ -101,6 +106,8 @@ func (s *supervisor) templatesDir() string { return filepath.Join(s.cache, "temp
 
 // freshDisks: the sandbox's disks are still those sandbox.Create made (no
 // layer over them recorded), the only ones a template's stand in for.
+// Whether a QEMU had them before is sandbox.DisksUnused, asked before the
+// start records them (start.go's machine).
 func (s *supervisor) freshDisks() bool {
 	m, err := s.sb.RecordedDisks()
 	if err != nil || len(m) != 1+boolInt(s.sb.Config.Workspace != nil) {
@@ -119,43 +126,61 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// template is a template found for a start.
+// template is a template found for a start: its directory held open, so
+// that all its files are one template's even if its path changes.
 type template struct {
 	dir  string
+	root *os.Root
 	meta templateMeta
 }
 
+func (t *template) close() { t.root.Close() }
+
 // findTemplate returns the template for key, or nil (none, or one that
-// does not match: a record is read bounded, never through a link).
+// does not match: a record is read bounded, never through a link). Close
+// what it returns.
 func (s *supervisor) findTemplate(key string) *template {
 	dir := filepath.Join(s.templatesDir(), key)
+	all, err := os.OpenRoot(s.templatesDir())
+	if err != nil {
+		return nil
+	}
+	root, err := all.OpenRoot(key)
+	all.Close()
+	if err != nil {
+		return nil
+	}
 	var meta templateMeta
-	if err := readRecord(filepath.Join(dir, templateMetaFile), &meta); err != nil {
+	f, err := openRegularIn(root, templateMetaFile)
+	if err == nil {
+		err = readRecordFile(f, &meta)
+		f.Close()
+	}
+	if err != nil || meta.Version != templateVersion || meta.Key != key || meta.QEMU != s.qemuVersion || meta.Firmware != s.qemuFirmware || meta.Accel != string(s.accel) {
+		root.Close()
 		return nil
 	}
-	if meta.Version != templateVersion || meta.Key != key || meta.QEMU != s.qemuVersion || meta.Firmware != s.qemuFirmware || meta.Accel != string(s.accel) {
-		return nil
-	}
-	return &template{dir: dir, meta: meta}
+	return &template{dir: dir, root: root, meta: meta}
 }
 
 // readRecord reads a small JSON record: a regular file, not a link, at
 // most 64 KiB.
 func readRecord(path string, v any) error {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	f, err := openRegular(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s: not a regular file", path)
-	}
+	return readRecordFile(f, v)
+}
+
+func readRecordFile(f *os.File, v any) error {
 	b, err := io.ReadAll(io.LimitReader(f, 64<<10+1))
 	if err != nil {
 		return err
 	}
 	if len(b) > 64<<10 {
-		return fmt.Errorf("%s: too large", path)
+		return fmt.Errorf("%s: too large", f.Name())
 	}
 	return json.Unmarshal(b, v)
 }
@@ -165,7 +190,7 @@ func readRecord(path string, v any) error {
 func (t *template) restoreMeta() *checkpoint.Meta {
 	return &checkpoint.Meta{
 		ID: "template-" + t.meta.Key, Kind: "template", QEMU: t.meta.QEMU, Firmware: t.meta.Firmware,
-		Arch: t.meta.Arch, MemoryMiB: t.meta.MemoryMiB, Dir: t.dir,
+		Arch: t.meta.Arch, MemoryMiB: t.meta.MemoryMiB, Root: t.root,
 	}
 }
 
@@ -185,7 +210,7 @@ func (s *supervisor) templateDisks() [][2]string {
 // opened first, so a template removed meanwhile is still read whole.
 func (s *supervisor) takeTemplateDisks(t *template) error {
 	for _, d := range s.templateDisks() {
-		src, err := openRegular(filepath.Join(t.dir, d[0]))
+		src, err := openRegularIn(t.root, d[0])
 		if err != nil {
 			return err
 		}
@@ -211,9 +236,28 @@ func openRegular(path string) (*os.File, error) {
 	return f, nil
 }
 
+// openRegularIn is openRegular for a file in root.
+func openRegularIn(root *os.Root, name string) (*os.File, error) {
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: not a regular file", name)
+	}
+	return f, nil
+}
+
 // replaceWithCopy makes dst a copy of src (holes kept): written to a new
 // file beside it, then renamed over it.
 func replaceWithCopy(dst string, src *os.File) error {
+	// Copies a killed supervisor left (one supervisor runs a sandbox at a
+	// time: none is another's under way).
+	old, _ := filepath.Glob(dst + ".new-*")
+	for _, p := range old {
+		os.Remove(p)
+	}
 	tmp := dst + ".new-" + randomSuffix()
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -248,6 +292,7 @@ func (s *supervisor) startFromTemplate(ctx context.Context, key string) bool {
 	if t == nil {
 		return false
 	}
+	defer t.close()
 	tStart := time.Now()
 	if err := s.takeTemplateDisks(t); err != nil {
 		s.log.Warn("start from a template: booting instead", "template", key, "err", err)
@@ -277,12 +322,17 @@ func (s *supervisor) startFromTemplate(ctx context.Context, key string) bool {
 	return true
 }
 
+// errNotResumed: the machine stayed paused after a template's copy; the
+// start fails with it (a paused guest answers nothing).
+var errNotResumed = errors.New("the VM did not resume")
+
 // captureTemplate saves the machine just booted as the template for key:
 // the guest's workloads frozen (the freeze waits for the root
 // filesystem's grow), the VM paused while its device state, RAM and disks
 // are copied, then resumed and thawed. The files are synced and
 // published (renamed into place) in the background; wait for it with
-// s.bg. A failure costs the template, never the start.
+// s.bg. A failure costs the template, never the start, but for a machine
+// left paused (errNotResumed).
 func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 	if !s.freshDisks() {
 		return errors.New("the sandbox's disks are not new")
@@ -348,6 +398,18 @@ func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 	}
 	files = append(files, ramSrc)
 
+	need := allocatedBytes(ramSrc)
+	for _, d := range disks {
+		need += allocatedBytes(d.src)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(tmp, &st); err != nil {
+		return err
+	}
+	if free := int64(st.Bavail) * int64(st.Bsize); free < need+templateSpareBytes {
+		return fmt.Errorf("%d MiB free in %s, the copy needs %d MiB and leaves at least %d MiB", free>>20, dir, need>>20, templateSpareBytes>>20)
+	}
+
 	client := s.currentClient()
 	fctx, cancel := withTimeout(ctx, guestCallTimeout)
 	err = within(fctx, client.Freeze)
@@ -384,7 +446,7 @@ func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 	cancel()
 	pause := msSince(tPaused)
 	if rerr != nil {
-		return errors.Join(err, fmt.Errorf("the VM did not resume after the template's copy (%w): 'kosa8 stop --kill %s' ends it", rerr, s.sb.Config.Name))
+		return errors.Join(err, fmt.Errorf("%w after the template's copy: %w", errNotResumed, rerr))
 	}
 	if err != nil {
 		return err
@@ -416,6 +478,16 @@ func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 		pruneTemplates(dir, templateKeep, s.log)
 	}()
 	return nil
+}
+
+// allocatedBytes is the space f's data takes (sparse files count what
+// they hold).
+func allocatedBytes(f *os.File) int64 {
+	var st syscall.Stat_t
+	if syscall.Fstat(int(f.Fd()), &st) != nil {
+		return 0
+	}
+	return int64(st.Blocks) * 512
 }
 
 // publishTemplate syncs a template's files and record and renames its

@@ -3,9 +3,12 @@ package supervisor
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -234,5 +237,180 @@ func TestTemplateOnlyForNewSandboxes(t *testing.T) {
 	}
 	if len(r.templates()) != 0 {
 		t.Errorf("templates: %v", r.templates())
+	}
+}
+
+// A new sandbox's start that stops short after its QEMU had the disks (^C
+// while booting: launch.Launch puts a sandbox never started back to
+// "created") leaves disks a guest wrote, and the host's copy of the
+// workspace into it. Its next start is still a first boot by its state,
+// but its disks are no longer every new sandbox's: no template is made
+// of them.
+func TestTemplateNotMadeOfDisksAStartHadBefore(t *testing.T) {
+	t.Setenv("KOSA8_TEMPLATES", "0") // the first start makes none
+	cache := t.TempDir()
+	j, _ := newStartJob(t)
+	j.s.firstBoot = true
+	j.s.cache = cache
+	if err := os.WriteFile(j.s.sb.Path(sandbox.RootDisk), []byte("new root"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.run(context.Background(), []step{{"network", j.network}, {"machine", j.machine}}); err != nil {
+		t.Fatal(err)
+	}
+	j.s.net.close()
+	for _, m := range j.s.drv.(*vmmtest.Driver).Machines() {
+		m.Kill()
+	}
+	// What the guest and the workspace's copy wrote before the ^C.
+	if err := os.WriteFile(j.s.sb.Path(sandbox.RootDisk), []byte("this sandbox's own files"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv("KOSA8_TEMPLATES", "1")
+	k, _ := newStartJob(t)
+	k.s.sb = j.s.sb
+	k.s.firstBoot = true // the state launch.Launch put back
+	k.s.cache = cache
+	if err := k.run(context.Background(), []step{{"network", k.network}, {"machine", k.machine}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.s.net.close)
+	k.s.bg.Wait()
+	if ents, _ := os.ReadDir(filepath.Join(cache, "templates")); len(ents) != 0 {
+		t.Errorf("a template was made of disks a start had before: %v", ents)
+	}
+}
+
+// A machine that does not resume after the template's copy fails the
+// start (the sandbox crashed, its QEMU killed) rather than going on with
+// a paused guest whose every call then waits out the boot's deadline.
+func TestTemplateCaptureNotResumedFailsTheStart(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	a, err := r.start("first", func(m *vmmtest.Machine) { m.Fail("Resume", errors.New("injected: no resume")) })
+	if err == nil || !strings.Contains(err.Error(), "injected: no resume") {
+		t.Fatalf("start over a machine left paused: %v, want its failure", err)
+	}
+	select {
+	case <-a.drv.Machines()[0].Done():
+	case <-time.After(5 * time.Second):
+		t.Error("the paused machine still runs after the failed start")
+	}
+	if len(r.templates()) != 0 {
+		t.Errorf("templates: %v", r.templates())
+	}
+}
+
+// A start reads one template whole: its disks, RAM and device state come
+// from the directory it found, even if another supervisor replaces the
+// template at that path meanwhile (a failed start removed it, a boot made
+// a new one): the new one's device state with the old one's disks would
+// be a guest whose cached file systems are not its disks'.
+func TestTemplateStartReadsOneTemplate(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	if _, err := r.start("first", nil); err != nil {
+		t.Fatal(err)
+	}
+	tdir := filepath.Join(r.cache, "templates", r.templates()[0])
+	swapped := false
+	b, err := r.start("second", func(*vmmtest.Machine) {
+		if swapped {
+			return
+		}
+		swapped = true
+		if err := os.Rename(tdir, tdir+".gone"); err != nil {
+			t.Error(err)
+		}
+		if err := os.Mkdir(tdir, 0o700); err != nil {
+			t.Error(err)
+		}
+		if err := os.WriteFile(filepath.Join(tdir, checkpoint.DevicesFile), []byte("another template's\n"), 0o600); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms := b.drv.Machines(); len(ms) != 1 || !slices.Contains(ms[0].CallNames(), "LoadDevices") {
+		t.Errorf("%d machines: want the one restored from the template found", len(ms))
+	}
+}
+
+// A template's device state or RAM that is not a regular file (a FIFO
+// would block the open for ever, past every deadline) fails the restore
+// at once: the start boots.
+func TestTemplateFileNotRegularBoots(t *testing.T) {
+	for _, name := range []string{checkpoint.DevicesFile, checkpoint.RAMFile} {
+		t.Run(name, func(t *testing.T) {
+			r := &templateRig{t: t, cache: t.TempDir()}
+			if _, err := r.start("first", nil); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(r.cache, "templates", r.templates()[0], name)
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.start("second", nil)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("start over a template with a FIFO: %v, want a boot", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the start hangs on the template's FIFO")
+			}
+		})
+	}
+}
+
+// A template is a cache: one is not made where its copy would leave the
+// host's disk short (other sandboxes' disks get I/O errors when it fills),
+// and the machine is not paused for it.
+func TestTemplateNotMadeWithoutRoom(t *testing.T) {
+	defer func(n int64) { templateSpareBytes = n }(templateSpareBytes)
+	templateSpareBytes = 1 << 60
+	r := &templateRig{t: t, cache: t.TempDir()}
+	a, err := r.start("first", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names := a.drv.Machines()[0].CallNames(); !slices.Equal(names, []string{"Start"}) || len(r.templates()) != 0 {
+		t.Errorf("calls %v, templates %v: want no pause and none made", names, r.templates())
+	}
+}
+
+// A copy of a template's disk a killed supervisor left beside the
+// sandbox's (its tmp name) is removed by the next start's copy, not kept
+// for the sandbox's life.
+func TestTemplateDiskCopyLeftoversRemoved(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	if _, err := r.start("first", nil); err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.start("second", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := b.j.s.sb.Path(sandbox.RootDisk) + ".new-0123456789ab"
+	if err := os.WriteFile(left, []byte("a killed copy"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tpl := b.j.s.findTemplate(r.templates()[0])
+	if tpl == nil {
+		t.Fatal("no template")
+	}
+	defer tpl.close()
+	if err := b.j.s.takeTemplateDisks(tpl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(left); err == nil {
+		t.Error("the killed copy is still there")
 	}
 }
