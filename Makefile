@@ -56,7 +56,7 @@ test-vm-arm64-all: build
 # subset below, the parts that touch QEMU's command line, migration and
 # devices, so that both passes fit its time; QEMU10_TESTS=. runs them all.
 QEMU10 ?= /opt/qemu10/usr/bin/qemu-system-x86_64
-QEMU10_TESTS ?= TestBoot2GiB|TestRunShowsGuestKernelAndExitStatus|TestCheckpointAndRewind|TestStartFromCheckpoint|TestQEMUConfined
+QEMU10_TESTS ?= TestBoot2GiB|TestRunShowsGuestKernelAndExitStatus|TestCheckpointAndRewind|TestStartFromCheckpoint|TestQEMUConfined|TestNewSandboxesStartFromATemplate
 test-vm-qemu10: build
 	@test -x $(QEMU10) || { echo "$(QEMU10) not found: run .ci/qemu10.sh (as root) first"; exit 1; }
 	KOSA8_QEMU=$(QEMU10) KOSA8_E2E=1 KOSA8_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 30m -run '$(QEMU10_TESTS)' ./test/e2e/...

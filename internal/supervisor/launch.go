@@ -190,7 +190,7 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 		// old machine to go.
 		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", msBetween(v.t0, v.tRun), "waiting_ms", msBetween(v.tRun, tUp),
 			"ram_copy", v.ramCopy, "devices_ms", msBetween(tUp, tLoaded), "agent_ms", msBetween(tLoaded, tConnected), "reseed_ms", msSince(tConnected))
-	} else if err := client.SetTime(lctx, time.Now(), sandbox.Hostname(s.sb.Config.Name)); err != nil {
+	} else if err := client.SetTime(lctx, time.Now(), s.bootHostname()); err != nil {
 		s.log.Warn("set guest clock and hostname", "err", err)
 	}
 	s.setClient(client)
@@ -206,6 +206,25 @@ func (s *supervisor) openRestore(m *checkpoint.Meta, name string) (*os.File, err
 		return openRegularIn(m.Root, name)
 	}
 	return os.Open(filepath.Join(s.sb.Checkpoints().Path(m.ID), name))
+}
+
+// bootHostname is the name a booted guest is given at once: none (the
+// agent's own, "kosa8") for a boot a template is made of, named after
+// the copy (nameGuest), so no template holds a sandbox's name.
+func (s *supervisor) bootHostname() string {
+	if s.unnamed {
+		return ""
+	}
+	return sandbox.Hostname(s.sb.Config.Name)
+}
+
+// nameGuest gives the guest the sandbox's hostname (after a template's
+// copy of an unnamed boot).
+func (s *supervisor) nameGuest(ctx context.Context) error {
+	s.unnamed = false
+	cctx, cancel := withTimeout(ctx, guestCallTimeout)
+	defer cancel()
+	return s.currentClient().SetTime(cctx, time.Now(), s.bootHostname())
 }
 
 // disks are the sandbox's active disk layers, as QEMU takes them.

@@ -204,6 +204,7 @@ func (j *startJob) machine(ctx context.Context) error {
 			return nil
 		}
 	}
+	s.unnamed = template != ""
 	if err := s.launchFirst(ctx, restore, j.forced); err != nil {
 		return err
 	}
@@ -216,6 +217,9 @@ func (j *startJob) machine(ctx context.Context) error {
 			return err
 		} else if err != nil {
 			s.log.Warn("no template made of this boot", "err", err)
+		}
+		if err := s.nameGuest(ctx); err != nil {
+			return fmt.Errorf("name the guest: %w", err)
 		}
 	}
 	return nil

@@ -77,6 +77,7 @@ type supervisor struct {
 	// (its disks are as sandbox.Create made them): a boot template may
 	// stand in for its boot, or be made from it (template.go).
 	firstBoot bool
+	unnamed   bool           // a boot a template is made of: named after the copy
 	cache     string         // KOSA8_CACHE: the images, and the templates beside them
 	bg        sync.WaitGroup // work that outlives a step (a template's publication)
 
