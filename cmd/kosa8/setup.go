@@ -16,6 +16,7 @@ import (
 	"github.com/kosa8/kosa8/internal/config"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
@@ -311,6 +312,10 @@ func imageCmd() *cobra.Command {
 					return err
 				}
 				fmt.Println(img.Dir)
+			}
+			// Boot templates of the images removed go with them.
+			for _, d := range supervisor.PruneTemplates(m.Paths.Cache) {
+				fmt.Println(d)
 			}
 			return nil
 		},

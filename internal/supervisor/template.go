@@ -556,3 +556,31 @@ func pruneTemplates(dir string, keep int, log interface{ Info(string, ...any) })
 		}
 	}
 }
+
+// PruneTemplates removes the boot templates in cache made of an image
+// that is gone ('kosa8 image prune'), and damaged ones, and returns the
+// directories it removed.
+func PruneTemplates(cache string) []string {
+	dir := filepath.Join(cache, "templates")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var removed []string
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		var meta templateMeta
+		if err := readRecord(filepath.Join(p, templateMetaFile), &meta); err == nil && meta.ImageDir != "" {
+			if _, err := os.Stat(meta.ImageDir); err == nil {
+				continue
+			}
+		}
+		if os.RemoveAll(p) == nil {
+			removed = append(removed, p)
+		}
+	}
+	return removed
+}

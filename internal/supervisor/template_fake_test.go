@@ -416,3 +416,36 @@ func TestTemplateDiskCopyLeftoversRemoved(t *testing.T) {
 		t.Error("the killed copy is still there")
 	}
 }
+
+// 'kosa8 image prune' takes the boot templates of the images it removed
+// with them (and damaged ones); those of images still there, and captures
+// under way (dot folders), stay.
+func TestPruneTemplatesOfImagesGone(t *testing.T) {
+	cache, img := t.TempDir(), t.TempDir()
+	dir := filepath.Join(cache, "templates")
+	write := func(name, imageDir string, record bool) {
+		if err := os.MkdirAll(filepath.Join(dir, name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if record {
+			if err := sandbox.WriteJSONAtomic(filepath.Join(dir, name, templateMetaFile), templateMeta{Version: templateVersion, Key: name, ImageDir: imageDir}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write("kept", img, true)
+	write("gone", filepath.Join(img, "removed"), true)
+	write("damaged", "", false)
+	write(".tmp-x", "", false)
+	removed := PruneTemplates(cache)
+	slices.Sort(removed)
+	want := []string{filepath.Join(dir, "damaged"), filepath.Join(dir, "gone")}
+	if !slices.Equal(removed, want) {
+		t.Errorf("removed %q, want %q", removed, want)
+	}
+	for _, name := range []string{"kept", ".tmp-x"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
