@@ -42,6 +42,10 @@ import (
 // made.
 const templateVersion = 1
 
+// templateStartTimeout bounds a start from a template under TCG (under
+// KVM or HVF, accelBootTimeout does).
+const templateStartTimeout = time.Minute
+
 // templateKeep is how many templates are kept (the newest).
 const templateKeep = 3
 
@@ -299,15 +303,20 @@ func (s *supervisor) startFromTemplate(ctx context.Context, key string) bool {
 		return false
 	}
 	tDisks := time.Now()
-	lctx := ctx
+	// Its own deadline, so that a restore that hangs leaves the boot
+	// time: a restore reaches the agent in about 1.5 s under TCG here.
+	wait := templateStartTimeout
 	if s.accel != vmm.TCG {
-		var cancel context.CancelFunc
-		lctx, cancel = context.WithTimeout(ctx, accelBootTimeout)
-		defer cancel()
+		wait = accelBootTimeout
 	}
+	lctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
 	if err := s.launch(lctx, t.restoreMeta()); err != nil {
 		if m := s.currentMachine(); m != nil {
 			_ = m.Kill()
+		}
+		if ctx.Err() != nil {
+			return false // the caller gave up (^C): nothing wrong with the template
 		}
 		// Removed: a template this machine cannot start from would cost
 		// every later start the same try (a good one is made again by the
