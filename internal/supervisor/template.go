@@ -36,7 +36,8 @@ import (
 // from one that fails boots instead, and KOSA8_TEMPLATES=0 turns them off.
 // Each start that uses one copies its disks into the sandbox's own, so
 // nothing refers to a template once it is started, and a template can be
-// removed at any time (the oldest beyond templateKeep are).
+// removed at any time (the least recently used beyond templateKeep or
+// templateBytes are).
 
 // templateVersion changes with what a template holds or how its key is
 // made.
@@ -46,8 +47,12 @@ const templateVersion = 1
 // KVM or HVF, accelBootTimeout does).
 const templateStartTimeout = time.Minute
 
-// templateKeep is how many templates are kept (the newest).
-const templateKeep = 3
+// At most templateKeep templates are kept, and at most templateBytes of
+// them (the most recently used first; the newest always).
+const (
+	templateKeep  = 8
+	templateBytes = 2 << 30
+)
 
 // templateSpareBytes is the free space a template's copy must leave on
 // its filesystem (shared, as a rule, with every sandbox's disks, whose
@@ -326,6 +331,8 @@ func (s *supervisor) startFromTemplate(ctx context.Context, key string) bool {
 		s.resetConsoleLog()
 		return false
 	}
+	now := time.Now()
+	_ = os.Chtimes(t.dir, now, now) // used: kept before those that were not
 	s.setStatus(func(st *api.Status) { st.Template = key })
 	s.log.Info("started from a template", "template", key, "disks_ms", msBetween(tStart, tDisks), "ms", msSince(tStart))
 	return true
@@ -484,7 +491,7 @@ func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 			return
 		}
 		s.log.Info("template saved", "template", key, "pause_ms", pause, "ram_mib", ramBytes>>20)
-		pruneTemplates(dir, templateKeep, s.log)
+		pruneTemplates(dir, templateKeep, templateBytes, s.log)
 	}()
 	return nil
 }
@@ -535,33 +542,54 @@ func sweepTemplateTemps(dir string) {
 	}
 }
 
-// pruneTemplates keeps the newest keep templates and removes the rest.
-func pruneTemplates(dir string, keep int, log interface{ Info(string, ...any) }) {
+// pruneTemplates keeps the most recently used templates, at most keep of
+// them and keepBytes of disk (the most recent always), and removes the
+// rest.
+func pruneTemplates(dir string, keep int, keepBytes int64, log interface{ Info(string, ...any) }) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
 	type tpl struct {
-		name    string
-		created time.Time
+		name string
+		used time.Time
+		size int64
 	}
 	var all []tpl
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
+		p := filepath.Join(dir, e.Name())
 		var meta templateMeta
-		if err := readRecord(filepath.Join(dir, e.Name(), templateMetaFile), &meta); err != nil {
+		if err := readRecord(filepath.Join(p, templateMetaFile), &meta); err != nil {
 			// Damaged (a published directory always has its record).
-			os.RemoveAll(filepath.Join(dir, e.Name()))
+			os.RemoveAll(p)
 			continue
 		}
-		all = append(all, tpl{e.Name(), meta.Created})
+		t := tpl{name: e.Name(), used: meta.Created}
+		if fi, err := os.Lstat(p); err == nil && fi.ModTime().After(t.used) {
+			t.used = fi.ModTime() // touched by each start from it
+		}
+		files, _ := os.ReadDir(p)
+		for _, f := range files {
+			if fi, err := f.Info(); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					t.size += int64(st.Blocks) * 512
+				}
+			}
+		}
+		all = append(all, t)
 	}
-	slices.SortFunc(all, func(a, b tpl) int { return b.created.Compare(a.created) })
-	for i := keep; i < len(all); i++ {
-		if err := os.RemoveAll(filepath.Join(dir, all[i].name)); err == nil {
-			log.Info("template removed (older than the newest kept)", "template", all[i].name)
+	slices.SortFunc(all, func(a, b tpl) int { return b.used.Compare(a.used) })
+	var total int64
+	for i, t := range all {
+		total += t.size
+		if i == 0 || i < keep && total <= keepBytes {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, t.name)); err == nil {
+			log.Info("template removed (the least recently used beyond what is kept)", "template", t.name, "mib", t.size>>20)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -447,5 +448,47 @@ func TestPruneTemplatesOfImagesGone(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// Templates are kept by last use, at most so many and so many bytes: a
+// template a start used lately outlives a newer one nobody used; the
+// most recent stays even alone over the byte limit.
+func TestPruneTemplatesKeepsTheRecentlyUsed(t *testing.T) {
+	dir := t.TempDir()
+	t0 := time.Now().Add(-time.Hour)
+	mk := func(name string, created, used time.Time, size int) {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := sandbox.WriteJSONAtomic(filepath.Join(p, templateMetaFile), templateMeta{Version: templateVersion, Key: name, Created: created}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(p, checkpoint.RAMFile), bytes.Repeat([]byte{1}, size), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, used, used); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names := func() []string {
+		ents, _ := os.ReadDir(dir)
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	mk("old-but-used", t0, t0.Add(50*time.Minute), 4096)
+	mk("new-unused", t0.Add(10*time.Minute), t0.Add(10*time.Minute), 4096)
+	mk("oldest", t0, t0, 4096)
+	pruneTemplates(dir, 2, 1<<30, slog.New(slog.DiscardHandler))
+	if got := names(); !slices.Equal(got, []string{"new-unused", "old-but-used"}) {
+		t.Errorf("kept %v, want the two most recently used", got)
+	}
+	pruneTemplates(dir, 8, 1, slog.New(slog.DiscardHandler))
+	if got := names(); !slices.Equal(got, []string{"old-but-used"}) {
+		t.Errorf("kept %v over the byte limit, want only the most recently used", got)
 	}
 }
