@@ -144,22 +144,14 @@ func benchBoot() {
 	// supervisor through kosa8's environment). Each is then paused and
 	// resumed: a start that restores its own machine.
 	os.Setenv("KOSA8_TEMPLATES", "0")
-	var ready, startWall, resumed, resumeWall []time.Duration
-	for i := 0; i < *runs; i++ {
-		name := fmt.Sprintf("bench-boot-%d", i)
-		kosa8("create", name)
-		t0 := time.Now()
-		kosa8("start", name)
-		startWall = append(startWall, time.Since(t0))
-		sb := open(paths, name)
-		ready = append(ready, time.Duration(sb.Status().BootMillis*float64(time.Millisecond)))
+	var resumed, resumeWall []time.Duration
+	ready, startWall := newStarts(paths, "bench-boot", *runs, func(name string, sb *sandbox.Sandbox) {
 		kosa8("pause", name)
-		t0 = time.Now()
+		t0 := time.Now()
 		kosa8("start", name)
 		resumeWall = append(resumeWall, time.Since(t0))
 		resumed = append(resumed, time.Duration(sb.Status().BootMillis*float64(time.Millisecond)))
-		kosa8("rm", "-f", name)
-	}
+	})
 	rows = append(rows,
 		row{"kosa8: supervisor start to agent ready", ms(median(ready)), a, ratio(median(ready), median(bare))},
 		row{"kosa8 start (CLI wall time)", ms(median(startWall)), a, ratio(median(startWall), median(bare))},
@@ -189,21 +181,11 @@ func benchBoot() {
 	kosa8("create", "bench-tpl-make")
 	kosa8("start", "bench-tpl-make")
 	kosa8("rm", "-f", "bench-tpl-make")
-	var fromTpl, fromTplWall []time.Duration
-	for i := 0; i < *runs; i++ {
-		name := fmt.Sprintf("bench-tpl-%d", i)
-		kosa8("create", name)
-		t0 := time.Now()
-		kosa8("start", name)
-		fromTplWall = append(fromTplWall, time.Since(t0))
-		sb := open(paths, name)
-		st := sb.Status()
-		if st.Template == "" {
+	fromTpl, fromTplWall := newStarts(paths, "bench-tpl", *runs, func(name string, sb *sandbox.Sandbox) {
+		if sb.Status().Template == "" {
 			must(fmt.Errorf("%s did not start from a template: see its supervisor.log", name))
 		}
-		fromTpl = append(fromTpl, time.Duration(st.BootMillis*float64(time.Millisecond)))
-		kosa8("rm", "-f", name)
-	}
+	})
 	rows = append(rows,
 		row{"kosa8 start of a new sandbox from a template: supervisor start to agent ready", ms(median(fromTpl)), a,
 			ratio(median(fromTpl), median(bare)) + "; restored, the workspace copied and the CA installed after"},
@@ -238,6 +220,27 @@ func benchBoot() {
 	kosa8("rm", "-f", "bench-exec")
 
 	printTable("kosa8 boot and exec", rows, accel)
+}
+
+// newStarts creates and starts n sandboxes (prefix-0, …) one after the
+// other and returns each start's time to ready (the supervisor's) and its
+// CLI wall time; then runs after each start, before the sandbox is
+// removed.
+func newStarts(paths sandbox.Paths, prefix string, n int, then func(name string, sb *sandbox.Sandbox)) (ready, wall []time.Duration) {
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		kosa8("create", name)
+		t0 := time.Now()
+		kosa8("start", name)
+		wall = append(wall, time.Since(t0))
+		sb := open(paths, name)
+		ready = append(ready, time.Duration(sb.Status().BootMillis*float64(time.Millisecond)))
+		if then != nil {
+			then(name, sb)
+		}
+		kosa8("rm", "-f", name)
+	}
+	return ready, wall
 }
 
 // foreignArch is the guest architecture this host emulates.

@@ -234,26 +234,23 @@ func (s *supervisor) takeTemplateDisks(t *template) error {
 
 // openRegular opens a regular file for reading, not through a link.
 func openRegular(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("%s: not a regular file", path)
-	}
-	return f, nil
+	return regularOnly(os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0))
 }
 
 // openRegularIn is openRegular for a file in root.
 func openRegularIn(root *os.Root, name string) (*os.File, error) {
-	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	return regularOnly(root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0))
+}
+
+// regularOnly passes on an opened file if it is a regular one (not a
+// FIFO or a device, opened without blocking), else closes it.
+func regularOnly(f *os.File, err error) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
 		f.Close()
-		return nil, fmt.Errorf("%s: not a regular file", name)
+		return nil, fmt.Errorf("%s: not a regular file", f.Name())
 	}
 	return f, nil
 }
