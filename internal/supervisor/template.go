@@ -324,8 +324,9 @@ func (s *supervisor) startFromTemplate(ctx context.Context, key string) bool {
 		// every later start the same try (a good one is made again by the
 		// boot that follows).
 		os.RemoveAll(t.dir)
+		// The console log is kept: the boot's lines follow the failed
+		// restore's (a guest that panicked says why only there).
 		s.log.Warn("start from a template failed: removed it, booting instead", "template", key, "err", err)
-		s.resetConsoleLog()
 		return false
 	}
 	now := time.Now()
