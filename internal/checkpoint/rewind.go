@@ -167,7 +167,7 @@ func (r *RewindRAM) fillFrom(f *os.File, ramPath string, job *fillJob) (*os.File
 		if err := ShmToSpare(f, data, r.Size); err != nil {
 			return f, err
 		}
-	} else if grow := data - allocated(f); grow > 0 {
+	} else if grow := data - Allocated(f); grow > 0 {
 		// Written over: only what this checkpoint holds beyond the last.
 		if err := roomFor(f, grow); err != nil {
 			return f, err
@@ -271,11 +271,11 @@ func (r *RewindRAM) Bytes() int64 {
 	if r.f == nil {
 		return 0
 	}
-	return allocated(r.f)
+	return Allocated(r.f)
 }
 
-// allocated is the memory or disk space f takes.
-func allocated(f *os.File) int64 {
+// Allocated is the memory or disk space f takes.
+func Allocated(f *os.File) int64 {
 	fi, err := f.Stat()
 	if err != nil {
 		return 0

@@ -140,7 +140,7 @@ func TestRewindRAMTakenForAnotherCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.equal(f, b)
-	if n := allocated(f); n > PageSize+64<<10 {
+	if n := Allocated(f); n > PageSize+64<<10 {
 		t.Errorf("%d bytes allocated for one page of data: A's pages were not freed", n)
 	}
 	f.Close()

@@ -226,8 +226,8 @@ const spareHeadroom = 512 << 20
 
 var errNoRoom = errors.New("no room for a spare RAM file")
 
-// freeBytes is the space free to this user in dir's filesystem.
-func freeBytes(dir string) (int64, error) {
+// FreeBytes is the space free to this user in dir's filesystem.
+func FreeBytes(dir string) (int64, error) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
 		return 0, err
@@ -269,7 +269,7 @@ func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delt
 		// A new spare takes the guest's whole RAM size on disk: never at
 		// the cost of the space a checkpoint itself needs. Without room,
 		// checkpoints copy into new pages (slower, but they fit).
-		if free, err := freeBytes(p.Dir); err == nil && free < p.Size+spareHeadroom {
+		if free, err := FreeBytes(p.Dir); err == nil && free < p.Size+spareHeadroom {
 			return "", fmt.Errorf("%d MiB free in %s, a spare needs %d MiB and leaves %d MiB: %w", free>>20, p.Dir, p.Size>>20, spareHeadroom>>20, errNoRoom)
 		}
 		if base == nil {

@@ -302,7 +302,7 @@ func (s *Sandbox) Usage() (*CheckpointUsage, error) {
 	}
 	u := &CheckpointUsage{PerCheckpoint: map[string]int64{}}
 	for _, m := range list {
-		n := allocatedTree(s.Checkpoints().Path(m.ID))
+		n := AllocatedTree(s.Checkpoints().Path(m.ID))
 		for _, d := range m.Disks {
 			n += allocated(s.Path(d.Path))
 		}
@@ -315,7 +315,7 @@ func (s *Sandbox) Usage() (*CheckpointUsage, error) {
 	for _, d := range s.ActiveDisks() {
 		u.Active += allocated(s.Path(d.Path))
 	}
-	u.Total = allocatedTree(s.Dir)
+	u.Total = AllocatedTree(s.Dir)
 	return u, nil
 }
 
@@ -328,8 +328,8 @@ func allocated(path string) int64 {
 	return int64(st.Blocks) * 512
 }
 
-// allocatedTree sums allocated over a directory tree, never following links.
-func allocatedTree(dir string) int64 {
+// AllocatedTree sums allocated over a directory tree, never following links.
+func AllocatedTree(dir string) int64 {
 	var n int64
 	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {

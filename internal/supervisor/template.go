@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -264,11 +263,12 @@ func replaceWithCopy(dst string, src *os.File) error {
 	for _, p := range old {
 		os.Remove(p)
 	}
-	tmp := dst + ".new-" + randomSuffix()
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	// A new name (O_EXCL: never an existing file or link), mode 0600.
+	f, err := os.CreateTemp(filepath.Dir(dst), filepath.Base(dst)+".new-*")
 	if err != nil {
 		return err
 	}
+	tmp := f.Name()
 	_, err = checkpoint.CopySparse(f, src)
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -280,12 +280,6 @@ func replaceWithCopy(dst string, src *os.File) error {
 		os.Remove(tmp)
 	}
 	return err
-}
-
-func randomSuffix() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // startFromTemplate starts the machine from the template for this
@@ -412,15 +406,15 @@ func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 	}
 	files = append(files, ramSrc)
 
-	need := allocatedBytes(ramSrc)
+	need := checkpoint.Allocated(ramSrc)
 	for _, d := range disks {
-		need += allocatedBytes(d.src)
+		need += checkpoint.Allocated(d.src)
 	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(tmp, &st); err != nil {
+	free, err := checkpoint.FreeBytes(tmp)
+	if err != nil {
 		return err
 	}
-	if free := int64(st.Bavail) * int64(st.Bsize); free < need+templateSpareBytes {
+	if free < need+templateSpareBytes {
 		return fmt.Errorf("%d MiB free in %s, the copy needs %d MiB and leaves at least %d MiB", free>>20, dir, need>>20, templateSpareBytes>>20)
 	}
 
@@ -494,16 +488,6 @@ func (s *supervisor) captureTemplate(ctx context.Context, key string) error {
 	return nil
 }
 
-// allocatedBytes is the space f's data takes (sparse files count what
-// they hold).
-func allocatedBytes(f *os.File) int64 {
-	var st syscall.Stat_t
-	if syscall.Fstat(int(f.Fd()), &st) != nil {
-		return 0
-	}
-	return int64(st.Blocks) * 512
-}
-
 // publishTemplate syncs a template's files and record and renames its
 // directory into place (not over one already there: another sandbox's
 // capture of the same shape won).
@@ -569,14 +553,7 @@ func pruneTemplates(dir string, keep int, keepBytes int64, log interface{ Info(s
 		if fi, err := os.Lstat(p); err == nil && fi.ModTime().After(t.used) {
 			t.used = fi.ModTime() // touched by each start from it
 		}
-		files, _ := os.ReadDir(p)
-		for _, f := range files {
-			if fi, err := f.Info(); err == nil {
-				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-					t.size += int64(st.Blocks) * 512
-				}
-			}
-		}
+		t.size = sandbox.AllocatedTree(p)
 		all = append(all, t)
 	}
 	slices.SortFunc(all, func(a, b tpl) int { return b.used.Compare(a.used) })
