@@ -195,7 +195,7 @@ func (j *startJob) machine(ctx context.Context) error {
 		// are then no longer every new sandbox's.
 		if err := s.sb.SaveActiveDisks(s.sb.ActiveDisks()); err != nil {
 			s.log.Warn("record the disks: no template for this start", "err", err)
-		} else if j.o.Restore == "" && s.firstBoot && s.freshDisks() && !templatesOff() {
+		} else if j.o.Restore == "" && s.firstBoot && !templatesOff() {
 			template = s.templateKey()
 		}
 	}

@@ -110,12 +110,39 @@ func (s *supervisor) templateKey() string {
 }
 
 // templatesDir holds the templates, beside the images they are made from.
-func (s *supervisor) templatesDir() string { return filepath.Join(s.cache, "templates") }
+func (s *supervisor) templatesDir() string { return templatesIn(s.cache) }
+
+// templatesIn is the templates folder of the cache folder cache.
+func templatesIn(cache string) string { return filepath.Join(cache, "templates") }
+
+// publishedTemplate is one of the templates folder's entries.
+type publishedTemplate struct {
+	path string
+	meta templateMeta
+	err  error // its record could not be read: damaged (a published folder always has one)
+}
+
+// publishedTemplates lists the templates in dir (not captures under way,
+// the dot folders, nor links).
+func publishedTemplates(dir string) []publishedTemplate {
+	ents, _ := os.ReadDir(dir)
+	var out []publishedTemplate
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		t := publishedTemplate{path: filepath.Join(dir, e.Name())}
+		t.err = readRecord(filepath.Join(t.path, templateMetaFile), &t.meta)
+		out = append(out, t)
+	}
+	return out
+}
 
 // freshDisks: the sandbox's disks are still those sandbox.Create made (no
-// layer over them recorded), the only ones a template's stand in for.
-// Whether a QEMU had them before is sandbox.DisksUnused, asked before the
-// start records them (start.go's machine).
+// layer over them recorded), the only ones a template's stand in for:
+// the capture's own check. The start (start.go's machine) knows it
+// already: it asks sandbox.DisksUnused (no QEMU had them) and records
+// those disks itself.
 func (s *supervisor) freshDisks() bool {
 	m, err := s.sb.RecordedDisks()
 	if err != nil || len(m) != 1+boolInt(s.sb.Config.Workspace != nil) {
@@ -528,32 +555,21 @@ func sweepTemplateTemps(dir string) {
 // them and keepBytes of disk (the most recent always), and removes the
 // rest.
 func pruneTemplates(dir string, keep int, keepBytes int64, log interface{ Info(string, ...any) }) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
 	type tpl struct {
-		name string
+		path string
 		used time.Time
 		size int64
 	}
 	var all []tpl
-	for _, e := range ents {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+	for _, p := range publishedTemplates(dir) {
+		if p.err != nil {
+			os.RemoveAll(p.path)
 			continue
 		}
-		p := filepath.Join(dir, e.Name())
-		var meta templateMeta
-		if err := readRecord(filepath.Join(p, templateMetaFile), &meta); err != nil {
-			// Damaged (a published directory always has its record).
-			os.RemoveAll(p)
-			continue
-		}
-		t := tpl{name: e.Name(), used: meta.Created}
-		if fi, err := os.Lstat(p); err == nil && fi.ModTime().After(t.used) {
+		t := tpl{path: p.path, used: p.meta.Created, size: sandbox.AllocatedTree(p.path)}
+		if fi, err := os.Lstat(p.path); err == nil && fi.ModTime().After(t.used) {
 			t.used = fi.ModTime() // touched by each start from it
 		}
-		t.size = sandbox.AllocatedTree(p)
 		all = append(all, t)
 	}
 	slices.SortFunc(all, func(a, b tpl) int { return b.used.Compare(a.used) })
@@ -563,8 +579,8 @@ func pruneTemplates(dir string, keep int, keepBytes int64, log interface{ Info(s
 		if i == 0 || i < keep && total <= keepBytes {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(dir, t.name)); err == nil {
-			log.Info("template removed (the least recently used beyond what is kept)", "template", t.name, "mib", t.size>>20)
+		if err := os.RemoveAll(t.path); err == nil {
+			log.Info("template removed (the least recently used beyond what is kept)", "template", filepath.Base(t.path), "mib", t.size>>20)
 		}
 	}
 }
@@ -573,25 +589,15 @@ func pruneTemplates(dir string, keep int, keepBytes int64, log interface{ Info(s
 // that is gone ('kosa8 image prune'), and damaged ones, and returns the
 // directories it removed.
 func PruneTemplates(cache string) []string {
-	dir := filepath.Join(cache, "templates")
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil
-	}
 	var removed []string
-	for _, e := range ents {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		p := filepath.Join(dir, e.Name())
-		var meta templateMeta
-		if err := readRecord(filepath.Join(p, templateMetaFile), &meta); err == nil && meta.ImageDir != "" {
-			if _, err := os.Stat(meta.ImageDir); err == nil {
+	for _, p := range publishedTemplates(templatesIn(cache)) {
+		if p.err == nil && p.meta.ImageDir != "" {
+			if _, err := os.Stat(p.meta.ImageDir); err == nil {
 				continue
 			}
 		}
-		if os.RemoveAll(p) == nil {
-			removed = append(removed, p)
+		if os.RemoveAll(p.path) == nil {
+			removed = append(removed, p.path)
 		}
 	}
 	return removed
