@@ -120,8 +120,16 @@ func CopyIncremental(dst, src *os.File, size int64, must *Pages) ([]Extent, int6
 // FillFrom makes dst a resident copy of base (of size): base's data where
 // it has data and written zeros elsewhere, so that every page of dst is in
 // the page cache (a spare that is also a copy of the last checkpoint).
-// stop is polled between chunks; a stopped fill returns errStopped.
+// stop is polled between chunks; a stopped fill returns errStopped. dst is
+// written out to its disk as the fill goes, a step (writebackStep) at a
+// time, so that its writeback never holds up another file's fsync for long.
 func FillFrom(dst, base *os.File, size int64, stop func() bool) ([]Extent, error) {
+	return fillFrom(dst, base, size, stop, pace(dst))
+}
+
+// fillFrom is FillFrom, writing dst out as p says (a nil p leaves that to
+// the kernel).
+func fillFrom(dst, base *os.File, size int64, stop func() bool, p *pacer) ([]Extent, error) {
 	var exts []Extent
 	var err error
 	if base != nil {
@@ -151,6 +159,7 @@ func FillFrom(dst, base *os.File, size int64, stop func() bool) ([]Extent, error
 			if _, err := dst.WriteAt(b, pos); err != nil {
 				return err
 			}
+			p.wrote(n)
 			pos += n
 		}
 		return nil
@@ -168,6 +177,7 @@ func FillFrom(dst, base *os.File, size int64, stop func() bool) ([]Extent, error
 	if err := write(prev, size, nil); err != nil {
 		return nil, err
 	}
+	p.done()
 	return exts, nil
 }
 

@@ -289,6 +289,8 @@ func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delt
 // come from base, and what was data and is now a hole is zeroed.
 func applyDelta(f, base *os.File, old []Extent, delta *Delta, stopped func() bool) error {
 	buf := make([]byte, 1<<20)
+	p := pace(f)
+	defer p.done()
 	for _, e := range delta.Exts {
 		end := e.Off + e.Len
 		for pos := e.Off; pos < end; {
@@ -300,9 +302,11 @@ func applyDelta(f, base *os.File, old []Extent, delta *Delta, stopped func() boo
 			for runEnd < end && delta.Copied.Has(runEnd/PageSize) && runEnd-pos < int64(len(buf)) {
 				runEnd = min((runEnd/PageSize+1)*PageSize, end)
 			}
-			if _, err := copyRange(f, base, pos, runEnd, buf); err != nil {
+			n, err := copyRange(f, base, pos, runEnd, buf)
+			if err != nil {
 				return err
 			}
+			p.wrote(n)
 			pos = runEnd
 			if stopped() {
 				return nil
@@ -317,6 +321,7 @@ func applyDelta(f, base *os.File, old []Extent, delta *Delta, stopped func() boo
 			if _, err := f.WriteAt(zeros[:n], pos); err != nil {
 				return err
 			}
+			p.wrote(n)
 			pos += n
 		}
 	}
