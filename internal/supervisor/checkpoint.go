@@ -228,11 +228,8 @@ func (s *supervisor) canWriteOutLater() bool {
 	if s.ramSaver().Spares.Ready() > 0 {
 		return true
 	}
-	var fst syscall.Stat_t
-	if syscall.Fstat(int(m.RAM().Fd()), &fst) != nil || syscall.Statfs(s.sb.Checkpoints().Dir, &st) != nil {
-		return false
-	}
-	return int64(st.Bavail)*int64(st.Bsize) > int64(fst.Blocks)*512+256<<20
+	free, err := checkpoint.FreeBytes(s.sb.Checkpoints().Dir)
+	return err == nil && free > checkpoint.Allocated(m.RAM())+256<<20
 }
 
 // diskFull tells whether err came from a full disk: ENOSPC or EDQUOT, or
@@ -242,11 +239,8 @@ func diskFull(err error, dir string) bool {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		return true
 	}
-	var st syscall.Statfs_t
-	if syscall.Statfs(dir, &st) != nil {
-		return false
-	}
-	return int64(st.Bavail)*int64(st.Bsize) < 16<<20
+	free, ferr := checkpoint.FreeBytes(dir)
+	return ferr == nil && free < 16<<20
 }
 
 // dupFile opens a second descriptor of f, close-on-exec.
