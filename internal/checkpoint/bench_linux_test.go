@@ -98,18 +98,21 @@ func BenchmarkIncrementalSave2GiB(b *testing.B) {
 // BenchmarkSpareFillFsync measures what a spare's fill costs the rest of
 // the host: the latency of a small file's write and fsync (as QEMU's
 // flush of a disk layer in a checkpoint's pause) while a 1 GiB spare is
-// filled and its pages written out, paced (writebackStep at a time, as
-// spares are filled) and unpaced (left to the kernel, whose flusher is
-// started on it at the end as it would be 30 s later or at the dirty
-// limit). Both run in one process, on the filesystem of the test's temp
-// directory (set TMPDIR to the one checkpoints live on).
+// made. Three ways: zeros written unpaced (left to the kernel, whose
+// flusher is started on it at the end as it would be 30 s later or at the
+// dirty limit), zeros written paced (writebackStep at a time, as spares
+// holding a checkpoint's RAM are filled), and preallocated and read (as
+// spares of zeros are made where the filesystem can: nothing written).
+// All run in one process, on the filesystem of the test's temp directory
+// (set TMPDIR to the one checkpoints live on).
 //
 //	go test -run x -bench SpareFillFsync -benchtime 3x ./internal/checkpoint/
 func BenchmarkSpareFillFsync(b *testing.B) {
 	const size = 1 << 30
 	dir := b.TempDir()
-	for _, mode := range []string{"unpaced", "paced"} {
+	for _, mode := range []string{"unpaced", "paced", "preallocated"} {
 		b.Run(mode, func(b *testing.B) {
+			unix.Sync() // nothing of the mode before in the queue
 			var worst, total time.Duration
 			var probes int
 			var fill time.Duration
@@ -125,6 +128,14 @@ func BenchmarkSpareFillFsync(b *testing.B) {
 				done := make(chan error, 1)
 				t0 := time.Now()
 				go func() {
+					if mode == "preallocated" {
+						err := preallocate(spare, size)
+						if err == nil {
+							err = readThrough(spare, size, func() bool { return false })
+						}
+						done <- err
+						return
+					}
 					_, err := fillFrom(spare, nil, size, nil, p)
 					if err == nil && p == nil {
 						// The kernel's flusher, started on it.
@@ -147,6 +158,7 @@ func BenchmarkSpareFillFsync(b *testing.B) {
 				total += sum + sum2
 				spare.Close()
 				os.Remove(spare.Name())
+				unix.Sync()
 			}
 			b.ReportMetric(float64(worst.Microseconds())/1000, "max-fsync-ms")
 			b.ReportMetric(float64(total.Microseconds())/1000/float64(max(probes, 1)), "mean-fsync-ms")

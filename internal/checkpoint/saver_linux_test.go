@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -299,4 +300,79 @@ func TestCompare(t *testing.T) {
 	if got := union([]Extent{{0, 10}, {50, 10}}, []Extent{{5, 10}, {70, 1}}); len(got) != 3 || got[0] != (Extent{0, 15}) {
 		t.Fatalf("union: %v", got)
 	}
+}
+
+// A spare of zeros is made without writing: its blocks preallocated and
+// its pages read into the page cache, so that it puts nothing in the
+// disk's queue. Checked by the bytes this process sent toward storage
+// (/proc/self/io), against zeros written the old way as the control.
+func TestSpareOfZerosWritesNothing(t *testing.T) {
+	const size = 64 << 20
+	writes := func() int64 {
+		b, err := os.ReadFile("/proc/self/io")
+		if err != nil {
+			t.Skip("no /proc/self/io (task I/O accounting):", err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "write_bytes: "); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		t.Skip("no write_bytes in /proc/self/io")
+		return 0
+	}
+	dir := t.TempDir()
+	control, err := os.Create(filepath.Join(dir, "control"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer control.Close()
+	w0 := writes()
+	if _, err := fillFrom(control, nil, size, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := writes() - w0; got < size/2 {
+		t.Skipf("zeros written to %s counted %d bytes of writes: this filesystem does not account them", dir, got)
+	}
+	sp := &Spares{Dir: dir, Size: size, Slots: 1}
+	defer sp.Close()
+	w1 := writes()
+	sp.Refill()
+	waitSpares(t, sp, "")
+	if got := writes() - w1; got > size/16 {
+		t.Fatalf("a spare of zeros wrote %d bytes (of %d)", got, int64(size))
+	}
+	f, err := os.Open(sp.Paths()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if fi, _ := f.Stat(); fi.Size() != size || Allocated(f) < size {
+		t.Fatalf("spare: size %d, %d bytes allocated, want %d of both", fi.Size(), Allocated(f), int64(size))
+	}
+	// It reads as zeros.
+	if err := Compare(f, control, size); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Take leaves the refill to its caller, who starts it once the pause is
+// over: nothing is filled beside the pause's copy of the guest's RAM.
+func TestTakeLeavesTheRefill(t *testing.T) {
+	sp := &Spares{Dir: t.TempDir(), Size: 8 << 20, Slots: 1}
+	defer sp.Close()
+	sp.Refill()
+	waitSpares(t, sp, "")
+	if _, ok := sp.Take(filepath.Join(t.TempDir(), "cp"), ""); !ok {
+		t.Fatal("no spare taken")
+	}
+	sp.mu.Lock()
+	running := sp.running
+	sp.mu.Unlock()
+	if running || sp.Ready() != 0 {
+		t.Fatalf("Take started a refill (running %v, %d ready)", running, sp.Ready())
+	}
+	sp.Refill()
+	waitSpares(t, sp, "")
 }

@@ -80,6 +80,11 @@ func (p *Spares) Paths() []string {
 // Take moves a spare to dst and tells what it holds (base: the checkpoint
 // id whose RAM it is an exact copy of, "" zeros, or "?" unknown). It
 // prefers a spare holding want. ok is false when there is none at all.
+//
+// It does not start the refill of what it took: a checkpoint takes its
+// spare as it pauses, and a refill then would run beside the pause's copy
+// of the guest's RAM, on the same CPUs and memory bandwidth. The caller
+// calls Refill once the guest runs again.
 func (p *Spares) Take(dst, want string) (base string, ok bool) {
 	p.mu.Lock()
 	if len(p.ready) > 0 {
@@ -92,7 +97,6 @@ func (p *Spares) Take(dst, want string) (base string, ok bool) {
 		s := p.ready[i]
 		p.ready = append(p.ready[:i], p.ready[i+1:]...)
 		p.mu.Unlock()
-		defer p.Refill()
 		if os.Rename(s.path, dst) != nil {
 			os.Remove(s.path)
 			return "", false
@@ -101,7 +105,6 @@ func (p *Spares) Take(dst, want string) (base string, ok bool) {
 	}
 	if p.working == nil {
 		p.mu.Unlock()
-		p.Refill()
 		return "", false
 	}
 	// One is being filled: stop the worker and take it as it is. The
@@ -111,9 +114,11 @@ func (p *Spares) Take(dst, want string) (base string, ok bool) {
 	p.stop.Store(true)
 	p.mu.Unlock()
 	s := <-ch
-	defer p.Refill()
 	if s == nil || os.Rename(s.path, dst) != nil {
 		return "", false
+	}
+	if p.Log != nil {
+		p.Log.Info("a checkpoint took the spare RAM file being filled: its copy goes partly into new pages", "spare_base", s.base)
 	}
 	return s.base, true // "" if it was being filled with zeros
 }
@@ -274,6 +279,18 @@ func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delt
 		}
 		if base == nil {
 			s.base = "" // all zeros however far it gets
+			// Zeros without writing any: the blocks are reserved (read as
+			// zeros, never written) and read once, which brings their pages
+			// into the page cache clean. A spare then costs the disk
+			// nothing: no writeback of gigabytes of zeros (that a
+			// checkpoint overwrites anyway) in the queue ahead of other
+			// fsyncs. Where the filesystem cannot, zeros are written.
+			if preallocate(f, p.Size) == nil {
+				if err := readThrough(f, p.Size, stopped); err != nil && err != errStopped {
+					return "", err
+				}
+				return "", nil
+			}
 		}
 	}
 	exts, err := FillFrom(f, base, p.Size, stopped)
@@ -282,6 +299,23 @@ func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delt
 	}
 	s.exts = exts
 	return target, err
+}
+
+// readThrough reads f up to size, polling stop between chunks, so that
+// its pages are in the page cache.
+func readThrough(f *os.File, size int64, stop func() bool) error {
+	buf := make([]byte, 8<<20)
+	for pos := int64(0); pos < size; {
+		if stop() {
+			return errStopped
+		}
+		n, err := f.ReadAt(buf[:min(int64(len(buf)), size-pos)], pos)
+		if n == 0 && err != nil {
+			return err
+		}
+		pos += int64(n)
+	}
+	return nil
 }
 
 // applyDelta turns f, a resident copy of delta.From's RAM (data extents

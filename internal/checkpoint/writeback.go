@@ -11,8 +11,10 @@ import "os"
 // fsync on the host waits behind them: a small file's fsync took 466-472
 // ms here (2-core Debian 12 VM, ext4) while 1 GiB was being written out,
 // against 1-2.5 ms otherwise; QEMU's flush of the disk layers in a
-// checkpoint's pause is such an fsync. BenchmarkSpareFillFsync measures
-// it both ways.
+// checkpoint's pause is such an fsync. Spares of zeros write nothing at
+// all where the filesystem can preallocate (Spares.fill); this pacing is
+// for those that hold a checkpoint's RAM, and for filesystems that
+// cannot. BenchmarkSpareFillFsync measures the three.
 const writebackStep = 8 << 20
 
 // pacer writes a file out as it is written, in steps of writebackStep.

@@ -13,3 +13,9 @@ func writeBack(f *os.File) {
 	_ = unix.SyncFileRange(int(f.Fd()), 0, 0,
 		unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
 }
+
+// preallocate reserves f's blocks up to size without writing them: they
+// read as zeros.
+func preallocate(f *os.File, size int64) error {
+	return unix.Fallocate(int(f.Fd()), 0, 0, size)
+}

@@ -282,6 +282,9 @@ func (j *cpJob) resume(context.Context) error {
 	if j.meta != nil {
 		j.setPause(time.Now())
 	}
+	// The spare taken for this checkpoint is replaced now, not during the
+	// pause (see checkpoint.Spares.Take).
+	j.s.prepareSpare()
 	return nil
 }
 
