@@ -187,11 +187,14 @@ func (p *Spares) work() {
 		p.mu.Lock()
 		p.working = nil
 		if p.stop.Load() {
-			// Taken by a checkpoint as it is.
+			// Taken by a checkpoint as it is. The worker ends: its caller
+			// calls Refill once the guest runs again (see Take), not beside
+			// the pause's copy.
 			p.stop.Store(false)
 			p.stopped <- s
+			p.running = false
 			p.mu.Unlock()
-			continue
+			return
 		}
 		if errors.Is(err, errNoRoom) && p.disabled == nil {
 			// Not for good: the next checkpoint's Refill looks again,

@@ -1,0 +1,104 @@
+package checkpoint
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// resident is the number of f's pages (of size) in the page cache.
+func resident(t *testing.T, f *os.File, size int64) int64 {
+	t.Helper()
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	vec := make([]byte, (size+PageSize-1)/PageSize)
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatal(e)
+	}
+	var n int64
+	for _, v := range vec {
+		n += int64(v & 1)
+	}
+	return n
+}
+
+// The point of a spare is that its pages are in the page cache: a spare
+// of zeros made by preallocation must have been read through, not only
+// reserved (TestSpareOfZerosWritesNothing passes without readThrough).
+func TestSpareOfZerosIsResident(t *testing.T) {
+	const size = 64 << 20
+	sp := &Spares{Dir: t.TempDir(), Size: size, Slots: 1}
+	defer sp.Close()
+	sp.Refill()
+	waitSpares(t, sp, "")
+	f, err := os.Open(sp.Paths()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if got, want := resident(t, f, size), int64(size)/PageSize; got < want*9/10 {
+		t.Fatalf("%d of %d pages of the spare resident", got, want)
+	}
+}
+
+// A spare of zeros taken while being read through is whole (its size and
+// zeros everywhere), and the worker does not go on filling another one
+// beside the pause: Take leaves the refill to its caller on this path too.
+func TestTakeOfTheSpareBeingFilled(t *testing.T) {
+	const size = 1 << 30
+	dir := t.TempDir()
+	if free, err := FreeBytes(dir); err != nil || free < 4*size {
+		t.Skip("no room")
+	}
+	sp := &Spares{Dir: dir, Size: size, Slots: 1}
+	defer sp.Close()
+	sp.Refill()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sp.mu.Lock()
+		w := sp.working
+		sp.mu.Unlock()
+		if w != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("worker never started")
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	dst := filepath.Join(t.TempDir(), "cp")
+	base, ok := sp.Take(dst, "")
+	if !ok || base != "" {
+		t.Fatalf("Take: %q %v", base, ok)
+	}
+	f, err := os.Open(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if fi, _ := f.Stat(); fi.Size() != size {
+		t.Fatalf("taken spare of %d bytes, want %d", fi.Size(), int64(size))
+	}
+	if r := resident(t, f, size); r == size/PageSize {
+		t.Logf("the spare was whole by the time it was taken (not a test of the partial case)")
+	}
+	zero, _ := os.Create(filepath.Join(t.TempDir(), "zero"))
+	defer zero.Close()
+	zero.Truncate(size)
+	if err := Compare(f, zero, size); err != nil {
+		t.Fatal(err)
+	}
+	sp.mu.Lock()
+	running, working := sp.running, sp.working
+	sp.mu.Unlock()
+	if running || working != nil {
+		t.Fatalf("after Take of the spare being filled the worker goes on filling another, during the pause (running %v, working %v)", running, working != nil)
+	}
+}
