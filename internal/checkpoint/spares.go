@@ -282,18 +282,37 @@ func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delt
 		}
 		if base == nil {
 			s.base = "" // all zeros however far it gets
-			// Zeros without writing any: the blocks are reserved (read as
-			// zeros, never written) and read once, which brings their pages
-			// into the page cache clean. A spare then costs the disk
-			// nothing: no writeback of gigabytes of zeros (that a
-			// checkpoint overwrites anyway) in the queue ahead of other
-			// fsyncs. Where the filesystem cannot, zeros are written.
-			if preallocate(f, p.Size) == nil {
-				if err := readThrough(f, p.Size, stopped); err != nil && err != errStopped {
-					return "", err
+		}
+		// Zeros without writing any: the blocks are reserved (read as
+		// zeros, never written) and read once, which brings their pages
+		// into the page cache clean. A spare then costs the disk only
+		// what it holds of a checkpoint's data: no writeback of gigabytes
+		// of zeros (that a checkpoint overwrites anyway) in the queue
+		// ahead of other fsyncs. Where the filesystem cannot, zeros are
+		// written.
+		if preallocate(f, p.Size) == nil {
+			if err := readThrough(f, p.Size, stopped); err != nil {
+				if err == errStopped {
+					return "", nil
 				}
+				return "", err
+			}
+			if base == nil {
 				return "", nil
 			}
+			// A copy of target: its data over the zeros, paced.
+			exts, err := DataExtents(base, p.Size)
+			if err != nil {
+				return "", err
+			}
+			if err := copyExtents(f, base, exts, stopped); err != nil {
+				if err == errStopped {
+					return "", nil
+				}
+				return "", err
+			}
+			s.exts = exts
+			return target, nil
 		}
 	}
 	exts, err := FillFrom(f, base, p.Size, stopped)
@@ -317,6 +336,32 @@ func readThrough(f *os.File, size int64, stop func() bool) error {
 			return err
 		}
 		pos += int64(n)
+	}
+	return nil
+}
+
+// copyExtents copies exts of base into f at the same offsets, written out
+// a step at a time, polling stop between chunks.
+func copyExtents(f, base *os.File, exts []Extent, stop func() bool) error {
+	buf := make([]byte, 8<<20)
+	pc := pace(f)
+	defer pc.done()
+	for _, e := range exts {
+		for pos, end := e.Off, e.Off+e.Len; pos < end; {
+			if stop() {
+				return errStopped
+			}
+			n := min(int64(len(buf)), end-pos)
+			k, err := copyRange(f, base, pos, pos+n, buf)
+			if err != nil {
+				return err
+			}
+			if k != n {
+				return fmt.Errorf("copy %s into a spare: it ended early at %d", base.Name(), pos+k)
+			}
+			pc.wrote(k)
+			pos += n
+		}
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package checkpoint
 import (
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -100,5 +102,66 @@ func TestTakeOfTheSpareBeingFilled(t *testing.T) {
 	sp.mu.Unlock()
 	if running || working != nil {
 		t.Fatalf("after Take of the spare being filled the worker goes on filling another, during the pause (running %v, working %v)", running, working != nil)
+	}
+}
+
+// A spare that copies a checkpoint (incremental mode, the usual case) is
+// preallocated too: it writes the checkpoint's data, not the zeros around
+// it, and is an exact, resident copy.
+func TestSpareOfACheckpointWritesOnlyItsData(t *testing.T) {
+	const size = 64 << 20
+	writes := func() int64 {
+		b, err := os.ReadFile("/proc/self/io")
+		if err != nil {
+			t.Skip(err)
+		}
+		var n int64
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "write_bytes: "); ok {
+				n, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		return n
+	}
+	dir := t.TempDir()
+	cp, err := os.Create(filepath.Join(dir, "cp-ram"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	cp.Truncate(size)
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i*7 + 1)
+	}
+	for _, off := range []int64{0, 9 << 20, 40 << 20, size - 1<<20} {
+		cp.WriteAt(data, off)
+	}
+	cp.Sync()
+	w0 := writes()
+	sp := &Spares{Dir: dir, Size: size, Slots: 1}
+	defer sp.Close()
+	sp.Rebase("cp", cp.Name(), nil)
+	waitSpares(t, sp, "cp")
+	if got := writes() - w0; got > size/4 {
+		t.Errorf("a spare copying 4 MiB of data wrote %d bytes (of %d)", got, int64(size))
+	}
+	f, err := os.Open(sp.Paths()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := Compare(f, cp, size); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := resident(t, f, size), int64(size)/PageSize; got < want*9/10 {
+		t.Fatalf("%d of %d pages of the spare resident", got, want)
+	}
+	want, _ := DataExtents(cp, size)
+	sp.mu.Lock()
+	got := sp.ready[0].exts
+	sp.mu.Unlock()
+	if len(got) != len(want) {
+		t.Fatalf("spare's extents %v, want %v", got, want)
 	}
 }
