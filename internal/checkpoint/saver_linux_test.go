@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -373,6 +374,44 @@ func TestTakeLeavesTheRefill(t *testing.T) {
 	if running || sp.Ready() != 0 {
 		t.Fatalf("Take started a refill (running %v, %d ready)", running, sp.Ready())
 	}
+	sp.Refill()
+	waitSpares(t, sp, "")
+}
+
+// A spare that finds no room to preallocate writes no zeros instead (they
+// would take the last space a checkpoint needs): there is none for now,
+// and the next Refill tries again.
+func TestSpareWithoutRoomTriesLater(t *testing.T) {
+	full := func(*os.File, int64) error { return syscall.ENOSPC }
+	real := preallocate
+	preallocate = full
+	defer func() { preallocate = real }()
+	sp := &Spares{Dir: t.TempDir(), Size: 8 << 20, Slots: 1}
+	defer sp.Close()
+	sp.Refill()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sp.mu.Lock()
+		running, disabled := sp.running, sp.disabled
+		sp.mu.Unlock()
+		if !running {
+			if disabled != nil {
+				t.Fatalf("spares off for good after a full disk: %v", disabled)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fill did not end")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if sp.Ready() != 0 {
+		t.Fatal("a spare made without room")
+	}
+	if left, _ := filepath.Glob(filepath.Join(sp.Dir, SpareName+"*")); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+	preallocate = real
 	sp.Refill()
 	waitSpares(t, sp, "")
 }

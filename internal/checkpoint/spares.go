@@ -290,7 +290,15 @@ func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delt
 		// of zeros (that a checkpoint overwrites anyway) in the queue
 		// ahead of other fsyncs. Where the filesystem cannot, zeros are
 		// written.
-		if preallocate(f, p.Size) == nil {
+		perr := preallocate(f, p.Size)
+		if errors.Is(perr, syscall.ENOSPC) || errors.Is(perr, syscall.EDQUOT) {
+			// Writing zeros instead would fail the same way, after taking
+			// the last space (or quota) a checkpoint needs: none for now,
+			// looked at again at the next checkpoint.
+			f.Truncate(0)
+			return "", fmt.Errorf("preallocate a spare in %s: %w: %w", p.Dir, perr, errNoRoom)
+		}
+		if perr == nil {
 			if err := readThrough(f, p.Size, stopped); err != nil {
 				if err == errStopped {
 					return "", nil
