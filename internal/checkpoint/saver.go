@@ -182,7 +182,12 @@ func (r *RAMSaver) FreeHoles(dst *os.File, res *SaveResult) error {
 	if res == nil {
 		return nil
 	}
-	err := PunchHoles(dst, res.Extents, r.Size)
+	var err error
+	if res.stale {
+		err = PunchHoles(dst, res.Extents, r.Size) // older RAM must go, every byte
+	} else {
+		err = FreeZeroHoles(dst, res.Extents, r.Size)
+	}
 	if err != nil && !res.stale {
 		if r.Log != nil {
 			r.Log.Warn("punch holes in the checkpoint's RAM (it keeps zeros allocated)", "err", err)

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -414,4 +415,56 @@ func TestSpareWithoutRoomTriesLater(t *testing.T) {
 	preallocate = real
 	sp.Refill()
 	waitSpares(t, sp, "")
+}
+
+// A guest that touches every other page cannot make the host punch a
+// hole per page at every checkpoint: over a spare of zeros only gaps of
+// minFreedHole or more are freed (the zeros stay allocated elsewhere),
+// and the file still reads as the guest's RAM. Over older RAM, every gap
+// is cleared.
+func TestFreeHolesOverZerosSkipsSmallGaps(t *testing.T) {
+	const size = 16 << 20
+	ram, mem := shmFile(t, size, size)
+	for p := int64(0); p < (8<<20)/PageSize; p += 2 { // every other page of the first 8 MiB
+		mem[p*PageSize+5] = byte(p) | 1
+	}
+	mem[12<<20] = 7 // one page after a 4 MiB gap; the tail after it is freed too
+	for _, stale := range []bool{false, true} {
+		dst, err := os.Create(filepath.Join(t.TempDir(), "cp"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := ""
+		if stale {
+			base = "older"
+			if _, err := fillFrom(dst, nil, size, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			junk := bytes.Repeat([]byte{0xAB}, size)
+			if _, err := dst.WriteAt(junk, 0); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := preallocate(dst, size); err != nil {
+			t.Skip("no fallocate here:", err)
+		}
+		r := &RAMSaver{Size: size}
+		res, err := r.Save(dst, ram, NewID(), "", true, base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.FreeHoles(dst, res); err != nil {
+			t.Fatal(err)
+		}
+		if err := Compare(dst, ram, size); err != nil {
+			t.Fatalf("stale %v: %v", stale, err)
+		}
+		got := Allocated(dst)
+		switch {
+		case !stale && (got < 8<<20 || got > 8<<20+PageSize):
+			t.Fatalf("over zeros: %d bytes allocated, want the first 8 MiB (small gaps kept) and one page", got)
+		case stale && got > 4<<20+PageSize:
+			t.Fatalf("over older RAM: %d bytes allocated, want every gap freed (4 MiB of pages and one)", got)
+		}
+		dst.Close()
+	}
 }

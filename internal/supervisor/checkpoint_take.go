@@ -494,7 +494,11 @@ func (j *cpJob) copyRAM(src *os.File) error {
 		// Back to a sparse file: the spare was all zeros where the guest
 		// had none, or (spareBase set) an older checkpoint's RAM, which
 		// must go.
-		if err := checkpoint.PunchHoles(j.ram, extents, int64(j.s.sb.Config.MemoryMiB)<<20); err != nil {
+		free := checkpoint.PunchHoles
+		if j.spareBase == "" {
+			free = checkpoint.FreeZeroHoles // zeros there already: disk space only
+		}
+		if err := free(j.ram, extents, int64(j.s.sb.Config.MemoryMiB)<<20); err != nil {
 			if j.spareBase != "" {
 				return fmt.Errorf("clear the spare's older RAM: %w", err)
 			}
