@@ -152,6 +152,7 @@ func TestIncrementalCheckpoints(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		overZeros := !res.stale // outside the guest's data the spare held zeros
 		if err := r.FreeHoles(f, res); err != nil {
 			t.Fatal(err)
 		}
@@ -165,10 +166,18 @@ func TestIncrementalCheckpoints(t *testing.T) {
 		if res.Incremental && res.Copied > written*PageSize {
 			t.Fatalf("checkpoint %d: copied %d bytes for %d written pages", i, res.Copied, written)
 		}
+		// Sparse again: over zeros, gaps under minFreedHole may stay
+		// allocated (TestFreeHolesOverZerosSkipsSmallGaps); over older RAM
+		// (a full copy over a spare of another checkpoint) every gap is
+		// freed.
+		kept := int64(0)
+		if overZeros {
+			kept = smallGaps(res.Extents, minFreedHole)
+		}
 		var st unix.Stat_t
 		unix.Fstat(int(f.Fd()), &st)
-		if st.Blocks*512 > res.Stored+64<<10 {
-			t.Fatalf("checkpoint %d: %d bytes allocated for %d of data: not sparse", i, st.Blocks*512, res.Stored)
+		if st.Blocks*512 > res.Stored+kept+64<<10 {
+			t.Fatalf("checkpoint %d: %d bytes allocated for %d of data (%d in small gaps over zeros): not sparse", i, st.Blocks*512, res.Stored, kept)
 		}
 		f.Close()
 		r.Committed(id, dst, res)
@@ -467,4 +476,15 @@ func TestFreeHolesOverZerosSkipsSmallGaps(t *testing.T) {
 		}
 		dst.Close()
 	}
+}
+
+// smallGaps is the total of the gaps under min between exts.
+func smallGaps(exts []Extent, min int64) int64 {
+	var n int64
+	for i := 1; i < len(exts); i++ {
+		if g := exts[i].Off - (exts[i-1].Off + exts[i-1].Len); g > 0 && g < min {
+			n += g
+		}
+	}
+	return n
 }
