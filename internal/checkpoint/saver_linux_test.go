@@ -237,16 +237,7 @@ func TestTakeSpareBeingFilled(t *testing.T) {
 	sp := &Spares{Dir: dir, Size: size, Slots: 1}
 	defer sp.Close()
 	sp.Refill()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		sp.mu.Lock()
-		w := sp.working != nil
-		sp.mu.Unlock()
-		if w || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	fillerAt(sp, 10*time.Second)
 	dst := filepath.Join(dir, "cp")
 	base, ok := sp.Take(dst, "")
 	if !ok {
@@ -319,20 +310,7 @@ func TestCompare(t *testing.T) {
 // (/proc/self/io), against zeros written the old way as the control.
 func TestSpareOfZerosWritesNothing(t *testing.T) {
 	const size = 64 << 20
-	writes := func() int64 {
-		b, err := os.ReadFile("/proc/self/io")
-		if err != nil {
-			t.Skip("no /proc/self/io (task I/O accounting):", err)
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "write_bytes: "); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				return n
-			}
-		}
-		t.Skip("no write_bytes in /proc/self/io")
-		return 0
-	}
+	writes := func() int64 { return writeBytes(t) }
 	dir := t.TempDir()
 	control, err := os.Create(filepath.Join(dir, "control"))
 	if err != nil {
@@ -487,4 +465,40 @@ func smallGaps(exts []Extent, min int64) int64 {
 		}
 	}
 	return n
+}
+
+// writeBytes is the bytes this process has sent toward storage
+// (/proc/self/io's write_bytes); the test skips where there is none.
+func writeBytes(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		t.Skip("no /proc/self/io (task I/O accounting):", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "write_bytes: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	t.Skip("no write_bytes in /proc/self/io")
+	return 0
+}
+
+// fillerAt waits, up to d, for sp's worker to be filling a spare, and
+// reports whether it is.
+func fillerAt(sp *Spares, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		sp.mu.Lock()
+		w := sp.working != nil
+		sp.mu.Unlock()
+		if w {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
 }

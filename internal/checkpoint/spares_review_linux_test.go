@@ -3,8 +3,6 @@ package checkpoint
 import (
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -62,18 +60,8 @@ func TestTakeOfTheSpareBeingFilled(t *testing.T) {
 	sp := &Spares{Dir: dir, Size: size, Slots: 1}
 	defer sp.Close()
 	sp.Refill()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		sp.mu.Lock()
-		w := sp.working
-		sp.mu.Unlock()
-		if w != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("worker never started")
-		}
-		time.Sleep(50 * time.Microsecond)
+	if !fillerAt(sp, 10*time.Second) {
+		t.Fatal("worker never started")
 	}
 	dst := filepath.Join(t.TempDir(), "cp")
 	base, ok := sp.Take(dst, "")
@@ -110,19 +98,7 @@ func TestTakeOfTheSpareBeingFilled(t *testing.T) {
 // it, and is an exact, resident copy.
 func TestSpareOfACheckpointWritesOnlyItsData(t *testing.T) {
 	const size = 64 << 20
-	writes := func() int64 {
-		b, err := os.ReadFile("/proc/self/io")
-		if err != nil {
-			t.Skip(err)
-		}
-		var n int64
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "write_bytes: "); ok {
-				n, _ = strconv.ParseInt(v, 10, 64)
-			}
-		}
-		return n
-	}
+	writes := func() int64 { return writeBytes(t) }
 	dir := t.TempDir()
 	cp, err := os.Create(filepath.Join(dir, "cp-ram"))
 	if err != nil {
