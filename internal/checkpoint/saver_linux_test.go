@@ -404,6 +404,36 @@ func TestSpareWithoutRoomTriesLater(t *testing.T) {
 	waitSpares(t, sp, "")
 }
 
+// Reserved counts the blocks a ready spare holds, not that it is ready: a
+// filesystem whose preallocation succeeds without reserving anything
+// (OpenZFS) leaves a spare of zeros holding none, so a rewind does not
+// count on it for writing the outgoing RAM out later.
+func TestReservedCountsOnlyAllocatedBlocks(t *testing.T) {
+	const size = 8 << 20
+	sp := &Spares{Dir: t.TempDir(), Size: size, Slots: 2}
+	defer sp.Close()
+	if got := sp.Reserved(); got != 0 {
+		t.Fatalf("no spare ready, Reserved %d", got)
+	}
+	sp.Refill()
+	waitSpares(t, sp, "")
+	if got := sp.Reserved(); got < size {
+		t.Fatalf("preallocated spares reserve %d bytes, want at least %d", got, size)
+	}
+
+	real := preallocate
+	// Sets the size, reserves nothing (as OpenZFS does).
+	preallocate = func(f *os.File, n int64) error { return f.Truncate(n) }
+	defer func() { preallocate = real }()
+	cow := &Spares{Dir: t.TempDir(), Size: size, Slots: 2}
+	defer cow.Close()
+	cow.Refill()
+	waitSpares(t, cow, "")
+	if got := cow.Reserved(); got != 0 {
+		t.Fatalf("spares that hold no blocks reserve %d bytes", got)
+	}
+}
+
 // A guest that touches every other page cannot make the host punch a
 // hole per page at every checkpoint: over a spare of zeros only gaps of
 // minFreedHole or more are freed (the zeros stay allocated elsewhere),

@@ -71,6 +71,29 @@ func (p *Spares) Ready() int {
 	return len(p.ready)
 }
 
+// Reserved is the disk space every ready spare holds allocated (the
+// smallest of them; 0 when none is ready): what a checkpoint that takes
+// one can write into without the disk having room. Where preallocation
+// reserves nothing (OpenZFS and other copy-on-write filesystems, where
+// fallocate only checks the space), a spare of zeros holds none.
+func (p *Spares) Reserved() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var least int64 = -1
+	for _, s := range p.ready {
+		n := int64(0)
+		if fi, err := os.Lstat(s.path); err == nil && fi.Mode().IsRegular() {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n = st.Blocks * 512
+			}
+		}
+		if least < 0 || n < least {
+			least = n
+		}
+	}
+	return max(least, 0)
+}
+
 // Paths lists the spare files (ready or being filled).
 func (p *Spares) Paths() []string {
 	m, _ := filepath.Glob(filepath.Join(p.Dir, SpareName+"*"))
