@@ -134,6 +134,7 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 	case guest.OpWSOp:
 		a.handleWSOp(s, &req)
 	case guest.OpFreeze, guest.OpThaw:
+		began := time.Now()
 		if req.Op == guest.OpFreeze {
 			// A checkpoint's disks never catch the root filesystem
 			// halfway through its online resize (started at boot, in the
@@ -148,6 +149,9 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 		if err := a.freeze(req.Op == guest.OpFreeze); err != nil {
 			a.respondError(s, err)
 			return
+		}
+		if req.Op == guest.OpFreeze && a.cgroupFD > 0 {
+			a.syncDisks(min(freezeSyncWait, freezeBudget-time.Since(began)))
 		}
 		a.respond(s, guest.Response{})
 	case guest.OpRestored:
