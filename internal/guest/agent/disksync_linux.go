@@ -41,6 +41,9 @@ func (a *Agent) syncDisks(wait time.Duration) bool {
 	if wait <= 0 || !diskSyncing.CompareAndSwap(false, true) {
 		return false
 	}
+	// The kernel's counters lag by what each CPU has not folded in yet
+	// (a few dirty pages read as none): fold them first.
+	_ = os.WriteFile("/proc/sys/vm/stat_refresh", []byte("1"), 0)
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil && !unwritten(b) {
 		diskSyncing.Store(false)
 		return true // nothing waits to be written: a sync would only cost the host a flush
