@@ -420,6 +420,17 @@ func TestReservedCountsOnlyAllocatedBlocks(t *testing.T) {
 	if got := sp.Reserved(); got < size {
 		t.Fatalf("preallocated spares reserve %d bytes, want at least %d", got, size)
 	}
+	// Spares holding a checkpoint's RAM: data blocks, which copy-on-write
+	// filesystems do not overwrite in place.
+	ram := filepath.Join(t.TempDir(), "ram")
+	if err := os.WriteFile(ram, bytes.Repeat([]byte{7}, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sp.Rebase("cp1", ram, nil)
+	waitSpares(t, sp, "cp1")
+	if got := sp.Reserved(); got != 0 {
+		t.Fatalf("spares of a checkpoint's RAM reserve %d bytes, want none counted", got)
+	}
 
 	real := preallocate
 	// Sets the size, reserves nothing (as OpenZFS does).

@@ -74,15 +74,17 @@ func (p *Spares) Ready() int {
 // Reserved is the disk space every ready spare holds allocated (the
 // smallest of them; 0 when none is ready): what a checkpoint that takes
 // one can write into without the disk having room. Where preallocation
-// reserves nothing (OpenZFS and other copy-on-write filesystems, where
-// fallocate only checks the space), a spare of zeros holds none.
+// reserves nothing (OpenZFS, where fallocate only checks the space), a
+// spare of zeros holds none. A spare holding a checkpoint's RAM counts as
+// none: its blocks hold data, which a copy-on-write filesystem (btrfs,
+// ZFS) does not overwrite in place.
 func (p *Spares) Reserved() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var least int64 = -1
 	for _, s := range p.ready {
 		n := int64(0)
-		if fi, err := os.Lstat(s.path); err == nil && fi.Mode().IsRegular() {
+		if fi, err := os.Lstat(s.path); err == nil && fi.Mode().IsRegular() && s.base == "" {
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 				n = st.Blocks * 512
 			}

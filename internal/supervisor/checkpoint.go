@@ -213,10 +213,10 @@ func (s *supervisor) checkpointFinal(ctx context.Context, message, kind string, 
 
 // canWriteOutLater tells whether a rewind may leave the outgoing machine's
 // RAM for later: the new machine's RAM fits on tmpfs beside it, and the
-// write-out cannot run out of disk (a spare holds the blocks for the RAM
-// in use already, or the disk has room for it and more). A ready spare
-// alone is not enough: on a filesystem where preallocation reserves
-// nothing (OpenZFS) it holds no blocks.
+// write-out cannot run out of disk (every ready spare holds blocks for all
+// of guest RAM already, or the disk has room for the RAM in use and more).
+// A ready spare alone is not enough: on a filesystem where preallocation
+// reserves nothing (OpenZFS) it holds no blocks.
 func (s *supervisor) canWriteOutLater() bool {
 	m, err := snapshotter(s.currentMachine())
 	if err != nil || m.RAM() == nil {
@@ -227,12 +227,11 @@ func (s *supervisor) canWriteOutLater() bool {
 	if syscall.Fstatfs(int(m.RAM().Fd()), &st) != nil || int64(st.Bavail)*int64(st.Bsize) < size+64<<20 {
 		return false
 	}
-	inUse := checkpoint.Allocated(m.RAM())
-	if s.ramSaver().Spares.Reserved() >= inUse {
+	if r := s.ramSaver().Spares.Reserved(); r > 0 && r >= size {
 		return true
 	}
 	free, err := checkpoint.FreeBytes(s.sb.Checkpoints().Dir)
-	return err == nil && free > inUse+256<<20
+	return err == nil && free > checkpoint.Allocated(m.RAM())+256<<20
 }
 
 // diskFull tells whether err came from a full disk: ENOSPC or EDQUOT, or
