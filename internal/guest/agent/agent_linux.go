@@ -146,12 +146,14 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 			// after the host gave up (and thawed) would stay.
 			a.waitRootGrown(freezeGrowWait, "the checkpoint goes on")
 		}
-		if err := a.freeze(req.Op == guest.OpFreeze); err != nil {
+		err := a.freeze(req.Op == guest.OpFreeze)
+		if req.Op == guest.OpFreeze && a.cgroupFD > 0 {
+			// Also after a failed freeze: the host checkpoints anyway.
+			a.syncDisks(min(freezeSyncWait, freezeBudget-time.Since(began)))
+		}
+		if err != nil {
 			a.respondError(s, err)
 			return
-		}
-		if req.Op == guest.OpFreeze && a.cgroupFD > 0 {
-			a.syncDisks(min(freezeSyncWait, freezeBudget-time.Since(began)))
 		}
 		a.respond(s, guest.Response{})
 	case guest.OpRestored:
