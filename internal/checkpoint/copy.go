@@ -222,11 +222,15 @@ func PunchHoles(f *os.File, exts []Extent, size int64) error {
 // took already.
 const minFreedHole = 1 << 20
 
-// FreeZeroHoles is PunchHoles for a file that holds zeros outside exts
-// already (a spare of zeros): only the gaps of minFreedHole or more are
-// freed, which is disk space only.
-func FreeZeroHoles(f *os.File, exts []Extent, size int64) error {
-	return punchHolesOver(f, exts, size, minFreedHole)
+// FreeSpareHoles makes a checkpoint written over a spare sparse again.
+// Over a spare of zeros (zeros set), which holds zeros outside exts
+// already, only the gaps of minFreedHole or more are freed, which is disk
+// space only; over a spare of older RAM every gap is cleared (PunchHoles).
+func FreeSpareHoles(f *os.File, exts []Extent, size int64, zeros bool) error {
+	if zeros {
+		return punchHolesOver(f, exts, size, minFreedHole)
+	}
+	return PunchHoles(f, exts, size)
 }
 
 // punchHolesOver is PunchHoles for the gaps of at least min bytes (and

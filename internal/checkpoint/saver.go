@@ -182,12 +182,7 @@ func (r *RAMSaver) FreeHoles(dst *os.File, res *SaveResult) error {
 	if res == nil {
 		return nil
 	}
-	var err error
-	if res.stale {
-		err = PunchHoles(dst, res.Extents, r.Size) // older RAM must go, every byte
-	} else {
-		err = FreeZeroHoles(dst, res.Extents, r.Size)
-	}
+	err := FreeSpareHoles(dst, res.Extents, r.Size, !res.stale) // stale: older RAM must go, every byte
 	if err != nil && !res.stale {
 		if r.Log != nil {
 			r.Log.Warn("punch holes in the checkpoint's RAM (it keeps zeros allocated)", "err", err)

@@ -494,11 +494,7 @@ func (j *cpJob) copyRAM(src *os.File) error {
 		// Back to a sparse file: the spare was all zeros where the guest
 		// had none, or (spareBase set) an older checkpoint's RAM, which
 		// must go.
-		free := checkpoint.PunchHoles
-		if j.spareBase == "" {
-			free = checkpoint.FreeZeroHoles // zeros there already: disk space only
-		}
-		if err := free(j.ram, extents, int64(j.s.sb.Config.MemoryMiB)<<20); err != nil {
+		if err := checkpoint.FreeSpareHoles(j.ram, extents, int64(j.s.sb.Config.MemoryMiB)<<20, j.spareBase == ""); err != nil {
 			if j.spareBase != "" {
 				return fmt.Errorf("clear the spare's older RAM: %w", err)
 			}
