@@ -280,8 +280,18 @@ func Allocated(f *os.File) int64 {
 	if err != nil {
 		return 0
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Blocks * 512
+	if n, ok := blocksOf(fi); ok {
+		return n
 	}
 	return fi.Size()
+}
+
+// blocksOf is the space fi's file takes on its filesystem, where the
+// system says (ok).
+func blocksOf(fi os.FileInfo) (int64, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, false
+	}
+	return st.Blocks * 512, true
 }

@@ -84,9 +84,9 @@ func (p *Spares) Reserved() int64 {
 	var least int64 = -1
 	for _, s := range p.ready {
 		n := int64(0)
-		if fi, err := os.Lstat(s.path); err == nil && fi.Mode().IsRegular() && s.base == "" {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				n = st.Blocks * 512
+		if s.base == "" {
+			if fi, err := os.Lstat(s.path); err == nil && fi.Mode().IsRegular() {
+				n, _ = blocksOf(fi)
 			}
 		}
 		if least < 0 || n < least {
