@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/sandbox"
@@ -24,6 +25,7 @@ var (
 	soakN      = flag.Int("sandboxes", 6, "soak: sandboxes at once")
 	soakMem    = flag.String("memory", "384M", "soak: memory of each sandbox")
 	soakFor    = flag.Duration("duration", 10*time.Minute, "soak: how long each sandbox works")
+	soakKill   = flag.Duration("kill-every", 0, "soak: kill -9 a random sandbox's supervisor this often, then start it again (0: never)")
 	soakKeep   = 40 // files each sandbox keeps at the end; older ones it deletes
 	soakScript = `import json, os, sys, time, urllib.request
 i, url, until = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
@@ -56,6 +58,10 @@ print(json.dumps({"n": n, "ok": ok, "fail": fail, "errors": errs}))
 // duration; then it counts, on the host, files lost or corrupted (must be
 // 0) and sandboxes stuck (must be 0), with the supervisors' memory.
 func benchSoak() {
+	if *soakKill > 0 {
+		benchSoakKills()
+		return
+	}
 	home, cleanup := setupHome()
 	defer cleanup()
 	accel := hostAccel()
@@ -198,6 +204,188 @@ func benchSoak() {
 	)
 	printTable("soak: sandboxes writing, deleting and fetching at once", rows, accel)
 	if lost > 0 || stuck > 0 {
+		os.Exit(1)
+	}
+}
+
+// The agent's workload of the soak with kills: files named by the run
+// (epoch) that wrote them, so that a run started again after a crash
+// never writes a name an earlier one used; each file's content is a
+// function of its name.
+const soakKillScript = `import os, sys, time
+epoch, until = sys.argv[1], time.time() + float(sys.argv[2])
+n = 0
+while time.time() < until:
+    n += 1
+    d = "agent/e%s/d%d" % (epoch, n % 8)
+    os.makedirs(d, exist_ok=True)
+    with open("%s/f%d" % (d, n), "w") as f:
+        f.write(("%s-%d\n" % (epoch, n)) * (1 + n % 300))
+    if n > 40:
+        os.remove("agent/e%s/d%d/f%d" % (epoch, (n - 40) % 8, n - 40))
+    time.sleep(0.05)
+`
+
+// benchSoakKills is the soak with crashes (issue 27): while each sandbox's
+// agent writes and deletes files and its user writes, edits and deletes
+// files on the host, a random sandbox's supervisor is killed (QEMU dies
+// with it) every -kill-every and started again. At the end, on the host:
+// every file the user kept, byte for byte (lost and corrupted must be 0);
+// every file of the agent's there with the content its name says
+// (corrupted must be 0; the agent's unflushed work may die in a crash,
+// and a file the agent deleted may come back with a crash, counted apart).
+func benchSoakKills() {
+	home, cleanup := setupHome()
+	defer cleanup()
+	paths, err := sandbox.DefaultPaths()
+	must(err)
+	type box struct {
+		name, ws string
+		epoch    int
+		work     *exec.Cmd
+		kills    int
+
+		mu      sync.Mutex
+		user    map[string]string // the user's files as last written
+		deleted map[string]bool   // the user's deletions
+	}
+	boxes := make([]*box, *soakN)
+	for i := range boxes {
+		b := &box{name: fmt.Sprintf("soakk-%d", i), ws: filepath.Join(home, fmt.Sprintf("ws-%d", i)), user: map[string]string{}, deleted: map[string]bool{}}
+		boxes[i] = b
+		must(os.MkdirAll(filepath.Join(b.ws, "user"), 0o755))
+		kosa8("create", b.name, "--workspace", b.ws, "--memory", *soakMem)
+	}
+	fmt.Fprintf(os.Stderr, "starting %d sandboxes of %s...\n", *soakN, *soakMem)
+	for _, b := range boxes {
+		kosa8("start", b.name)
+	}
+	accel := vmm.Accel(open(paths, boxes[0].name).Status().Accel)
+	end := time.Now().Add(*soakFor)
+	work := func(b *box) {
+		b.epoch++
+		left := time.Until(end).Seconds()
+		if left < 1 {
+			return
+		}
+		b.work = exec.Command(filepath.Join(*binDir, "kosa8"), "exec", "-w", b.ws, b.name, "--",
+			"python3", "-c", soakKillScript, fmt.Sprint(b.epoch), fmt.Sprint(left))
+		must(b.work.Start())
+	}
+	for _, b := range boxes {
+		work(b)
+	}
+	// The users: one write, edit or delete per sandbox every 200 ms.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, b := range boxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(200 * time.Millisecond):
+				}
+				rel := fmt.Sprintf("user/u%d.txt", (n*7+i)%97)
+				b.mu.Lock()
+				if n%5 == 4 {
+					if os.Remove(filepath.Join(b.ws, rel)) == nil {
+						delete(b.user, rel)
+						b.deleted[rel] = true
+					}
+				} else {
+					content := strings.Repeat(fmt.Sprintf("user %d %d\n", i, n), 1+n%50)
+					if os.WriteFile(filepath.Join(b.ws, rel), []byte(content), 0o644) == nil {
+						b.user[rel] = content
+						delete(b.deleted, rel)
+					}
+				}
+				b.mu.Unlock()
+			}
+		}()
+	}
+	fmt.Fprintf(os.Stderr, "soaking for %v, killing a supervisor every %v...\n", *soakFor, *soakKill)
+	stuck := map[string]string{}
+	for k := 0; time.Until(end) > *soakKill/2; k++ {
+		time.Sleep(min(*soakKill, time.Until(end)))
+		b := boxes[k%len(boxes)]
+		st := open(paths, b.name).Status()
+		if st.SupervisorPID > 0 {
+			syscall.Kill(st.SupervisorPID, syscall.SIGKILL)
+		}
+		b.work.Wait()
+		for deadline := time.Now().Add(30 * time.Second); open(paths, b.name).Alive() && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+		}
+		b.kills++
+		if out, err := exec.Command(filepath.Join(*binDir, "kosa8"), "start", b.name).CombinedOutput(); err != nil {
+			stuck[b.name] = fmt.Sprintf("start after kill %d: %v: %.300s", b.kills, err, out)
+			continue
+		}
+		work(b)
+	}
+	close(stop)
+	wg.Wait()
+	var rows []row
+	var bad, kills int
+	for _, b := range boxes {
+		if b.work != nil {
+			b.work.Wait()
+		}
+		kills += b.kills
+		if why := stuck[b.name]; why != "" {
+			rows = append(rows, row{b.name, "STUCK", string(accel), why})
+			bad++
+			continue
+		}
+		if out, err := exec.Command(filepath.Join(*binDir, "kosa8"), "sync", "now", b.name).CombinedOutput(); err != nil {
+			rows = append(rows, row{b.name, "STUCK", string(accel), fmt.Sprintf("sync now: %v: %.300s", err, out)})
+			bad++
+			continue
+		}
+		var lost, corrupt, back, agentBad, agentFiles int
+		for rel, want := range b.user {
+			got, err := os.ReadFile(filepath.Join(b.ws, rel))
+			switch {
+			case err != nil:
+				lost++
+			case string(got) != want:
+				corrupt++
+			}
+		}
+		for rel := range b.deleted {
+			if _, err := os.Stat(filepath.Join(b.ws, rel)); err == nil {
+				back++
+			}
+		}
+		files, _ := filepath.Glob(filepath.Join(b.ws, "agent", "e*", "d*", "f*"))
+		for _, f := range files {
+			agentFiles++
+			var epoch, n int
+			rel, _ := filepath.Rel(b.ws, f)
+			if _, err := fmt.Sscanf(filepath.ToSlash(rel), "agent/e%d/", &epoch); err != nil {
+				agentBad++
+				continue
+			}
+			fmt.Sscanf(filepath.Base(f), "f%d", &n)
+			got, _ := os.ReadFile(f)
+			if string(got) != strings.Repeat(fmt.Sprintf("%d-%d\n", epoch, n), 1+n%300) {
+				agentBad++
+			}
+		}
+		bad += lost + corrupt + agentBad
+		rows = append(rows, row{b.name, fmt.Sprintf("user files lost %d, corrupted %d; agent files corrupted %d", lost, corrupt, agentBad), string(accel),
+			fmt.Sprintf("%d kills; %d user files kept, %d the user deleted came back; %d agent files on the host", b.kills, len(b.user), back, agentFiles)})
+	}
+	for _, b := range boxes {
+		kosa8("rm", "-f", b.name)
+	}
+	rows = append(rows, row{"files lost or corrupted, sandboxes stuck (must be 0)", fmt.Sprint(bad), string(accel),
+		fmt.Sprintf("%d supervisors killed in %v across %d sandboxes of %s", kills, *soakFor, *soakN, *soakMem)})
+	printTable("soak with kills: sandboxes writing and deleting while their supervisors are killed", rows, accel)
+	if bad > 0 {
 		os.Exit(1)
 	}
 }

@@ -50,6 +50,10 @@ type Event struct {
 	BytesOut int64     `json:"bytes_out,omitempty"` // guest → world
 	BytesIn  int64     `json:"bytes_in,omitempty"`
 	Answer   string    `json:"answer,omitempty"`
+	// Refused is the address(es) an allowed name resolved to and was
+	// refused at: private, documentation, shared or the host's own, which
+	// a name reaches only when pinned ("pin:NAME").
+	Refused string `json:"refused,omitempty"`
 	// Count is set on a summary: how many records it stands for.
 	Count int `json:"count,omitempty"`
 }
@@ -62,7 +66,7 @@ const maxField = 512
 // bounded is e with every text field cut to maxField bytes (a cut field
 // ends in "…(N bytes)", so the record still says it was longer).
 func (e Event) bounded() Event {
-	for _, f := range []*string{&e.Kind, &e.Name, &e.Dest, &e.Upstream, &e.QType, &e.Decision, &e.Rule, &e.Reason, &e.Answer} {
+	for _, f := range []*string{&e.Kind, &e.Name, &e.Dest, &e.Upstream, &e.QType, &e.Decision, &e.Rule, &e.Reason, &e.Answer, &e.Refused} {
 		if len(*f) > maxField {
 			*f = strings.ToValidUTF8((*f)[:maxField], "") + "…(" + strconv.Itoa(len(*f)) + " bytes)"
 		}
@@ -297,6 +301,19 @@ func (f *file) open() error {
 		return err
 	}
 	f.f, f.size = fd, st.Size()
+	// A record cut short (the host lost power mid-write) would run into
+	// the next one and spoil both: the next starts on a line of its own.
+	if f.size > 0 {
+		last := make([]byte, 1)
+		if r, err := os.Open(f.path); err == nil {
+			if _, err := r.ReadAt(last, f.size-1); err == nil && last[0] != '\n' {
+				if n, err := fd.Write([]byte{'\n'}); err == nil {
+					f.size += int64(n)
+				}
+			}
+			r.Close()
+		}
+	}
 	return nil
 }
 

@@ -57,9 +57,17 @@ type Meta struct {
 	// directory) and format.
 	Disks map[string]Disk `json:"disks"`
 	// Root holds the RAM and device state of a machine restored from
-	// outside the sandbox's checkpoints (a boot template's directory,
-	// held open); not recorded.
+	// outside the sandbox's checkpoints (a boot template's directory, a
+	// fork's source's checkpoint, held open); not recorded.
 	Root *os.Root `json:"-"`
+	// MapRAM: a restore maps the RAM file copy-on-write where the VMM
+	// can (vmm.StartOptions.RAMTemplate) rather than copying it: the
+	// forks of one checkpoint share its pages. Not recorded.
+	MapRAM bool `json:"-"`
+	// RAMInStream: the RAM is in the device state (a checkpoint of a
+	// machine whose RAM was private to its VMM: a fork that maps its
+	// source's checkpoint), not in a RAM file of its own.
+	RAMInStream bool `json:"ram_in_stream,omitempty"`
 	// Sizes and times.
 	RAMBytes    int64   `json:"ram_bytes"` // data actually stored
 	DeviceBytes int64   `json:"device_bytes"`

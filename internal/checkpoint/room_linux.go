@@ -80,3 +80,40 @@ func shmRoomFor(need, size, free, keep int64) error {
 	}
 	return nil
 }
+
+// HostRoom is the host's memory and the shared-memory file system guest
+// RAM lives in, for deciding ahead how many machines fit.
+func HostRoom() (Room, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return Room{}, err
+	}
+	defer f.Close()
+	r := Room{MemTotal: -1, MemAvailable: -1}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "MemTotal":
+			r.MemTotal = n << 10
+		case "MemAvailable":
+			r.MemAvailable = n << 10
+		}
+	}
+	if r.MemTotal < 0 || r.MemAvailable < 0 {
+		return Room{}, fmt.Errorf("/proc/meminfo has no MemTotal or MemAvailable")
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err == nil && st.Type == unix.TMPFS_MAGIC {
+		r.ShmSize, r.ShmFree = int64(st.Blocks)*st.Bsize, int64(st.Bavail)*st.Bsize
+	}
+	r.Known = true
+	return r, nil
+}

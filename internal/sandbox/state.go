@@ -22,17 +22,34 @@ const (
 	SupervisorLog = "supervisor.log"
 )
 
-// WriteJSONAtomic replaces path with v, never leaving half a file.
+// WriteJSONAtomic replaces path with v, never leaving half a file, and
+// durably: the file and the directory entry are synced before it returns.
 func WriteJSONAtomic(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
+	return writeAtomic(path, v, true)
+}
+
+func writeAtomic(path string, v any, indent bool) error {
+	var b []byte
+	var err error
+	if indent {
+		b, err = json.MarshalIndent(v, "", "  ")
+	} else {
+		b, err = json.Marshal(v)
+	}
 	if err != nil {
 		return err
 	}
+	return writeFileAtomic(path, append(b, '\n'))
+}
+
+// writeFileAtomic replaces path with b: a temporary file, synced, renamed
+// over it, the directory synced.
+func writeFileAtomic(path string, b []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
+	if _, err := f.Write(b); err != nil {
 		f.Close()
 		os.Remove(f.Name())
 		return err
@@ -47,7 +64,17 @@ func WriteJSONAtomic(path string, v any) error {
 		os.Remove(f.Name())
 		return err
 	}
-	return nil
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir makes the entries of dir durable (a rename, a removal).
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // maxJSONFile bounds the state files read: they live in a directory only
@@ -55,14 +82,22 @@ func WriteJSONAtomic(path string, v any) error {
 const maxJSONFile = 1 << 20
 
 func readJSON(path string, v any) error {
+	return readJSONMax(path, v, maxJSONFile)
+}
+
+// readJSONMax reads path as JSON; a file over max bytes is damaged.
+func readJSONMax(path string, v any, max int64) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxJSONFile))
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {
 		return err
+	}
+	if int64(len(b)) > max {
+		return fmt.Errorf("%s is damaged: larger than %d bytes", path, max)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("%s is damaged: %w", path, err)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/api"
@@ -30,7 +32,7 @@ import (
 // beyond the guest's own boot goes.
 func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (*http.Server, error) {
 	j := &startJob{s: s, m: m, o: o}
-	s.cache = m.Paths.Cache
+	s.cache, s.home = m.Paths.Cache, m.Paths.Home
 	err := j.run(ctx, []step{
 		{"image", j.image},
 		{"driver", j.driver},
@@ -48,7 +50,13 @@ func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (
 // run runs steps in order, within the boot timeout.
 func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 	s := j.s
-	ctx, cancel := context.WithTimeout(ctx, j.o.BootTimeout)
+	limit := j.o.BootTimeout
+	if s.sb.Config.Docker != nil {
+		// The container engine's first start (under TCG, tens of
+		// seconds) comes on top of the boot, with a deadline of its own.
+		limit += dockerStartTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var times []any
 	defer func() { s.log.Info("boot steps", times...) }()
@@ -62,7 +70,49 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 			st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
 		})
 	}()
+	for i := range steps {
+		// Each step tells the waiting command where the start is.
+		st, n := steps[i], i+1
+		steps[i].run = func(ctx context.Context) error {
+			j.step, j.steps = n, len(steps)
+			j.phase(j.stepWords(st.name))
+			return st.run(ctx)
+		}
+	}
 	return runSteps(ctx, s.log, "start", steps, func(name string, ms float64) { times = append(times, name+"_ms", ms) })
+}
+
+// stepWords says what a start's step does, for the command that waits.
+func (j *startJob) stepWords(name string) string {
+	switch name {
+	case "machine":
+		if j.o.Restore != "" {
+			return "restoring the machine saved in checkpoint " + j.o.Restore
+		}
+		return "booting the VM (QEMU, the guest's kernel, its agent)"
+	case "workspace":
+		return "attaching the workspace"
+	}
+	return map[string]string{
+		"image":             "opening the image",
+		"driver":            "checking QEMU",
+		"network":           "starting the network",
+		"guest_setup_begin": "setting up the guest",
+		"guest_setup":       "finishing the guest's setup",
+		"ports":             "forwarding ports",
+		"api":               "serving the API",
+	}[name]
+}
+
+// phase tells the command waiting on the ready pipe, if any, what the
+// current step does. Once the sandbox is ready the pipe is closed: a
+// later write fails at once, harmlessly.
+func (j *startJob) phase(what string) {
+	if j.o.Ready == nil || what == "" {
+		return
+	}
+	b, _ := json.Marshal(launch.ReadyMessage{Phase: &launch.BootPhase{Step: j.step, Of: j.steps, What: what}})
+	_, _ = j.o.Ready.Write(append(b, '\n'))
 }
 
 // startJob is one start under way.
@@ -76,7 +126,11 @@ type startJob struct {
 	initrd string
 	forced vmm.Accel    // the accelerator the user asked for, if any
 	setup  chan error   // the guest's setup, run beside the workspace's first copy
+	cold   bool         // a checkpoint's disks booted without its memory
+	fork   string       // a fork's first start: its source's checkpoint's folder
 	srv    *http.Server // the API, once served
+
+	step, steps int // the step under way, of how many (for phase)
 }
 
 // image opens the sandbox's image and its initramfs with this kosa8's
@@ -89,7 +143,13 @@ func (j *startJob) image(context.Context) error {
 	if j.o.AgentPath == "" {
 		return errors.New("kosa8-agent not found")
 	}
-	if j.initrd, err = img.Initramfs(j.o.AgentPath); err != nil {
+	mods := image.GuestModules
+	if j.s.sb.Config.Docker != nil {
+		// Only a sandbox that runs containers has their kernel modules
+		// (loaded at its boot): each is code an attacker inside reaches.
+		mods = append(slices.Clone(mods), image.DockerModules...)
+	}
+	if j.initrd, err = img.InitramfsWith(j.o.AgentPath, mods); err != nil {
 		return err
 	}
 	j.img = img
@@ -108,10 +168,23 @@ func (j *startJob) driver(context.Context) error {
 	s.newDriver = j.o.NewDriver
 	s.driverOpts = vmm.DriverOptions{
 		Arch: vmspec.Arch(cfg.Arch), Accel: j.forced, RecordDir: j.m.Paths.Home,
-		ReadWrite: []string{s.sb.Path(sandbox.DisksDir)}, ReadOnly: []string{j.img.Dir, s.sb.Path(sandbox.RootDisk)},
+		ReadWrite: []string{s.sb.Path(sandbox.DisksDir)}, ReadOnly: []string{j.img.Dir},
 	}
+	// The disks' lowest layers: its own, or a fork's source's (a fork's
+	// layers build on its source's, read-only, frozen), and the frozen
+	// layers of the source's checkpoint (and, for a fork's checkpoint
+	// restored, its RAM file, which it maps read-only).
+	base := s.sb.Dir
+	if src := s.sb.SourceDir(); src != "" {
+		base = src
+		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, filepath.Join(src, sandbox.DisksDir), filepath.Join(src, "checkpoints", cfg.Fork.Checkpoint))
+	}
+	s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, filepath.Join(base, sandbox.RootDisk))
 	if cfg.Workspace != nil {
-		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(sandbox.WorkspaceDisk))
+		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, filepath.Join(base, sandbox.WorkspaceDisk))
+	}
+	if cfg.Docker != nil {
+		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(sandbox.DockerDisk))
 	}
 	drv, err := s.newDriver(s.driverOpts)
 	if err != nil {
@@ -169,9 +242,24 @@ func (j *startJob) machine(ctx context.Context) error {
 	}
 	s.resetConsoleLog() // one log per start; restores append to it
 	var restore *checkpoint.Meta
-	if j.o.Restore != "" {
+	switch {
+	case j.o.Restore != "":
 		var err error
 		if restore, err = s.prepareRestore(j.o.Restore); err != nil {
+			return err
+		}
+		j.cold = restore == nil
+	case s.forkFirst():
+		// A fork's first start: its source's checkpoint's machine.
+		var err error
+		if restore, err = s.prepareForkRestore(); err != nil {
+			return err
+		}
+		if restore != nil {
+			defer restore.Root.Close()
+		}
+		j.cold = restore == nil
+		if _, j.fork, err = s.sb.ForkCheckpoint(); err != nil {
 			return err
 		}
 	}
@@ -195,18 +283,26 @@ func (j *startJob) machine(ctx context.Context) error {
 		// are then no longer every new sandbox's.
 		if err := s.sb.SaveActiveDisks(s.sb.ActiveDisks()); err != nil {
 			s.log.Warn("record the disks: no template for this start", "err", err)
-		} else if j.o.Restore == "" && s.firstBoot && !templatesOff() {
+		} else if j.o.Restore == "" && s.firstBoot && !templatesOff() && cfg.Docker == nil {
+			// (A sandbox with a container engine boots afresh: its
+			// kernel modules and its third disk make it a shape of its
+			// own, and its engine starts after the boot anyway.)
 			template = s.templateKey()
 		}
 	}
 	if template != "" {
+		j.phase("starting from a boot template")
 		if s.startFromTemplate(ctx, template) {
 			return nil
 		}
+		j.phase(j.stepWords("machine"))
 	}
 	s.unnamed = template != ""
 	if err := s.launchFirst(ctx, restore, j.forced); err != nil {
 		return err
+	}
+	if j.fork != "" {
+		s.forkRestored()
 	}
 	if template != "" {
 		// The key again: the boot may have fallen back to TCG.
@@ -240,6 +336,13 @@ func (j *startJob) guestSetup(ctx context.Context) error {
 			if err = s.installCA(ctx); err != nil {
 				err = fmt.Errorf("install the sandbox CA in the guest: %w", err)
 			}
+			// After the CA: dockerd reads the roots it trusts once.
+			if err == nil && s.sb.Config.Docker != nil {
+				err = s.startDocker(ctx, j.m.Paths.Config)
+			}
+		}
+		if err == nil {
+			s.nameNetworkNote(ctx)
 		}
 		j.setup <- err
 	}()
@@ -280,10 +383,51 @@ func (j *startJob) workspace(ctx context.Context) error {
 			_, _ = ready.Write(append(b, '\n'))
 		}
 	}
-	if err := ws.attach(ctx, s.currentClient(), s.sb.LoadManifest(), j.o.Restore != "" && j.o.Rewind); err != nil {
+	st, first := j.firstPass()
+	if err := ws.attach(ctx, s.currentClient(), st, first); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
 	return nil
+}
+
+// firstPass decides how this start brings the workspace in step, and from
+// what record (issue 27). Only a record known to describe the guest's
+// workspace exactly is continued as it is: the last run's, saved by a
+// clean stop, or a pause's, saved with the machine restored. A rewind or a
+// start --from merges the host folder back to the checkpoint. Every other
+// start (after a crash of the supervisor, of QEMU or of the host; a cold
+// boot of a paused sandbox or of a checkpoint another QEMU build saved)
+// finds a guest that may hold less than the record says, and merges
+// without inferring any deletion.
+func (j *startJob) firstPass() (syncState, firstPass) {
+	s := j.s
+	st := syncState{manifest: s.sb.LoadManifest(), guest: s.sb.LoadWorkspaceGuest(), journal: s.sb.LoadJournal()}
+	switch {
+	case j.o.Restore != "" && j.o.Rewind:
+		return syncState{manifest: st.manifest}, rewindPass
+	case j.o.Restore != "":
+		// The machine of a checkpoint: its record, not the last run's.
+		dir := s.sb.Checkpoints().Path(j.o.Restore)
+		st.manifest = sandbox.ReadManifest(filepath.Join(dir, checkpoint.ManifestFile))
+		st.guest = sandbox.ReadManifest(filepath.Join(dir, sandbox.WorkspaceGuestFile))
+		if s.cleanStop.Paused == j.o.Restore && !j.cold {
+			return st, continuePass
+		}
+		return st, recoverPass
+	case j.fork != "":
+		// A fork's first start: the record of its source's checkpoint,
+		// which describes the guest's workspace exactly when its machine
+		// was restored.
+		st.manifest = sandbox.ReadManifest(filepath.Join(j.fork, checkpoint.ManifestFile))
+		st.guest = sandbox.ReadManifest(filepath.Join(j.fork, sandbox.WorkspaceGuestFile))
+		if !j.cold {
+			return st, continuePass
+		}
+		return st, recoverPass
+	case s.cleanStop.Stopped:
+		return st, continuePass
+	}
+	return st, recoverPass
 }
 
 // ports forwards the host ports the sandbox was given.

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
@@ -27,7 +29,7 @@ func newStartJob(t *testing.T) (*startJob, *vmmtest.Driver) {
 	sb.Config.MemoryMiB = 2
 	drv := &vmmtest.Driver{OnStart: func(m *vmmtest.Machine) { serveFakeGuest(t, m) }}
 	s := &supervisor{sb: sb, log: slog.New(slog.DiscardHandler), drv: drv, accel: vmm.TCG,
-		stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
+		stop: make(chan stopRequest, 1), clientCh: make(chan struct{}), home: t.TempDir()}
 	t.Cleanup(func() {
 		if c := s.currentClient(); c != nil {
 			c.Close()
@@ -136,5 +138,51 @@ func TestStartUndoesWhatItTookOnFailure(t *testing.T) {
 				t.Error("the forwarded port still listens after a failed start: the network was not closed")
 			}
 		})
+	}
+}
+
+// A start tells the command that waits for it each step as it begins, on
+// the ready pipe: what the step does and which of how many it is, so a
+// boot is never a silent wait.
+func TestStartTellsItsPhases(t *testing.T) {
+	j, _ := newStartJob(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	j.o.Ready = w
+	var phases []launch.BootPhase
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		dec := json.NewDecoder(r)
+		for {
+			var m launch.ReadyMessage
+			if dec.Decode(&m) != nil {
+				return
+			}
+			if m.Phase != nil {
+				phases = append(phases, *m.Phase)
+			}
+		}
+	}()
+	if err := j.run(context.Background(), j.fakeSteps()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		j.srv.Close()
+		j.s.net.close()
+	}()
+	w.Close()
+	<-read
+	want := []launch.BootPhase{
+		{Step: 1, Of: 4, What: "starting the network"},
+		{Step: 2, Of: 4, What: "booting the VM (QEMU, the guest's kernel, its agent)"},
+		{Step: 3, Of: 4, What: "forwarding ports"},
+		{Step: 4, Of: 4, What: "serving the API"},
+	}
+	if fmt.Sprint(phases) != fmt.Sprint(want) {
+		t.Fatalf("phases:\n%v\nwant\n%v", phases, want)
 	}
 }

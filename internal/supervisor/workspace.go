@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/folder"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/sandbox"
@@ -52,7 +54,10 @@ type workspace struct {
 	root   *wsync.Root
 	guest  *wsync.GuestSide
 	engine *wsync.Engine
-	lock   *os.File
+	// readGuest reads a file of the guest's workspace (the sync's guest
+	// side), for summaries of the changes.
+	readGuest func(ctx context.Context, p string) (io.ReadCloser, error)
+	lock      *os.File
 	// progress hears how far the first copy has come (progress.go).
 	progress func(launch.CopyProgress)
 	cancel   context.CancelFunc
@@ -64,54 +69,128 @@ type workspace struct {
 	kick  chan struct{}
 	// quiet pauses syncing (a checkpoint in progress).
 	quiet sync.Mutex
+	// passMu guards cancelPass, the loop's pass running (or about to),
+	// and takers, how many others wait for quiet (take).
+	passMu     sync.Mutex
+	cancelPass context.CancelFunc
+	takers     int
+
+	lastSave time.Time
+	unsaved  bool // a manifest was not saved (saved at most once a second)
 }
 
-// openWorkspace takes the folder's lock and opens it on the host.
+// saveManifest saves m now.
+func (w *workspace) saveManifest(m map[string]*wsync.Entry) {
+	w.lastSave, w.unsaved = time.Now(), false
+	if err := w.sb.SaveManifest(m); err != nil {
+		w.log.Warn("save workspace manifest", "err", err)
+	}
+}
+
+// openWorkspace takes the folder's lock and opens it on the host. A fork
+// takes no lock: its sync never writes to the host folder (review mode,
+// always), so it may read a folder that another sandbox syncs; its
+// applies take the folder's apply lock (lockApply).
 func openWorkspace(sb *sandbox.Sandbox, home string, log *slog.Logger) (*workspace, error) {
 	cfg := sb.Config.Workspace
-	lock, err := lockFolder(home, cfg.Path, sb.Config.Name)
-	if err != nil {
-		return nil, err
+	// The folder was resolved when the sandbox was made (folder.Resolve);
+	// a link put into its path since then would take the sync, and every
+	// check made on that path, to another folder.
+	if f, err := folder.Resolve(cfg.Path); err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	} else if f.String() != cfg.Path {
+		return nil, fmt.Errorf("workspace %s now leads to %s through a link: a sandbox syncs only the folder it was made for; put the folder back, or make a new sandbox for %s", cfg.Path, f.String(), f.String())
+	}
+	var lock *os.File
+	if sb.Config.Fork == nil || !cfg.Review {
+		var err error
+		if lock, err = lockFolder(home, cfg.Path, sb.Config.Name); err != nil {
+			return nil, err
+		}
 	}
 	root, err := wsync.OpenRoot(cfg.Path)
 	if err != nil {
-		lock.Close()
+		if lock != nil {
+			lock.Close()
+		}
 		return nil, err
 	}
 	return &workspace{sb: sb, log: log, root: root, lock: lock, dirty: map[string]bool{}, kick: make(chan struct{}, 1)}, nil
 }
 
+// firstPass is how a start brings the two sides in step.
+type firstPass int
+
+const (
+	// continuePass: the manifest describes the guest exactly (the last
+	// run stopped cleanly, or paused at the checkpoint restored): an
+	// ordinary pass, deletions inferred as ever.
+	continuePass firstPass = iota
+	// recoverPass: the guest may hold less than the manifest says (a
+	// crash, a start from a checkpoint or from disks): a merge that
+	// infers no deletion (wsync.Engine.Recover).
+	recoverPass
+	// rewindPass: the machine was just rewound; the host goes back to the
+	// checkpoint where the agent made the change (wsync.Engine.Rewind).
+	rewindPass
+)
+
+func (f firstPass) String() string {
+	return [...]string{"continue", "recover", "rewind"}[f]
+}
+
+// syncState is what a start finds of the sync's last run: the manifest,
+// the guest versions awaiting review or approval, and the journal of host
+// deletions begun.
+type syncState struct {
+	manifest, guest, journal map[string]*wsync.Entry
+}
+
 // attach mounts the workspace in the guest (client's), brings both sides
-// in step from manifest (the first time: copies the folder in; after a
-// rewind: the three-way merge of Engine.Rewind) and keeps them so.
-func (w *workspace) attach(ctx context.Context, client *guest.Client, manifest map[string]*wsync.Entry, rewind bool) error {
+// in step from st by first (the first time: copies the folder in) and
+// keeps them so.
+func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncState, first firstPass) error {
 	cfg := w.sb.Config.Workspace
 	w.guest = &wsync.GuestSide{C: client, Root: cfg.Path, MaxFile: w.root.MaxFile}
+	w.readGuest = w.guest.Read
 	if err := w.guest.Mount(ctx); err != nil {
 		return err
 	}
 	opts := wsync.Options{Review: cfg.Review, Exclude: cfg.Exclude, Hold: wsync.HoldRules{Extra: cfg.Hold},
-		QuotaBytes: cfg.QuotaBytes, QuotaFiles: cfg.QuotaFiles}
-	var lastSave time.Time
+		QuotaBytes: cfg.QuotaBytes, QuotaFiles: cfg.QuotaFiles,
+		Journal: w.sb.SaveJournal,
+		SaveGuest: func(m map[string]*wsync.Entry) {
+			if err := w.sb.SaveWorkspaceGuest(m); err != nil {
+				w.log.Warn("save the guest versions awaiting review", "err", err)
+			}
+		},
+	}
+	// The engine calls save only with a manifest both sides hold durably
+	// (wsync.Engine.persist). A big tree's is saved at most once a
+	// second: one saved less often is older but still true; stop saves
+	// the last one (saveNow).
 	save := func(m map[string]*wsync.Entry) {
-		if time.Since(lastSave) < time.Second && len(m) > 5000 {
-			return // a big tree: at most once a second; a stale manifest only costs rescans
+		if time.Since(w.lastSave) < time.Second && len(m) > 5000 {
+			w.unsaved = true
+			return
 		}
-		lastSave = time.Now()
-		if err := w.sb.SaveManifest(m); err != nil {
-			w.log.Warn("save workspace manifest", "err", err)
-		}
+		w.saveManifest(m)
 	}
 	host := &wsync.HostSide{Root: w.root, OnSkip: func(p string, err error) { w.log.Info("not synced", "path", p, "err", err) }}
 	counted := &countingGuest{GuestSide: w.guest, tell: w.progress}
-	w.engine = wsync.NewEngine(host, counted, manifest, opts, save)
+	w.engine = wsync.NewEngine(host, counted, st.manifest, opts, save)
 	host.Skip = w.engine.Excluded
 	t := time.Now()
-	sync := w.engine.Sync
-	if rewind {
-		sync = func(ctx context.Context, _ []string) error { return w.engine.Rewind(ctx) }
+	var err error
+	switch first {
+	case rewindPass:
+		err = w.engine.Rewind(ctx)
+	case recoverPass:
+		err = w.engine.Recover(ctx, st.guest, st.journal)
+	default:
+		err = w.engine.Sync(ctx, nil)
 	}
-	if err := sync(ctx, nil); err != nil {
+	if err != nil {
 		return fmt.Errorf("workspace sync: %w", err)
 	}
 	// A sandbox must not start on half a workspace: paths the first pass
@@ -133,7 +212,7 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, manifest m
 		}
 	}
 	counted.done()
-	w.log.Info("workspace in step", "path", cfg.Path, "files", w.engine.Status().Files, "ms", time.Since(t).Milliseconds(), "rewind", rewind)
+	w.log.Info("workspace in step", "path", cfg.Path, "files", w.engine.Status().Files, "ms", time.Since(t).Milliseconds(), "first_pass", first.String())
 	wctx, cancel := context.WithCancel(context.Background())
 	w.cancel, w.done = cancel, make(chan struct{})
 	go func() {
@@ -201,7 +280,7 @@ func (w *workspace) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-full.C:
-			w.syncNow(ctx, nil)
+			w.loopPass(ctx, nil)
 		case <-w.kick:
 			// Let a burst finish: wait for a quiet moment, but not for
 			// long, so edits still arrive within a second. Fewer, larger
@@ -239,44 +318,109 @@ func (w *workspace) loop(ctx context.Context) {
 			} else if len(paths) == 0 {
 				continue
 			}
-			w.syncNow(ctx, paths)
+			w.loopPass(ctx, paths)
 		}
 	}
 }
 
-func (w *workspace) syncNow(ctx context.Context, paths []string) {
+// loopPass runs one of the loop's passes. Its wait on the guest has no end
+// of its own (a guest whose agent never answers holds it until the stop
+// cancels the loop), so whoever else needs the sync cancels it (take): a
+// checkpoint, and a rewind with it, must not wait on a guest that stalls.
+// The paths of a pass so cancelled are marked again for the next.
+func (w *workspace) loopPass(ctx context.Context, paths []string) {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.passMu.Lock()
+	w.cancelPass = cancel
+	if w.takers > 0 {
+		cancel() // one waits for the sync: its turn first
+	}
+	w.passMu.Unlock()
 	w.quiet.Lock()
+	ok := w.runPass(pctx, paths)
+	w.quiet.Unlock()
+	w.passMu.Lock()
+	w.cancelPass = nil
+	w.passMu.Unlock()
+	if !ok && pctx.Err() != nil && ctx.Err() == nil {
+		w.mark(paths, paths == nil)
+	}
+}
+
+// take holds the sync (quiet) for a caller other than the loop: the loop's
+// pass is cancelled first, and any it starts until take returns.
+func (w *workspace) take() {
+	w.passMu.Lock()
+	w.takers++
+	if w.cancelPass != nil {
+		w.cancelPass()
+	}
+	w.passMu.Unlock()
+	w.quiet.Lock()
+	w.passMu.Lock()
+	w.takers--
+	w.passMu.Unlock()
+}
+
+// syncNow runs a pass now (the loop's, if one runs, is cancelled: take);
+// it reports whether the pass ran to its end.
+func (w *workspace) syncNow(ctx context.Context, paths []string) bool {
+	w.take()
 	defer w.quiet.Unlock()
+	return w.runPass(ctx, paths)
+}
+
+// runPass runs a pass, quiet held; it reports whether it ran to its end.
+func (w *workspace) runPass(ctx context.Context, paths []string) (ok bool) {
 	defer func() {
 		// A bug in one pass must not take the sandbox down with it.
 		if r := recover(); r != nil {
 			w.log.Error("workspace sync panicked", "panic", r)
+			ok = false
 		}
 	}()
-	if err := w.engine.Sync(ctx, paths); err != nil && ctx.Err() == nil {
-		w.log.Warn("workspace sync", "err", err)
+	if err := w.engine.Sync(ctx, paths); err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("workspace sync", "err", err)
+		}
+		return false
 	}
+	return true
 }
 
 // Pause stops syncing until the returned function is called.
 func (w *workspace) Pause() func() {
-	w.quiet.Lock()
+	w.take()
 	return w.quiet.Unlock
 }
 
 func (w *workspace) closeFiles() {
 	w.root.Close()
-	w.lock.Close()
+	if w.lock != nil {
+		w.lock.Close()
+	}
 }
 
 // stop ends the sync after a last pass, so nothing the guest just wrote is
-// left behind.
+// left behind. It reports whether that pass brought both sides in step and
+// saved it: only then may the run count as stopped cleanly.
 // The running pass is cancelled first: a pass streaming a guest's huge
 // file must not keep stop (or rm -f) waiting beyond ctx.
-func (w *workspace) stop(ctx context.Context) {
+func (w *workspace) stop(ctx context.Context) bool {
 	w.detach()
+	clean := false
 	if w.engine != nil {
-		w.syncNow(ctx, nil)
+		clean = w.syncNow(ctx, nil)
+		if clean {
+			if n, _ := w.engine.PassFailures(); n > 0 || !w.engine.Saved() {
+				clean = false
+			}
+		}
+		if w.unsaved && w.engine.Saved() {
+			w.saveManifest(w.engine.Manifest())
+		}
 	}
 	w.closeFiles()
+	return clean
 }

@@ -2,6 +2,7 @@ package wsync
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -388,5 +389,42 @@ func TestSaveDuringSyncIsKept(t *testing.T) {
 				t.Fatalf("not in step: host %q, guest %q", h, g)
 			}
 		})
+	}
+}
+
+// A file edited while a pass copies it is the next pass's work, not an
+// error for 'sync status' to show ("errors: changed while being copied"
+// after a routine edit); only a file changing during every pass, from the
+// staleReport-th in a row, is reported.
+func TestChangedWhileCopiedIsNoError(t *testing.T) {
+	const f = "notes.txt"
+	p := newPair(t, Options{})
+	n := 0
+	busy := &busyFile{path: f, hook: func() { n++; write(t, p.host, f, strings.Repeat("edited\n", n)) }}
+	e := p.engineSides(t, nil, Options{}, func(h *HostSide) Side { busy.HostSide = h; return busy }, func(h *HostSide) Side { return h })
+	write(t, p.host, f, "first\n")
+	pass := func() {
+		t.Helper()
+		if err := e.Sync(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy.reads = 1
+	pass()
+	if errs := e.Status().Errors; len(errs) != 0 {
+		t.Fatalf("one edit during a copy: errors %q", errs)
+	}
+	busy.reads = 0
+	pass()
+	if h, g := read(p.host, f), read(p.guest, f); h != g {
+		t.Fatalf("not in step after the next pass: host %q, guest %q", h, g)
+	}
+	for i := 0; i < staleReport; i++ {
+		busy.reads = 1
+		write(t, p.host, f, fmt.Sprintf("again %d\n", i))
+		pass()
+	}
+	if errs := e.Status().Errors; len(errs) != 1 || !strings.Contains(errs[0], errChanged.Error()) || !strings.Contains(errs[0], "passes in a row") {
+		t.Fatalf("a file changing during every pass: errors %q", errs)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -37,6 +38,21 @@ type Side interface {
 	Remove(ctx context.Context, p string, was *Entry) error
 }
 
+// Syncer is a Side that can make what it holds durable: Sync returns once
+// every change made to the side so far would survive a crash of what holds
+// it (QEMU killed, the host losing power). The engine saves a manifest
+// that says both sides hold X only after both made X durable, so that a
+// start after a crash never takes a state that died with the guest's page
+// cache for one the guest deleted.
+type Syncer interface {
+	Sync(ctx context.Context) error
+}
+
+// ErrNoSync: the side cannot make its state durable (a guest agent of an
+// older build, restored from its checkpoint). The pass is recorded as
+// before; a start after a crash merges (Recover) and so loses nothing.
+var ErrNoSync = errors.New("this side cannot sync")
+
 // PutItem is one entry for a BatchSide: a file's content comes from Open.
 type PutItem struct {
 	Entry *Entry
@@ -65,6 +81,16 @@ type Options struct {
 	// that the host holds at once (0: the defaults).
 	QuotaBytes int64
 	QuotaFiles int
+	// Journal, when set, records durably the host deletions a pass is
+	// about to make for the guest (nil once they are made), so that a
+	// crash halfway through a deleted tree is finished by Recover
+	// instead of leaving half the tree.
+	Journal func(map[string]*Entry) error
+	// SaveGuest, when set, is told the guest versions that wait for
+	// review or approval (a deletion is an entry of Type 'x') whenever
+	// they change: after a crash Recover knows them from an unknown
+	// guest state.
+	SaveGuest func(map[string]*Entry)
 }
 
 // Default quotas: far above a project's sources, far below a full disk.
@@ -146,6 +172,25 @@ type Engine struct {
 	stale     map[string]int // paths whose change was stale, passes in a row
 	lastSync  time.Time
 	onChange  func(map[string]*Entry)
+	// changed: the manifest differs from the one last saved.
+	changed bool
+	// savedGuest is the guest versions awaiting review or approval as
+	// last saved (Options.SaveGuest).
+	savedGuest map[string]*Entry
+	// journaled: Options.Journal holds deletions not yet cleared.
+	journaled bool
+	// noSync is set once the guest said it cannot sync (ErrNoSync).
+	noSync bool
+}
+
+// deletion is a removal a pass makes after its creations, children
+// first: from the host folder (the guest deleted the path; cur is what
+// the host held) or from the guest.
+type deletion struct {
+	path   string
+	onHost bool
+	cur    *Entry
+	run    func()
 }
 
 // NewEngine returns an engine starting from manifest (nil: nothing synced
@@ -173,6 +218,12 @@ func NewEngine(host, guest Side, manifest map[string]*Entry, opts Options, save 
 			e.setManifest(p, ent, ent.Origin)
 		}
 	}
+	e.changed = false // as saved
+	// A journal the last run left may be on disk: Recover finishes it; any
+	// other first pass (a continued record, a rewind) clears it once its
+	// own deletions are made, so that no later Recover reads one that no
+	// longer describes the host.
+	e.journaled = opts.Journal != nil
 	return e
 }
 
@@ -208,6 +259,16 @@ func under(p string, roots []string) bool {
 func (e *Engine) Sync(ctx context.Context, paths []string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.pass(ctx, paths, nil, func(p string, b, h, g *Entry) *deletion {
+		return e.decide(ctx, p, b, h, g)
+	})
+}
+
+// pass is the one shape of every reconciling pass (Sync, Rewind,
+// Recover): scan both sides, decide each path (the manifest's under paths
+// and extra ones too, parents first), then finishPass. They differ only
+// in decide.
+func (e *Engine) pass(ctx context.Context, paths, extra []string, decide func(p string, b, h, g *Entry) *deletion) error {
 	h, err := e.host.Scan(ctx, paths)
 	if err != nil {
 		return fmt.Errorf("scan the host folder: %w", err)
@@ -222,18 +283,23 @@ func (e *Engine) Sync(ctx context.Context, paths []string) error {
 			known = append(known, p)
 		}
 	}
+	for _, p := range extra {
+		if under(p, paths) {
+			known = append(known, p)
+		}
+	}
 	order := e.order(h, g, known)
-	var deletes []func()
+	var dels []*deletion
 	e.startPass(ctx, h)
 	for _, p := range order {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if del := e.decide(ctx, p, e.manifest[p], h[p], g[p]); del != nil {
-			deletes = append(deletes, del)
+		if d := decide(p, e.manifest[p], h[p], g[p]); d != nil {
+			dels = append(dels, d)
 		}
 	}
-	e.finishPass(ctx, deletes)
+	e.finishPass(ctx, dels)
 	return nil
 }
 
@@ -266,16 +332,164 @@ func (e *Engine) startPass(ctx context.Context, h map[string]*Entry) {
 }
 
 // finishPass ends a pass: the gathered guest writes go out, then the
-// deletions, children before their directories; the manifest is saved.
-func (e *Engine) finishPass(ctx context.Context, deletes []func()) {
+// deletions, children before their directories; then both sides are made
+// durable and the manifest saved (persist).
+//
+// The guest's deletions reach the host only once they are durable in the
+// guest and journaled (Options.Journal): a crash halfway through a deleted
+// tree then leaves a journal that Recover finishes, never half the tree,
+// and a deletion that died with the guest's page cache never reaches the
+// host at all. If the guest cannot sync, they wait for the next pass.
+func (e *Engine) finishPass(ctx context.Context, dels []*deletion) {
 	e.flushBatch(ctx)
-	for i := len(deletes) - 1; i >= 0; i-- {
-		deletes[i]()
+	hostDels := map[string]*Entry{}
+	for _, d := range dels {
+		if d.onHost {
+			hostDels[d.path] = d.cur
+		}
+	}
+	ready := true
+	if len(hostDels) > 0 {
+		if err := e.syncGuest(ctx); err != nil {
+			ready = false
+			e.failAll(hostDels, fmt.Errorf("not deleted on the host yet: the guest's deletion is not durable: %w", err))
+		} else if e.opts.Journal != nil {
+			if err := e.opts.Journal(hostDels); err != nil {
+				ready = false
+				e.failAll(hostDels, fmt.Errorf("not deleted on the host yet: journal: %w", err))
+			} else {
+				e.journaled = true
+			}
+		}
+	}
+	for i := len(dels) - 1; i >= 0; i-- {
+		if dels[i].onHost && !ready {
+			continue
+		}
+		dels[i].run()
+	}
+	// The deletions are made (or failed, the host's path being other than
+	// journaled, or in use): the journal has done its work. Kept until the
+	// record is saved, it would outlive them by as long as the guest
+	// fails its flushes, and a start after a crash would delete again a
+	// file the user put back meanwhile (a git checkout of what the agent
+	// deleted), which the guest never held durably. Not when they wait:
+	// Recover's journal then stays for the pass that makes them.
+	if ready {
+		e.clearJournal()
 	}
 	e.lastSync = time.Now()
+	e.persist(ctx)
+}
+
+// failAll records err for each of paths.
+func (e *Engine) failAll(paths map[string]*Entry, err error) {
+	for p := range paths {
+		e.fail(p, err)
+	}
+}
+
+// syncGuest and syncHost make a side durable, if it can sync (Syncer).
+func (e *Engine) syncGuest(ctx context.Context) error {
+	sy, _ := e.guest.(Syncer)
+	return e.syncWith(ctx, sy)
+}
+
+func (e *Engine) syncHost(ctx context.Context) error {
+	sy, _ := e.host.(Syncer)
+	return e.syncWith(ctx, sy)
+}
+
+// syncWith runs sy's Sync (none: nothing to do). ErrNoSync counts as
+// done: see its doc.
+func (e *Engine) syncWith(ctx context.Context, sy Syncer) error {
+	if sy == nil {
+		return nil
+	}
+	err := sy.Sync(ctx)
+	if errors.Is(err, ErrNoSync) {
+		e.noSync = true
+		return nil
+	}
+	return err
+}
+
+// persist saves the manifest and the guest versions awaiting review, once
+// both sides hold durably what they record: a manifest saying both sides
+// hold X is never on disk while X could still die with the guest's page
+// cache (or the host's). Nothing is saved if nothing changed, and nothing
+// if a side cannot sync now: the saved state stays as it was, older but
+// true, and the next pass tries again.
+func (e *Engine) persist(ctx context.Context) bool {
+	guestKnown := e.guestKnown()
+	if !e.changed && maps.EqualFunc(guestKnown, e.savedGuest, sameRecord) {
+		return true
+	}
+	if err := e.syncGuest(ctx); err != nil {
+		e.noteErr(fmt.Sprintf("the guest could not make the pass durable (its record is saved on the next pass): %v", err))
+		return false
+	}
+	if err := e.syncHost(ctx); err != nil {
+		e.noteErr(fmt.Sprintf("the host folder could not be synced to disk (the record is saved on the next pass): %v", err))
+		return false
+	}
+	e.changed = false
 	if e.onChange != nil {
 		e.onChange(e.manifestCopy())
 	}
+	if e.opts.SaveGuest != nil {
+		e.opts.SaveGuest(guestKnown)
+	}
+	e.savedGuest = guestKnown
+	return true
+}
+
+// clearJournal clears Options.Journal once the deletions it holds are
+// made; one that cannot be cleared now is tried again after the next pass.
+func (e *Engine) clearJournal() {
+	if e.journaled && e.opts.Journal != nil && e.opts.Journal(nil) == nil {
+		e.journaled = false
+	}
+}
+
+// noteErr records an error that is no one path's.
+func (e *Engine) noteErr(msg string) {
+	e.errs = append(e.errs, msg)
+	if len(e.errs) > 100 {
+		e.errs = e.errs[len(e.errs)-100:]
+	}
+}
+
+// guestKnown is the guest's version of each path awaiting review or
+// approval (Type 'x': deleted in the guest), of the paths the manifest
+// holds: Recover decides a path the manifest does not know alike with or
+// without its record, and a guest's own new files (unbounded in review
+// mode, or in a new repository, all held) would have the whole record
+// rewritten durably at each pass that touches one.
+func (e *Engine) guestKnown() map[string]*Entry {
+	m := map[string]*Entry{}
+	for _, src := range []map[string]Change{e.pending, e.held} {
+		for p, c := range src {
+			if e.manifest[p] == nil {
+				continue
+			}
+			if c.Guest == nil {
+				m[p] = &Entry{Path: p, Type: 'x'}
+			} else {
+				g := *c.Guest
+				m[p] = &g
+			}
+		}
+	}
+	return m
+}
+
+// sameRecord reports whether two records are alike in every field.
+func sameRecord(a, b *Entry) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 // order lists the paths of both scans and known, less the excluded ones,
@@ -338,6 +552,12 @@ func (e *Engine) manifestCopy() map[string]*Entry {
 func (e *Engine) setManifest(p string, ent *Entry, origin string) {
 	defer e.relink(p)
 	delete(e.stale, p)
+	before := e.manifest[p]
+	defer func() {
+		if !sameRecord(before, e.manifest[p]) {
+			e.changed = true
+		}
+	}()
 	if old := e.manifest[p]; old != nil {
 		e.account(old, -1)
 		if old.Type == 'l' {
@@ -409,11 +629,13 @@ func (e *Engine) account(ent *Entry, sign int) {
 const staleReport = 3
 
 // fail records what kept p out of step. A side that changed after the
-// pass looked (ErrStale) is no failure: that change brings the next pass.
+// pass looked (ErrStale), or while its content was copied (errChanged), is
+// no failure: that change brings the next pass, and a routine edit during
+// a pass (or a conflict being sorted out) is no error to show the user.
 // Unless it is every pass: a file written all the time, or one the scan
 // cannot read but is there, is reported from the staleReport-th on.
 func (e *Engine) fail(p string, err error) {
-	if errors.Is(err, ErrStale) {
+	if errors.Is(err, ErrStale) || errors.Is(err, errChanged) {
 		if e.stale == nil {
 			e.stale = map[string]int{}
 		}
@@ -435,7 +657,7 @@ func (e *Engine) fail(p string, err error) {
 
 // decide handles one path. Deletions are returned, to run after all
 // creations and children-first.
-func (e *Engine) decide(ctx context.Context, p string, b, h, g *Entry) func() {
+func (e *Engine) decide(ctx context.Context, p string, b, h, g *Entry) *deletion {
 	delete(e.skipped, p)
 	switch {
 	case h.Same(g):
@@ -469,7 +691,7 @@ func (e *Engine) decide(ctx context.Context, p string, b, h, g *Entry) func() {
 // conflict keeps the host's version at p on both sides and the guest's
 // version next to it: in the guest at once, on the host through the gate
 // like any other guest change.
-func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) func() {
+func (e *Engine) conflict(ctx context.Context, p string, h, g *Entry) *deletion {
 	cp, err := e.conflictName(ctx, p)
 	if err != nil {
 		e.fail(p, err)
@@ -543,7 +765,7 @@ func (e *Engine) conflictName(ctx context.Context, p string) (string, error) {
 }
 
 // toHost offers the guest's state of p to the host (which holds h).
-func (e *Engine) toHost(ctx context.Context, p string, b, h, g *Entry) func() {
+func (e *Engine) toHost(ctx context.Context, p string, b, h, g *Entry) *deletion {
 	kind := "modified"
 	switch {
 	case g == nil:
@@ -598,13 +820,13 @@ func (w hostWrite) readFrom() string {
 //
 // It returns a deletion to run after the pass's creations, and whether
 // the change was made (or, for a deletion, is to be made).
-func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
+func (e *Engine) gate(ctx context.Context, w hostWrite) (*deletion, bool) {
 	p, g := w.path, w.want
 	if g != nil && g.Big {
 		e.skipped[p] = "larger than the size cap"
 		return nil, false
 	}
-	hold := func(why string) (func(), bool) {
+	hold := func(why string) (*deletion, bool) {
 		e.held[p] = Change{Path: p, Kind: w.kind, Why: why, Guest: g}
 		delete(e.pending, p)
 		return nil, false
@@ -667,7 +889,7 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 	delete(e.pending, p)
 	delete(e.skipped, p)
 	if g == nil {
-		return func() {
+		return &deletion{path: p, onHost: true, cur: w.cur, run: func() {
 			if err := e.host.Remove(ctx, p, w.cur); err != nil {
 				if !isNotEmpty(err) {
 					e.fail(p, err)
@@ -677,7 +899,7 @@ func (e *Engine) gate(ctx context.Context, w hostWrite) (func(), bool) {
 				return
 			}
 			e.setManifest(p, nil, "guest")
-		}, true
+		}}, true
 	}
 	// A repository goes out in git's order: once a step failed (git on the
 	// host holds a lock, say), its later steps wait for the next pass, so
@@ -993,7 +1215,7 @@ func readAllMax(ctx context.Context, read func(context.Context, string) (io.Read
 }
 
 // toGuest applies the host's state of p to the guest (which holds cur).
-func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
+func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) *deletion {
 	delete(e.held, p)
 	delete(e.pending, p)
 	if h != nil && h.Big {
@@ -1001,7 +1223,7 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 		return nil
 	}
 	if h == nil {
-		return func() {
+		return &deletion{path: p, run: func() {
 			if err := e.guest.Remove(ctx, p, cur); err != nil {
 				if !isNotEmpty(err) {
 					e.fail(p, err)
@@ -1009,7 +1231,7 @@ func (e *Engine) toGuest(ctx context.Context, p string, cur, h *Entry) func() {
 				return
 			}
 			e.setManifest(p, nil, "host")
-		}
+		}}
 	}
 	if _, ok := e.guest.(BatchSide); ok && (cur == nil || cur.Type == h.Type && h.Type != 'd') {
 		want := h
@@ -1220,7 +1442,7 @@ func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string
 		return nil, err
 	}
 	e.startPass(ctx, hs)
-	var deletes []func()
+	var dels []*deletion
 	for _, p := range todo {
 		g, err := e.guest.Scan(ctx, []string{p})
 		if err != nil {
@@ -1232,15 +1454,10 @@ func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string
 		}
 		kind := src[p].Kind
 		if del, _ := e.gate(ctx, hostWrite{via: v, path: p, src: p, kind: kind, cur: h[p], want: g[p]}); del != nil {
-			deletes = append(deletes, del)
+			dels = append(dels, del)
 		}
 	}
-	for i := len(deletes) - 1; i >= 0; i-- {
-		deletes[i]()
-	}
-	if e.onChange != nil {
-		e.onChange(e.manifestCopy())
-	}
+	e.finishPass(ctx, dels)
 	var refused []string
 	for _, p := range todo {
 		if c, ok := e.held[p]; ok {
@@ -1270,7 +1487,7 @@ func (e *Engine) Discard(ctx context.Context, paths []string) ([]string, error) 
 		}
 	}
 	slices.Sort(paths)
-	var deletes []func()
+	var dels []*deletion
 	for _, p := range paths {
 		_, pending := e.pending[p]
 		_, held := e.held[p]
@@ -1286,13 +1503,10 @@ func (e *Engine) Discard(ctx context.Context, paths []string) ([]string, error) 
 			return nil, err
 		}
 		if del := e.toGuest(ctx, p, g[p], h[p]); del != nil {
-			deletes = append(deletes, del)
+			dels = append(dels, del)
 		}
 	}
-	e.flushBatch(ctx)
-	for i := len(deletes) - 1; i >= 0; i-- {
-		deletes[i]()
-	}
+	e.finishPass(ctx, dels)
 	return paths, nil
 }
 
@@ -1307,30 +1521,12 @@ func (e *Engine) Discard(ctx context.Context, paths []string) ([]string, error) 
 func (e *Engine) Rewind(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	h, err := e.host.Scan(ctx, nil)
-	if err != nil {
-		return err
-	}
-	g, err := e.guest.Scan(ctx, nil)
-	if err != nil {
-		return err
-	}
-	var known []string
-	for p := range e.manifest {
-		known = append(known, p)
-	}
-	for p := range e.tombs {
-		known = append(known, p)
-	}
-	order := e.order(h, g, known)
-	var deletes []func()
-	e.startPass(ctx, h)
-	for _, p := range order {
-		m, hp, gp := e.manifest[p], h[p], g[p]
+	return e.pass(ctx, nil, slices.Collect(maps.Keys(e.tombs)), func(p string, m, hp, gp *Entry) *deletion {
 		agentMade := hp.Same(m) && ((m != nil && m.Origin != "host") || (m == nil && e.tombs[p] != "host"))
 		switch {
 		case hp.Same(gp):
 			e.setManifest(p, gp, "")
+			return nil
 		case agentMade:
 			// Back to the checkpoint on the host, through the gate like
 			// any guest data: the checkpoint's version of a path comes from
@@ -1343,20 +1539,94 @@ func (e *Engine) Rewind(ctx context.Context) error {
 			case hp == nil:
 				kind = "added"
 			}
-			if del, _ := e.gate(ctx, hostWrite{via: viaRewind, path: p, src: p, kind: kind, cur: hp, want: gp}); del != nil {
-				deletes = append(deletes, del)
-			}
-		default:
-			if gp != nil && !(gp.Type == 'd' && hp != nil && hp.Type == 'd') {
-				e.conflicts = append(e.conflicts, Conflict{Path: p, Copy: "(kept your version over the checkpoint's)", Time: e.opts.Now().UTC()})
-			}
-			if del := e.toGuest(ctx, p, gp, hp); del != nil {
-				deletes = append(deletes, del)
+			del, _ := e.gate(ctx, hostWrite{via: viaRewind, path: p, src: p, kind: kind, cur: hp, want: gp})
+			return del
+		}
+		if gp != nil && !(gp.Type == 'd' && hp != nil && hp.Type == 'd') {
+			e.conflicts = append(e.conflicts, Conflict{Path: p, Copy: "(kept your version over the checkpoint's)", Time: e.opts.Now().UTC()})
+		}
+		return e.toGuest(ctx, p, gp, hp)
+	})
+}
+
+// Recover is the first pass of a start whose guest may hold less than the
+// manifest says: the last run did not stop cleanly (its supervisor or
+// QEMU was killed, the host lost power), or the machine comes from a
+// checkpoint or from disks older than the manifest. What the guest lost
+// looks, to an ordinary pass, like the agent's deletions and edits, and an
+// ordinary pass would carry them to the host: the user's own files
+// included. Recover infers no deletion:
+//   - a path the guest holds as last recorded (the manifest, or the
+//     version that waits for review or approval: guest) is decided as
+//     ever: its state is known;
+//   - otherwise the guest's state is unknown: a path only the host has goes
+//     back into the guest, a path only the guest has goes to the host
+//     (through the gate), and one that differs is a conflict, both kept;
+//   - but a deletion journaled before the crash (journal: what the host
+//     held) is finished where the host still holds just that and the
+//     guest nothing: the guest had made it durable before it was
+//     journaled. A tree deleted in the guest is then gone from the host,
+//     not half of it.
+func (e *Engine) Recover(ctx context.Context, guest, journal map[string]*Entry) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var extra []string
+	for _, m := range []map[string]*Entry{guest, journal} {
+		for p := range m {
+			if _, err := CleanRel(p); err == nil {
+				extra = append(extra, p)
 			}
 		}
 	}
-	e.finishPass(ctx, deletes)
-	return nil
+	if len(journal) > 0 {
+		e.journaled = true // cleared once this pass made its deletions
+	}
+	return e.pass(ctx, nil, extra, func(p string, b, h, g *Entry) *deletion {
+		known := b
+		if k, ok := guest[p]; ok {
+			known = k
+			if k != nil && k.Type == 'x' {
+				known = nil
+			}
+		}
+		switch {
+		case h.Same(g):
+			return e.decide(ctx, p, b, h, g)
+		case g == nil && h != nil && journal[p] != nil && h.Same(journal[p]):
+			del, _ := e.gate(ctx, hostWrite{via: viaSync, path: p, src: p, kind: "deleted", cur: h, want: nil})
+			return del
+		case g.Same(known):
+			return e.decide(ctx, p, b, h, g)
+		case g == nil:
+			return e.toGuest(ctx, p, g, h)
+		case h == nil:
+			return e.toHost(ctx, p, b, h, g)
+		case h.Type == 'd' && g.Type == 'd':
+			e.setManifest(p, h, "")
+			return nil
+		case g.Same(b):
+			// The guest lost what waited for review: the host's version,
+			// the user's, goes in.
+			return e.toGuest(ctx, p, g, h)
+		}
+		return e.conflict(ctx, p, h, g)
+	})
+}
+
+// Saved reports whether the manifest as it is now was saved (the last
+// pass's persist succeeded and nothing changed since).
+func (e *Engine) Saved() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !e.changed && maps.EqualFunc(e.guestKnown(), e.savedGuest, sameRecord)
+}
+
+// GuestKnown returns the guest versions awaiting review or approval, as
+// Options.SaveGuest is told them (a checkpoint keeps them too).
+func (e *Engine) GuestKnown() map[string]*Entry {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.guestKnown()
 }
 
 // Manifest returns a copy of the manifest.

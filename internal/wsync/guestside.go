@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/kosa8/kosa8/internal/guest"
 )
@@ -131,6 +132,30 @@ func (g *GuestSide) op(ctx context.Context, op *guest.WSOp) error {
 	s, _, err := g.C.Open(ctx, &guest.Request{Op: guest.OpWSOp, Path: g.Root, WS: op})
 	if err != nil {
 		return staleOf(err)
+	}
+	return s.Close()
+}
+
+// guestSyncTimeout bounds a sync of the guest's workspace filesystem: a
+// guest that wrote gigabytes may take long under emulation, one that
+// never answers must not hold the sync forever.
+const guestSyncTimeout = 2 * time.Minute
+
+// Sync implements Syncer: the guest's agent syncs the filesystem holding
+// the workspace (syncfs), which flushes it through QEMU to the host's
+// disk. An agent of an older build (a checkpoint's, restored) does not
+// know the operation: ErrNoSync.
+func (g *GuestSide) Sync(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, guestSyncTimeout)
+	defer cancel()
+	// The path is unused, but an older agent checks it before the kind:
+	// one it accepts gets the answer "unknown kind".
+	s, _, err := g.C.Open(ctx, &guest.Request{Op: guest.OpWSOp, Path: g.Root, WS: &guest.WSOp{Kind: guest.WSSync, Path: ".kosa8-sync"}})
+	if err != nil {
+		if strings.Contains(err.Error(), "unknown kind") {
+			return fmt.Errorf("%w: %v", ErrNoSync, err)
+		}
+		return fmt.Errorf("sync the guest's workspace: %w", err)
 	}
 	return s.Close()
 }

@@ -109,6 +109,9 @@ func (h *HostSide) Write(_ context.Context, p string, mode fs.FileMode, r io.Rea
 	return h.Root.WriteFile(p, mode, r, h.Root.MaxFile, hash, was)
 }
 
+// Sync implements Syncer: what this side wrote is fsynced.
+func (h *HostSide) Sync(context.Context) error { return h.Root.Sync() }
+
 func (h *HostSide) Mkdir(_ context.Context, p string, mode fs.FileMode) error {
 	return h.Root.MkdirAll(p, mode)
 }

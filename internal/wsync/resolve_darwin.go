@@ -39,3 +39,9 @@ func openBeneath(root int, rel string, flags int, mode uint32) (int, error) {
 func keyOf(st *unix.Stat_t) cacheKey {
 	return cacheKey{ino: st.Ino, dev: uint64(st.Dev), size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}
 }
+
+// openRootDir opens the absolute folder dir following no link on its way
+// (the folder was resolved to a path with none).
+func openRootDir(dir string) (int, error) {
+	return unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW_ANY, 0)
+}

@@ -31,3 +31,16 @@ func openBeneath(root int, rel string, flags int, mode uint32) (int, error) {
 func keyOf(st *unix.Stat_t) cacheKey {
 	return cacheKey{ino: st.Ino, dev: st.Dev, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}
 }
+
+// openRootDir opens the absolute folder dir following no link on its way
+// (the folder was resolved to a path with none).
+func openRootDir(dir string) (int, error) {
+	for {
+		fd, err := unix.Openat2(unix.AT_FDCWD, dir, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		return fd, err
+	}
+}

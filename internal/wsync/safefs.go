@@ -30,15 +30,26 @@ type Root struct {
 	// MaxFile is the largest file synced; larger ones are described (Big)
 	// but never read or hashed.
 	MaxFile int64
+
+	mu    sync.Mutex
+	dirty map[string]bool // what this Root changed since the last Sync: files, and directories whose entries changed
 }
 
 // DefaultMaxFile is the default size cap of one synced file.
 const DefaultMaxFile = 1 << 30
 
-// OpenRoot opens dir as a sync root.
+// OpenRoot opens dir as a sync root, following no link on its way: dir is
+// a folder's canonical path (folder.Resolve), and a link put into it after
+// that check must not take the sync to another folder.
 func OpenRoot(dir string) (*Root, error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := openRootDir(dir)
 	if err != nil {
+		switch err {
+		case unix.ELOOP:
+			err = fmt.Errorf("a link is on its way (a sync opens only the folder the path names): %w", err)
+		case unix.ENOSYS:
+			err = fmt.Errorf("openat2 is not available (Linux 5.6 or newer is needed for safe workspace sync): %w", err)
+		}
 		return nil, fmt.Errorf("open workspace %s: %w", dir, err)
 	}
 	if err := checkResolver(fd); err != nil {
@@ -79,6 +90,73 @@ func (r *Root) parent(rel string) (int, string, error) {
 	}
 	fd, err := r.openat(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	return fd, name, err
+}
+
+// parentOf is the directory holding rel ("." at the top).
+func parentOf(rel string) string {
+	if d := path.Dir(rel); d != "" {
+		return d
+	}
+	return "."
+}
+
+// touched notes paths this Root changed, for Sync.
+func (r *Root) touched(paths ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dirty == nil {
+		r.dirty = map[string]bool{}
+	}
+	for _, p := range paths {
+		r.dirty[p] = true
+	}
+}
+
+// syncEach is how many changed paths Sync fsyncs one by one; more take
+// one syncfs of the whole filesystem, which also waits for whatever else
+// wrote to it (and so costs more than a few fsyncs, less than thousands).
+const syncEach = 64
+
+// Sync makes every change this Root made so far durable (a host write
+// counts in the sync's record only once it would survive the host losing
+// power): each changed file is fsynced, and each directory whose entries
+// changed; past syncEach of them, one syncfs instead where the system has
+// it. Paths gone since (the user deleted them) need nothing. Through the
+// root's descriptor, never following a link.
+func (r *Root) Sync() error {
+	r.mu.Lock()
+	paths := r.dirty
+	r.dirty = nil
+	r.mu.Unlock()
+	if len(paths) == 0 {
+		return nil
+	}
+	if len(paths) > syncEach && syncFS(r.fd) == nil {
+		return nil
+	}
+	var failed []string
+	var errs []error
+	for p := range paths {
+		fd, err := r.openat(p, unix.O_RDONLY|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			// Gone, or replaced by a link (nothing of ours to sync).
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+				continue
+			}
+			failed, errs = append(failed, p), append(errs, err)
+			continue
+		}
+		err = unix.Fsync(fd)
+		unix.Close(fd)
+		if err != nil {
+			failed, errs = append(failed, p), append(errs, &fs.PathError{Op: "fsync", Path: p, Err: err})
+		}
+	}
+	if len(failed) > 0 {
+		r.touched(failed...) // tried again by the next Sync
+		return errors.Join(errs...)
+	}
+	return nil
 }
 
 // Entry describes one path in a tree.
@@ -262,6 +340,9 @@ func (r *Root) MkdirAll(rel string, mode fs.FileMode) error {
 		if err != nil && err != unix.EEXIST {
 			return &fs.PathError{Op: "mkdir", Path: cur, Err: err}
 		}
+		if err == nil {
+			r.touched(cur, parentOf(cur))
+		}
 		if err == unix.EEXIST {
 			e, serr := r.Stat(cur)
 			if serr != nil {
@@ -393,6 +474,7 @@ func (r *Root) writeFile(rel string, mode fs.FileMode, src io.Reader, max int64,
 		return "", &fs.PathError{Op: "rename", Path: rel, Err: err}
 	}
 	ok = true
+	r.touched(rel, parentOf(rel))
 	return sum, nil
 }
 
@@ -420,6 +502,7 @@ func (r *Root) Symlink(rel, target string, was *Entry) error {
 		_ = unix.Unlinkat(pfd, tmp, 0)
 		return &fs.PathError{Op: "rename", Path: rel, Err: err}
 	}
+	r.touched(parentOf(rel))
 	return nil
 }
 
@@ -464,6 +547,7 @@ func (r *Root) RemoveLocked(rel string, was *Entry) error {
 	if err := unix.Unlinkat(pfd, name, 0); err != nil && err != unix.ENOENT {
 		return &fs.PathError{Op: "remove", Path: rel, Err: err}
 	}
+	r.touched(parentOf(rel))
 	return nil
 }
 
@@ -491,6 +575,7 @@ func (r *Root) Remove(rel string, was *Entry) error {
 	if err != nil {
 		return &fs.PathError{Op: "remove", Path: rel, Err: err}
 	}
+	r.touched(parentOf(rel))
 	return nil
 }
 

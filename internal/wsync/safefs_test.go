@@ -218,3 +218,30 @@ func FuzzCleanRel(f *testing.F) {
 		}
 	})
 }
+
+// A sync root is opened as the path reads, following no link: the
+// supervisor checks that a workspace's recorded path still leads to the
+// folder it names (folder.Resolve) and then opens it; a link swapped into
+// the path between the two (by anyone who can write a folder above it)
+// must not take the sync to another folder.
+func TestOpenRootFollowsNoLink(t *testing.T) {
+	top := t.TempDir()
+	real := filepath.Join(top, "real")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink("real", filepath.Join(top, "ws"))
+	up := filepath.Join(t.TempDir(), "up")
+	os.Symlink(top, up)
+	for _, p := range []string{filepath.Join(top, "ws"), filepath.Join(up, "real")} { // the link last, and on the way
+		if r, err := OpenRoot(p); err == nil {
+			r.Close()
+			t.Errorf("OpenRoot(%s) followed the link", p)
+		}
+	}
+	r, err := OpenRoot(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+}

@@ -238,6 +238,14 @@ func (a *Agent) handleWSOp(s net.Conn, req *guest.Request) {
 		a.respondError(s, errors.New("ws_op: missing operation"))
 		return
 	}
+	if op.Kind == guest.WSSync {
+		if err := syncWorkspace(req.Path); err != nil {
+			a.respondError(s, err)
+			return
+		}
+		a.respond(s, guest.Response{})
+		return
+	}
 	full, err := wsRel(req.Path, op.Path)
 	if err != nil {
 		a.respondError(s, err)
@@ -281,6 +289,24 @@ func (a *Agent) handleWSOp(s net.Conn, req *guest.Request) {
 		return
 	}
 	a.respond(s, guest.Response{})
+}
+
+// syncWorkspace syncs the filesystem holding the workspace root: every
+// change to it so far, the sync's own writes and the agent's, is on the
+// disk (through QEMU, on the host's) when it returns.
+func syncWorkspace(root string) error {
+	if !filepath.IsAbs(root) {
+		return errors.New("ws sync: root not absolute")
+	}
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("ws sync: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("ws sync: syncfs: %w", err)
+	}
+	return nil
 }
 
 // replaceSymlink makes full a link to target, owned by u, replacing what
@@ -341,9 +367,24 @@ func (a *Agent) handleWSMount(s net.Conn, req *guest.Request) {
 		a.respondError(s, fmt.Errorf("workspace disk: %w", err))
 		return
 	}
+	// The workspace disk of a sandbox started from a template is a copy
+	// of the template's: its UUID becomes the sandbox's own.
+	// (A disk mounted already, after a restore, is refused by its
+	// exclusive open and left alone.)
+	if err := ensureCsumSeed(dev); err != nil && !errors.Is(err, unix.EBUSY) {
+		a.log.Warn("workspace filesystem: its UUID stays the one it was made with", "err", err)
+	}
 	if err := unix.Mount(dev, root, "ext4", unix.MS_NOATIME|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
 		a.respondError(s, fmt.Errorf("mount the workspace: %w", err))
 		return
+	}
+	a.mu.Lock()
+	id := a.machineID
+	a.mu.Unlock()
+	if id != "" {
+		if err := setFSUUID(root, fsUUID(id, "ws")); err != nil {
+			a.log.Warn("workspace filesystem UUID", "err", err)
+		}
 	}
 	_ = os.Chown(root, u.uid, u.gid)
 	// mkfs's lost+found is the guest filesystem's, not the project's: the
