@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/config"
+	"github.com/kosa8/kosa8/internal/folder"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/project"
 	"github.com/kosa8/kosa8/internal/sandbox"
@@ -25,6 +26,7 @@ var (
 	ErrExists     = sandbox.ErrExists   // the name is taken
 	ErrRunning    = sandbox.ErrRunning  // it must be stopped first
 	ErrNotRunning = errors.New("sandbox is not running")
+	ErrHasForks   = sandbox.ErrHasForks // forks build on it: remove them first
 )
 
 // OpError is a call on a running sandbox that its supervisor refused or
@@ -141,16 +143,15 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 	return out, nil
 }
 
-// ForFolder lists the sandboxes whose workspace is folder (running ones
-// first).
-func (c *Client) ForFolder(ctx context.Context, folder string) ([]Info, error) {
-	abs, err := filepath.Abs(folder)
+// ForFolder lists the sandboxes whose workspace is the folder name
+// (running ones first). Links in name are resolved before its "..", as
+// the file system reads it.
+func (c *Client) ForFolder(ctx context.Context, name string) ([]Info, error) {
+	f, err := folder.Resolve(name)
 	if err != nil {
 		return nil, err
 	}
-	if real, err := filepath.EvalSymlinks(abs); err == nil {
-		abs = real
-	}
+	abs := f.String()
 	all, err := c.List(ctx)
 	if err != nil {
 		return nil, err
@@ -180,6 +181,9 @@ func (c *Client) Remove(ctx context.Context, name string, force bool) error {
 	sb, err := c.Open(name)
 	if err != nil {
 		return err
+	}
+	if err := c.m.CheckNoForks(name); err != nil {
+		return err // before anything stops: its forks' disks build on it
 	}
 	if sb.sb.Alive() {
 		if !force {
@@ -274,7 +278,7 @@ func (c *Client) config(o CreateOptions) (sandbox.Config, error) {
 		if po.Workspace, err = sandbox.CheckWorkspace(o.Workspace, o.Force); err != nil {
 			return sandbox.Config{}, err
 		}
-		po.NameFrom = po.Workspace
+		po.NameFrom = po.Workspace.String()
 		l, err := config.Load(po.Workspace, config.NewTrustStore(c.paths.Config))
 		if err != nil {
 			return sandbox.Config{}, err
@@ -290,6 +294,17 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 	cfg, err := c.config(o)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Docker != nil {
+		// Its engine comes in a derived image, which only the CLI builds
+		// so far: a sandbox of the base image would fail at its start.
+		return nil, errors.New("this folder's kosa8.toml asks for a container engine (docker = true), whose image only the CLI builds: create the sandbox with 'kosa8 create --docker', then open it by name")
+	}
+	if cfg.Workspace != nil {
+		// As the CLI: two syncs of one folder would fight over its files.
+		if err := c.m.CheckFolderFree(cfg.Name, cfg.Workspace.Path); err != nil {
+			return nil, err
+		}
 	}
 	img, err := image.Store{Dir: c.paths.Cache}.Lookup(image.DefaultRecipe(vmspec.Arch(cfg.Arch)))
 	if err != nil {

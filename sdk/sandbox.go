@@ -27,7 +27,10 @@ const (
 
 // Info describes a sandbox.
 type Info struct {
-	Name      string    `json:"name"`
+	Name string `json:"name"`
+	// ID tells this sandbox from any other that had or will have its
+	// name (one removed and made again under it is another sandbox).
+	ID        string    `json:"id"`
 	State     State     `json:"state"`
 	Dir       string    `json:"dir"`                 // its state directory on the host
 	Workspace string    `json:"workspace,omitempty"` // the host folder, if any
@@ -45,18 +48,24 @@ type Info struct {
 	Checkpoint string `json:"checkpoint,omitempty"`
 	// Error says why it crashed or failed to start.
 	Error string `json:"error,omitempty"`
+	// Fork says where the sandbox was forked from (Sandbox.Fork); nil
+	// when it is no fork.
+	Fork *ForkOrigin `json:"fork,omitempty"`
 }
 
 func describe(sb *sandbox.Sandbox) Info {
 	st := sb.Status()
 	i := Info{
-		Name: sb.Config.Name, State: State(st.State), Dir: sb.Dir,
+		Name: sb.Config.Name, ID: sb.Identity(), State: State(st.State), Dir: sb.Dir,
 		CPUs: sb.Config.CPUs, MemoryMiB: sb.Config.MemoryMiB, DiskGiB: sb.Config.DiskGiB,
 		Ephemeral: sb.Config.Ephemeral, Created: sb.Config.Created,
 		Accel: st.Accel, Started: st.Started, Checkpoint: st.Checkpoint, Error: st.Error,
 	}
 	if sb.Config.Workspace != nil {
 		i.Workspace = sb.Config.Workspace.Path
+	}
+	if o := sb.Config.Fork; o != nil {
+		i.Fork = &ForkOrigin{Source: o.Source, Checkpoint: o.Checkpoint, Index: o.Index, Created: o.Created}
 	}
 	return i
 }
@@ -120,6 +129,13 @@ func (s *Sandbox) StartFrom(ctx context.Context, checkpointID string) error {
 }
 
 func (s *Sandbox) launch(ctx context.Context, restore string, rewind bool) error {
+	if ws := s.sb.Config.Workspace; ws != nil {
+		// As the CLI's start: a sandbox whose folder another running one
+		// syncs (above or below) would make a second sync of its files.
+		if err := s.c.m.CheckFolderFree(s.sb.Config.Name, ws.Path); err != nil {
+			return err
+		}
+	}
 	bin, err := s.c.Binary()
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/kosa8/kosa8/internal/config"
 	"io"
 	"net"
 	"net/http"
@@ -781,5 +782,29 @@ func TestSyncStatusAndChanges(t *testing.T) {
 	_, stopped := newStopped(t, "s")
 	if _, err := stopped.ApplyChanges(ctx); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("apply in a stopped sandbox: %v", err)
+	}
+}
+
+// TestCreateRefusesDockerWithoutItsImage: a trusted kosa8.toml that asks
+// for a container engine is refused at Create, saying how to make such a
+// sandbox, rather than failing at its start (the SDK makes sandboxes of
+// the base image only).
+func TestCreateRefusesDockerWithoutItsImage(t *testing.T) {
+	home := t.TempDir()
+	ws := filepath.Join(home, "proj")
+	os.Mkdir(ws, 0o755)
+	writeFile(t, filepath.Join(ws, config.FileName), "[sandbox]\ndocker = true\n")
+	c, _ := New(WithHome(home))
+	data := []byte("[sandbox]\ndocker = true\n")
+	real, _ := filepath.EvalSymlinks(filepath.Join(ws, config.FileName))
+	if err := config.NewTrustStore(c.paths.Config).Trust(real, data); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.config(CreateOptions{Workspace: ws})
+	if err != nil || cfg.Docker == nil {
+		t.Fatalf("the trusted file's docker = true: %+v %v", cfg.Docker, err)
+	}
+	if _, err := c.Create(context.Background(), CreateOptions{Workspace: ws}); err == nil || !strings.Contains(err.Error(), "kosa8 create --docker") {
+		t.Fatalf("Create: %v", err)
 	}
 }

@@ -16,11 +16,14 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 
+	"github.com/kosa8/kosa8/internal/access"
+	"github.com/kosa8/kosa8/internal/folder"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/sdk"
 )
 
 func mcpCmd() *cobra.Command {
-	var folders []string
+	var folders, sandboxes []string
 	cmd := &cobra.Command{
 		Use:   "mcp",
 		Short: "Serve sandboxes to a model as MCP tools over stdio",
@@ -32,7 +35,10 @@ asks you, and you approve with 'kosa8 net allow'.
 
 The model may pick only the folder kosa8 mcp was started in (the project the
 agent runs in) and folders below it, or those named with --folder; never your
-home directory or / themselves.
+home directory, a folder above it, or /. Its tools act only on the sandboxes
+this session created or picked (not on your other sandboxes, even by name),
+and on those you name with --sandbox (the first is the one the tools act on
+until the model picks another); each must have its folder among the above.
 
   claude mcp add kosa8 -- kosa8 mcp`,
 		Args: cobra.NoArgs,
@@ -46,65 +52,51 @@ home directory or / themselves.
 			if err != nil {
 				return err
 			}
-			return newMCPServer(c, log, roots...).Run(cmd.Context(), &mcp.StdioTransport{})
+			srv, s := newMCPSession(c, log, roots...)
+			if err := s.give(sandboxes); err != nil {
+				return err
+			}
+			return srv.Run(cmd.Context(), &mcp.StdioTransport{})
 		},
 	}
 	cmd.Flags().StringArrayVar(&folders, "folder", nil, "a folder (with those below it) the model may make sandboxes for (default: the current folder)")
+	cmd.Flags().StringArrayVar(&sandboxes, "sandbox", nil, "a sandbox of those folders the model may use without picking it (repeatable; the first is the default)")
 	return cmd
 }
 
 // mcpRoots are the folders a model may pick sandboxes in: those named, or
-// the current folder; resolved, and never the home directory or /, whose
-// folders hold keys and credentials.
-func mcpRoots(folders []string) ([]string, error) {
-	if len(folders) == 0 {
-		wd, err := os.Getwd()
-		if err != nil {
-			return nil, err
-		}
-		folders = []string{wd}
+// the current folder; resolved (folder.Resolve), and never /, the home
+// directory or a folder above it, whose folders hold keys and
+// credentials.
+func mcpRoots(names []string) ([]folder.Path, error) {
+	if len(names) == 0 {
+		names = []string{"."}
 	}
-	home, _ := os.UserHomeDir()
-	var roots []string
-	for _, f := range folders {
-		abs, err := filepath.Abs(f)
-		if err == nil {
-			abs, err = filepath.EvalSymlinks(abs)
-		}
+	home, _ := sandbox.HomeFolder()
+	var roots []folder.Path
+	for _, n := range names {
+		f, err := folder.Resolve(n)
 		if err != nil {
-			return nil, fmt.Errorf("--folder %s: %w", f, err)
+			return nil, fmt.Errorf("--folder %s: %w", n, err)
 		}
-		if abs == "/" || (home != "" && abs == filepath.Clean(home)) {
-			return nil, fmt.Errorf("kosa8 mcp would let the model pick any folder under %s (your keys and credentials among them): start it in a project folder, or name one with --folder", abs)
+		if f.String() == "/" || (!home.IsZero() && f.Holds(home)) {
+			return nil, fmt.Errorf("kosa8 mcp would let the model pick any folder under %s (your keys and credentials among them): start it in a project folder, or name one with --folder", f.String())
 		}
-		roots = append(roots, abs)
+		roots = append(roots, f)
 	}
 	return roots, nil
 }
 
-// within reports whether folder (resolved) is one of roots or below one.
-func within(folder string, roots []string) bool {
-	real, err := filepath.EvalSymlinks(folder)
-	if err != nil {
-		return false
-	}
-	for _, r := range roots {
-		if rel, err := filepath.Rel(r, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
-			return true
-		}
-	}
-	return false
-}
-
-// mcpServer holds the sandbox a session picked: the tools act on it
-// unless they name another.
+// mcpServer serves one MCP session: what it may touch is its scope (the
+// sandboxes it created or picked, of folders within its roots); the tools
+// act on the sandbox picked last unless they name another of the scope.
 type mcpServer struct {
 	c     *sdk.Client
 	log   *slog.Logger
-	roots []string // folders (and those below) the model may pick
+	scope *access.Scope
 
 	mu      sync.Mutex
-	current string
+	current string // the name of the sandbox picked last
 }
 
 const mcpInstructions = `kosa8 runs commands in a sandbox: a virtual machine with its own kernel, one
@@ -117,9 +109,15 @@ net_request_approval: only the user can allow a host.`
 
 // newMCPServer serves c's sandboxes; the model may pick folders within
 // roots only.
-func newMCPServer(c *sdk.Client, log *slog.Logger, roots ...string) *mcp.Server {
-	s := &mcpServer{c: c, log: log, roots: roots}
-	srv := mcp.NewServer(&mcp.Implementation{Name: "kosa8", Title: "kosa8 sandboxes", Version: version}, &mcp.ServerOptions{Instructions: mcpInstructions, Logger: log})
+func newMCPServer(c *sdk.Client, log *slog.Logger, roots ...folder.Path) *mcp.Server {
+	srv, _ := newMCPSession(c, log, roots...)
+	return srv
+}
+
+// newMCPSession is newMCPServer with the session's state, for tests.
+func newMCPSession(c *sdk.Client, log *slog.Logger, roots ...folder.Path) (*mcp.Server, *mcpServer) {
+	s := &mcpServer{c: c, log: log, scope: access.Folders("the user can add a folder with 'kosa8 mcp --folder'", roots...)}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "kosa8", Title: "kosa8 sandboxes", Version: release}, &mcp.ServerOptions{Instructions: mcpInstructions, Logger: log})
 	no := false
 	mcp.AddTool(srv, &mcp.Tool{Name: "sandbox_create_or_pick", Description: "Pick the sandbox of a project folder, starting it if needed, or create and start one. The other tools act on it afterwards. Network rules come from the user (kosa8.toml they trusted, or 'kosa8 net allow'), never from this call.",
 		Annotations: &mcp.ToolAnnotations{Title: "Create or pick a sandbox", DestructiveHint: &no, IdempotentHint: true, OpenWorldHint: &no}}, s.createOrPick)
@@ -137,16 +135,20 @@ func newMCPServer(c *sdk.Client, log *slog.Logger, roots ...string) *mcp.Server 
 		Annotations: &mcp.ToolAnnotations{Title: "Rewind", OpenWorldHint: &no}}, onSandbox(s, s.rewind))
 	mcp.AddTool(srv, &mcp.Tool{Name: "checkpoints", Description: "List the sandbox's checkpoints (a tree: each has a parent), oldest first.",
 		Annotations: &mcp.ToolAnnotations{Title: "List checkpoints", ReadOnlyHint: true, OpenWorldHint: &no}}, onSandbox(s, s.checkpoints))
+	mcp.AddTool(srv, &mcp.Tool{Name: "fork", Description: "Fork the running sandbox into count sandboxes (at most 8), each starting from its state now (memory, processes, files) and each keeping its changes to the project folder for the user to review: try several approaches at once and let the user apply the best. With command, each fork runs it (bash -lc) in the background; the forks tool reports how each ended and what it changed. Act on a fork with the other tools by naming it.",
+		Annotations: &mcp.ToolAnnotations{Title: "Fork the sandbox", DestructiveHint: &no, OpenWorldHint: &no}}, onSandbox(s, s.fork))
+	mcp.AddTool(srv, &mcp.Tool{Name: "forks", Description: "List the forks of the sandbox: each one's state, the exit code of its command, and the files and lines it changed.",
+		Annotations: &mcp.ToolAnnotations{Title: "List forks", ReadOnlyHint: true, OpenWorldHint: &no}}, onSandbox(s, s.forks))
 	mcp.AddTool(srv, &mcp.Tool{Name: "net_blocked", Description: "List the hosts the sandbox asked for and the network refused, with the rule that would allow each, and the rules in force.",
 		Annotations: &mcp.ToolAnnotations{Title: "What the network refused", ReadOnlyHint: true, OpenWorldHint: &no}}, onSandbox(s, s.netBlocked))
 	mcp.AddTool(srv, &mcp.Tool{Name: "net_request_approval", Description: "Ask the user to allow a host for the sandbox. This never allows anything by itself: the request is recorded and shown to the user, who decides and runs the command this returns. Tell the user why you need the host.",
 		Annotations: &mcp.ToolAnnotations{Title: "Ask the user to allow a host", DestructiveHint: &no, OpenWorldHint: &no}}, onSandbox(s, s.netRequestApproval))
-	return srv
+	return srv, s
 }
 
 // SandboxArg names the sandbox a tool acts on.
 type SandboxArg struct {
-	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox's name (default: the one sandbox_create_or_pick returned)"`
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox's name, one this session created or picked (default: the one sandbox_create_or_pick returned last)"`
 }
 
 func (a SandboxArg) sandboxName() string { return a.Sandbox }
@@ -168,7 +170,9 @@ func onSandbox[In named, Out any](s *mcpServer, f func(context.Context, *sdk.San
 	}
 }
 
-// sandbox opens the named sandbox, or the one picked.
+// sandbox opens the named sandbox, or the one picked, if the session may
+// act on it (access.Scope.Check: one it created or picked, by identity,
+// whose folder is within the roots).
 func (s *mcpServer) sandbox(name string) (*sdk.Sandbox, error) {
 	if name == "" {
 		s.mu.Lock()
@@ -178,7 +182,39 @@ func (s *mcpServer) sandbox(name string) (*sdk.Sandbox, error) {
 	if name == "" {
 		return nil, errors.New("no sandbox picked: call sandbox_create_or_pick with the project folder first")
 	}
-	return s.c.Open(name)
+	sb, err := s.c.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.scope.Check(target(sb)); err != nil {
+		s.log.Warn("refused a sandbox outside the session's", "sandbox", name, "err", err)
+		return nil, err
+	}
+	return sb, nil
+}
+
+// give lets the session act on the sandboxes the user named (kosa8 mcp
+// --sandbox), as if it had picked them; the first is the current one.
+func (s *mcpServer) give(names []string) error {
+	for i, n := range names {
+		sb, err := s.c.Open(n)
+		if err != nil {
+			return fmt.Errorf("--sandbox %s: %w", n, err)
+		}
+		if err := s.scope.Grant(target(sb)); err != nil {
+			return fmt.Errorf("--sandbox %s: %w", n, err)
+		}
+		if i == 0 {
+			s.current = sb.Name()
+		}
+	}
+	return nil
+}
+
+// target is what access reads of sb.
+func target(sb *sdk.Sandbox) access.Target {
+	i := sb.Info()
+	return access.Target{ID: i.ID, Name: i.Name, Workspace: i.Workspace}
 }
 
 // PickIn is sandbox_create_or_pick's input.
@@ -205,11 +241,17 @@ func (s *mcpServer) createOrPick(ctx context.Context, _ *mcp.CallToolRequest, in
 	if !filepath.IsAbs(in.Folder) {
 		return nil, out, fmt.Errorf("folder %q is not an absolute path", in.Folder)
 	}
-	if !within(in.Folder, s.roots) {
-		s.log.Warn("refused a folder outside the allowed ones", "folder", in.Folder, "allowed", s.roots)
-		return nil, out, fmt.Errorf("folder %q is outside the folders this server may use (%s): the user can add it with 'kosa8 mcp --folder'", in.Folder, strings.Join(s.roots, ", "))
+	// The folder as the file system reads it (links before ".."): this
+	// path, and no other reading of in.Folder, is checked and used.
+	f, err := folder.Resolve(in.Folder)
+	if err != nil {
+		return nil, out, err
 	}
-	list, err := s.c.ForFolder(ctx, in.Folder)
+	if err := s.scope.Folder(f); err != nil {
+		s.log.Warn("refused a folder outside the allowed ones", "folder", in.Folder, "err", err)
+		return nil, out, err
+	}
+	list, err := s.c.ForFolder(ctx, f.String())
 	if err != nil {
 		return nil, out, err
 	}
@@ -217,10 +259,15 @@ func (s *mcpServer) createOrPick(ctx context.Context, _ *mcp.CallToolRequest, in
 	if len(list) > 0 {
 		sb, err = s.c.Open(list[0].Name)
 	} else {
-		sb, err = s.c.Create(ctx, sdk.CreateOptions{Name: in.Name, Workspace: in.Folder, CPUs: in.CPUs, Memory: in.Memory})
+		sb, err = s.c.Create(ctx, sdk.CreateOptions{Name: in.Name, Workspace: f.String(), CPUs: in.CPUs, Memory: in.Memory})
 		out.Created = true
 	}
 	if err != nil {
+		return nil, out, err
+	}
+	// The capability: this session may act on this sandbox (by identity)
+	// from now on, its folder checked once more as recorded.
+	if err := s.scope.Grant(target(sb)); err != nil {
 		return nil, out, err
 	}
 	if sb.Info().State != sdk.Running {
@@ -445,6 +492,59 @@ func (s *mcpServer) checkpoints(ctx context.Context, sb *sdk.Sandbox, in Sandbox
 	return CheckpointsOut{Checkpoints: list}, err
 }
 
+// ForkIn is fork's input.
+type ForkIn struct {
+	SandboxArg
+	Count   int    `json:"count" jsonschema:"how many forks, 1 to 8"`
+	Command string `json:"command,omitempty" jsonschema:"a shell command line each fork runs (bash -lc) in its project folder, in the background"`
+}
+
+// ForkOut names the forks made.
+type ForkOut struct {
+	Forks []string `json:"forks"`
+	Note  string   `json:"note"`
+}
+
+// mcpMaxForks bounds what a model may fork at once (the CLI allows 64).
+const mcpMaxForks = 8
+
+func (s *mcpServer) fork(ctx context.Context, sb *sdk.Sandbox, in ForkIn) (ForkOut, error) {
+	if in.Count < 1 || in.Count > mcpMaxForks {
+		return ForkOut{}, fmt.Errorf("count %d: fork into 1 to %d", in.Count, mcpMaxForks)
+	}
+	var opts []sdk.ForkOption
+	if strings.TrimSpace(in.Command) != "" {
+		opts = append(opts, sdk.ForkCommand("bash", "-lc", in.Command))
+	}
+	forks, err := sb.Fork(ctx, in.Count, opts...)
+	out := ForkOut{Forks: []string{}, Note: "each fork keeps its changes to the project folder for the user's review ('kosa8 diff', 'kosa8 apply')"}
+	for _, f := range forks {
+		// Made by this session: it may act on them, as on a sandbox it created.
+		if gerr := s.scope.Grant(target(f)); gerr != nil {
+			s.log.Warn("a fork the session made is outside its scope", "fork", f.Name(), "err", gerr)
+			continue
+		}
+		out.Forks = append(out.Forks, f.Name())
+	}
+	if err != nil && len(forks) == 0 {
+		return out, err
+	}
+	if err != nil {
+		out.Note = err.Error() + "; " + out.Note
+	}
+	return out, nil
+}
+
+// ForksOut lists forks.
+type ForksOut struct {
+	Forks []sdk.ForkStatus `json:"forks"`
+}
+
+func (s *mcpServer) forks(ctx context.Context, sb *sdk.Sandbox, in SandboxArg) (ForksOut, error) {
+	list, err := s.c.Forks(ctx, sb.Name())
+	return ForksOut{Forks: list}, err
+}
+
 // BlockedOut is what the network refused.
 type BlockedOut struct {
 	Blocked []sdk.Blocked `json:"blocked"`
@@ -464,7 +564,7 @@ func (s *mcpServer) netBlocked(ctx context.Context, sb *sdk.Sandbox, in SandboxA
 // ApprovalIn is net_request_approval's input.
 type ApprovalIn struct {
 	SandboxArg
-	Host   string `json:"host" jsonschema:"the host to allow, as net_blocked's rule: example.com, example.com:22 or *.example.com"`
+	Host   string `json:"host" jsonschema:"the host to allow, as net_blocked's rule: example.com, example.com:22, *.example.com, or pin:example.com for a name refused for the private address it resolved to"`
 	Reason string `json:"reason" jsonschema:"why the sandbox needs it, for the user"`
 }
 

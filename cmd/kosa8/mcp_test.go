@@ -15,45 +15,70 @@ import (
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/folder"
 	"github.com/kosa8/kosa8/internal/wsync"
 	"github.com/kosa8/kosa8/sdk"
 )
 
-// mcpSession connects an in-memory client to the server over a state
-// directory holding one stopped sandbox, "s".
+// mcpSession connects a client to the server over a state directory
+// holding one stopped sandbox, "s", on a folder of its own, which the
+// session picked.
 func mcpSession(t *testing.T) (*mcp.ClientSession, string) {
 	t.Helper()
 	home := t.TempDir()
 	dir := filepath.Join(home, "sandboxes", "s")
 	os.MkdirAll(dir, 0o700)
-	os.WriteFile(filepath.Join(dir, "sandbox.json"), []byte(`{"name":"s","cpus":2,"memory_mib":1024,"disk_gib":16}`), 0o600)
+	cfg, _ := json.Marshal(map[string]any{"name": "s", "id": "id-s", "cpus": 2, "memory_mib": 1024, "disk_gib": 16, "workspace": map[string]any{"path": resolved(t, t.TempDir())}})
+	os.WriteFile(filepath.Join(dir, "sandbox.json"), cfg, 0o600)
 	os.WriteFile(filepath.Join(dir, "state.json"), []byte(`{"state":"stopped"}`), 0o600)
-	return mcpSessionAt(t, home), dir
+	return mcpSessionAt(t, home, "s"), dir
 }
 
-// mcpSessionAt connects an in-memory client to the server over the state
-// directory home.
-func mcpSessionAt(t *testing.T, home string) *mcp.ClientSession {
+func resolved(t *testing.T, name string) string {
+	t.Helper()
+	p, err := folder.Resolve(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.String()
+}
+
+// mcpSessionAt connects a client, over stdio's framing, to the server over
+// the state directory home, whose folders are those of the sandboxes
+// picked (as if sandbox_create_or_pick had picked them), or a new one.
+func mcpSessionAt(t *testing.T, home string, picked ...string) *mcp.ClientSession {
 	t.Helper()
 	c, err := sdk.New(sdk.WithHome(home))
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, ct := mcp.NewInMemoryTransports()
-	ctx := context.Background()
-	root := t.TempDir()
-	srv := newMCPServer(c, slog.New(slog.NewTextHandler(io.Discard, nil)), root)
-	ss, err := srv.Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
+	var roots []folder.Path
+	var sbs []*sdk.Sandbox
+	for _, name := range picked {
+		sb, err := c.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		root, err := folder.Resolve(sb.Info().Workspace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots, sbs = append(roots, root), append(sbs, sb)
 	}
-	t.Cleanup(func() { ss.Close() })
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		t.Fatal(err)
+	if len(roots) == 0 {
+		root, err := folder.Resolve(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots = append(roots, root)
 	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
+	srv, s := newMCPSession(c, slog.New(slog.NewTextHandler(io.Discard, nil)), roots...)
+	for _, sb := range sbs {
+		if err := s.scope.Grant(target(sb)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return stdioSession(t, srv)
 }
 
 func textOf(res *mcp.CallToolResult) string {
@@ -102,7 +127,7 @@ func TestMCPTools(t *testing.T) {
 	}
 	// A folder outside the server's roots (a key folder, say) is refused.
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_create_or_pick", Arguments: map[string]any{"folder": "/etc"}})
-	if err != nil || !res.IsError {
+	if err != nil || !res.IsError || !strings.Contains(textOf(res), "outside the folders this server may use") {
 		t.Fatalf("a folder outside the roots: %v %+v", err, res)
 	}
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_create_or_pick", Arguments: map[string]any{"folder": "relative/dir"}})
@@ -123,8 +148,8 @@ func TestMCPCheckpointOutputs(t *testing.T) {
 	mux.HandleFunc("POST /v1/rewind", func(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(api.RewindResult{To: "cp1", Saved: saved, Conflicts: []wsync.Conflict{{Path: "a"}}})
 	})
-	sb := fakeRunning(t, "m", "", mux)
-	cs := mcpSessionAt(t, filepath.Dir(filepath.Dir(sb.Dir)))
+	sb := fakeRunning(t, "m", resolved(t, t.TempDir()), mux)
+	cs := mcpSessionAt(t, filepath.Dir(filepath.Dir(sb.Dir)), "m")
 	ctx := context.Background()
 	for _, tc := range []struct {
 		tool  string
@@ -169,7 +194,9 @@ func TestMCPApprovalNeverApproves(t *testing.T) {
 		t.Fatalf("rules after a request: %v", rules)
 	}
 	// Rules that would open everything, or are not rules, are refused.
-	for _, host := range []string{"*", "*.com", "exa mple.com", "$(reboot)"} {
+	// A pin whose addresses the model names (an internal address of its
+	// choosing) is refused too: a pin holds what the name resolves to.
+	for _, host := range []string{"*", "*.com", "exa mple.com", "$(reboot)", "pin:registry.npmjs.org=10.0.0.5"} {
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "net_request_approval", Arguments: map[string]any{"sandbox": "s", "host": host, "reason": "x"}})
 		if err != nil || !res.IsError {
 			t.Errorf("request for %q accepted: %v %s", host, err, textOf(res))

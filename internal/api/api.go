@@ -48,6 +48,8 @@ var Routes = []Route{
 	{"POST /v1/sync/apply", "SyncRequest{paths} writes reviewed changes to the host"},
 	{"POST /v1/sync/approve", "SyncRequest{paths} writes held changes to the host"},
 	{"POST /v1/sync/discard", "SyncRequest{paths} drops held or pending changes"},
+	{"GET /v1/sync/summary", "ChangeSummary: each pending and held change with the lines it adds and removes"},
+	{"POST /v1/fork", "ForkRequest{count, message} → checkpoint.Meta: the checkpoint the forks start from (kind fork)"},
 	{"GET /v1/debug/memory", "the guest's RAM, paused for a consistent image (the proof no secret is inside)"},
 	{"POST /v1/debug/plain-migrate", "PlainMigrate: QEMU's whole-machine migration to a scratch file, the checkpoint benchmark's baseline"},
 }
@@ -95,6 +97,11 @@ type Status struct {
 	// Template is the boot template the sandbox's first start restored
 	// instead of booting (its key), if any.
 	Template string `json:"template,omitempty"`
+	// RAMShared: the machine's RAM is mapped copy-on-write from the
+	// checkpoint it was forked from, shared with the other machines
+	// mapping it until each writes its pages; its own checkpoints carry
+	// the RAM in their device state (QEMU's migration: slower).
+	RAMShared bool `json:"ram_shared,omitempty"`
 	// Pending counts the workspace changes left waiting for review or
 	// approval when the sandbox stopped: they live on its disk, and
 	// 'kosa8 diff', 'apply', 'discard' and 'rm' must not forget them.
@@ -142,6 +149,38 @@ type SyncResponse struct {
 type SyncStatus struct {
 	Path string `json:"path"`
 	wsync.Status
+}
+
+// ChangeSummary is what a sandbox's pending and held changes amount to:
+// /v1/sync/summary, and the summary a fork records when it stops.
+type ChangeSummary struct {
+	Files   []FileChange `json:"files"`
+	Added   int          `json:"added"`   // lines, over all files
+	Removed int          `json:"removed"` // lines, over all files
+	// Taken is when it was made (a stopped fork's is its last).
+	Taken time.Time `json:"taken"`
+}
+
+// FileChange is one pending or held path and its lines added and removed
+// against the host's version (text files up to MaxSummaryFile; others
+// count no lines and say why in Note).
+type FileChange struct {
+	Path    string `json:"path"`
+	Kind    string `json:"kind"`           // added, modified, deleted
+	Held    string `json:"held,omitempty"` // held for approval: why
+	Added   int    `json:"added"`
+	Removed int    `json:"removed"`
+	Note    string `json:"note,omitempty"` // binary, too large, a link, unreadable
+}
+
+// MaxSummaryFile is the largest file whose lines a ChangeSummary counts.
+const MaxSummaryFile = 1 << 20
+
+// ForkRequest asks a running sandbox for the checkpoint its forks start
+// from: Count forks will be made of it.
+type ForkRequest struct {
+	Count   int    `json:"count"`
+	Message string `json:"message,omitempty"`
 }
 
 // PlainMigrate is the baseline a checkpoint is measured against: QEMU's
@@ -214,9 +253,19 @@ func ParsePortForward(s string, all bool) (PortForward, error) {
 // Blocked is a host the guest asked for and was refused, still refused by
 // the allow-list as it is now: a candidate for 'kosa8 net allow'.
 type Blocked struct {
-	Host  string    `json:"host"`
+	Host  string    `json:"host"`           // a name, or a raw address
 	Port  uint16    `json:"port,omitempty"` // 0: only looked up in DNS
 	Rule  string    `json:"rule"`           // what 'kosa8 net allow' would take
 	Count int       `json:"count"`
 	Last  time.Time `json:"last"`
+	// Address is the address refused: the one a raw connection went to,
+	// or those (comma-separated) an allowed name resolved to that only a
+	// pin reaches (Rule is then pin:NAME).
+	Address string `json:"address,omitempty"`
+	// Why it was refused, in words.
+	Why string `json:"why,omitempty"`
+	// DenyRule is the deny rule that refuses it, when one does: 'kosa8 net
+	// rm NAME DENYRULE' lifts it ('net allow' of Rule may not, when the
+	// deny rule is a wildcard or a range).
+	DenyRule string `json:"deny_rule,omitempty"`
 }

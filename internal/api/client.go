@@ -21,6 +21,21 @@ import (
 type Client struct {
 	sock string
 	http *http.Client
+	id   string // the sandbox's identity the caller means; "": any
+}
+
+// SandboxIDHeader carries the identity (sandbox.Sandbox.Identity) of the sandbox
+// a caller opened: a supervisor that serves another sandbox (one removed
+// and re-created under the same name, whose socket is at the same path)
+// refuses the request instead of acting on the wrong machine.
+const SandboxIDHeader = "Kosa8-Sandbox-Id"
+
+// For returns a client whose every request names the sandbox identity id
+// (SandboxIDHeader); "" names none.
+func (c *Client) For(id string) *Client {
+	cc := *c
+	cc.id = id
+	return &cc
 }
 
 // NewClient returns a client for the supervisor listening on the unix
@@ -69,6 +84,9 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 	req, err := http.NewRequestWithContext(ctx, method, "http://kosa8"+path, body)
 	if err != nil {
 		return nil, err
+	}
+	if c.id != "" {
+		req.Header.Set(SandboxIDHeader, c.id)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -221,6 +239,20 @@ func (c *Client) SyncChange(ctx context.Context, what string, paths []string) ([
 	return out.Done, err
 }
 
+// ChangeSummary sums up the workspace's pending and held changes.
+func (c *Client) ChangeSummary(ctx context.Context) (*ChangeSummary, error) {
+	var out ChangeSummary
+	err := c.do(ctx, "GET", "/v1/sync/summary", nil, &out)
+	return &out, err
+}
+
+// Fork takes the checkpoint count forks of the sandbox start from.
+func (c *Client) Fork(ctx context.Context, count int, message string) (*checkpoint.Meta, error) {
+	var out checkpoint.Meta
+	err := c.do(ctx, "POST", "/v1/fork", ForkRequest{Count: count, Message: message}, &out)
+	return &out, err
+}
+
 // Checkpoint saves the running machine.
 func (c *Client) Checkpoint(ctx context.Context, message string) (*checkpoint.Meta, error) {
 	var out checkpoint.Meta
@@ -267,13 +299,19 @@ func (c *Client) Exec(ctx context.Context, req *guest.ExecRequest) (*ExecConn, e
 	}
 	hreq.Header.Set("Connection", "Upgrade")
 	hreq.Header.Set("Upgrade", ExecUpgrade)
+	if c.id != "" {
+		hreq.Header.Set(SandboxIDHeader, c.id)
+	}
 	resp, err := c.http.Do(hreq)
 	if err != nil {
 		return nil, fmt.Errorf("supervisor: %w", err)
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		defer resp.Body.Close()
-		return nil, decodeResponse(resp, nil)
+		if err := decodeResponse(resp, nil); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("supervisor: exec answered %s, not an upgrade", resp.Status)
 	}
 	rwc, ok := resp.Body.(io.ReadWriteCloser)
 	if !ok {

@@ -51,6 +51,12 @@ type matcher struct {
 	pats  [][]byte
 	reps  [][]byte // nil: report instead of replace
 	first [256]bool
+	// gap, when set, recognizes bytes that may lie between two bytes of a
+	// pattern and still count as a match (sseGap: the framing between two
+	// data lines of an event stream, which a client joins). It returns how
+	// many bytes at the start of d are such a gap (0: none), or partial
+	// when d ends before that can be told.
+	gap func(d []byte) (n int, partial bool)
 }
 
 func newMatcher(pats, reps [][]byte) *matcher {
@@ -79,7 +85,7 @@ func (m *matcher) scan(data []byte, eof bool) (out []byte, used int, hit bool) {
 		}
 		matched, wait := false, false
 		for k, p := range m.pats {
-			if bytes.HasPrefix(data[i:], p) {
+			if n, gaps, full, _ := m.matchAt(data[i:], p); full {
 				// A longer pattern (they are sorted longest first) that
 				// could still complete wins over this one: wait for it.
 				if !eof && m.couldStart(data[i:], k) {
@@ -88,11 +94,14 @@ func (m *matcher) scan(data []byte, eof bool) (out []byte, used int, hit bool) {
 				}
 				hit, matched = true, true
 				if m.reps != nil {
+					// The framing between the pieces stays (the events
+					// keep their shape); the pieces become one placeholder.
 					out = append(out, m.reps[k]...)
+					out = append(out, gaps...)
 				} else {
-					out = append(out, p...)
+					out = append(out, data[i:i+n]...)
 				}
-				i += len(p)
+				i += n
 				break
 			}
 		}
@@ -108,15 +117,110 @@ func (m *matcher) scan(data []byte, eof bool) (out []byte, used int, hit bool) {
 	return out, i, hit
 }
 
-// couldStart reports whether tail is a proper prefix of one of the first n
-// patterns.
+// couldStart reports whether tail is the start of a match of one of the
+// first n patterns that more bytes could complete.
 func (m *matcher) couldStart(tail []byte, n int) bool {
 	for _, p := range m.pats[:n] {
-		if len(tail) < len(p) && bytes.HasPrefix(p, tail) {
+		if _, _, _, partial := m.matchAt(tail, p); partial {
 			return true
 		}
 	}
 	return false
+}
+
+// matchAt matches p at the start of d, with the matcher's gaps allowed
+// between two of p's bytes: full, covering d[:n], with the gaps' bytes;
+// or partial, when d ends before p could complete.
+func (m *matcher) matchAt(d, p []byte) (n int, gaps []byte, full, partial bool) {
+	q := 0
+	for j := 0; j < len(p); {
+		if q == len(d) {
+			return 0, nil, false, true
+		}
+		if d[q] == p[j] {
+			q, j = q+1, j+1
+			continue
+		}
+		if m.gap == nil || j < minBeforeGap {
+			return 0, nil, false, false
+		}
+		k, part := m.gap(d[q:])
+		if part {
+			return 0, nil, false, true
+		}
+		if k == 0 {
+			return 0, nil, false, false
+		}
+		gaps = append(gaps, d[q:q+k]...)
+		q += k
+	}
+	return q, gaps, true, false
+}
+
+// minBeforeGap is how much of a pattern must come before a gap: a data
+// line that ends in a shorter prefix of a secret ("s", "sk-") is common
+// text, and holding its event back until the next one arrives would stall
+// the stream.
+const minBeforeGap = 8
+
+// maxSSEGap bounds the framing sseGap skips between two pieces of data, so
+// that what a partial match holds back stays small.
+const maxSSEGap = 512
+
+// sseGap recognizes the framing between two pieces of data in a stream of
+// server-sent events: the end of a data line, any blank lines (the end of
+// an event), event, id, retry and comment lines, then the next "data:"
+// and its optional space. A client that joins the data of the stream (a
+// model's streamed text) reads the pieces around it as one string.
+func sseGap(d []byte) (int, bool) {
+	i := 0
+	for {
+		if i > maxSSEGap {
+			return 0, false
+		}
+		// One or more line ends.
+		start := i
+		for i < len(d) && (d[i] == '\n' || d[i] == '\r') {
+			i++
+		}
+		if i == start {
+			return 0, false
+		}
+		if i == len(d) {
+			return 0, true
+		}
+		// At the start of a line: the next data line ends the gap.
+		rest := d[i:]
+		const field = "data:"
+		if len(rest) < len(field) && bytes.HasPrefix([]byte(field), rest) {
+			return 0, true
+		}
+		if bytes.HasPrefix(rest, []byte(field)) {
+			i += len(field)
+			if i == len(d) {
+				return 0, true
+			}
+			if d[i] == ' ' {
+				i++
+			}
+			if i == len(d) {
+				return 0, true
+			}
+			if d[i] != '\n' && d[i] != '\r' {
+				return i, false
+			}
+			continue // an empty data line: still framing
+		}
+		// Another field or a comment: skipped to its end.
+		end := bytes.IndexAny(rest, "\r\n")
+		if end < 0 {
+			if len(d) > maxSSEGap {
+				return 0, false
+			}
+			return 0, true
+		}
+		i += end
+	}
 }
 
 // errExfiltration is returned when a placeholder shows up where it may not.
@@ -138,6 +242,16 @@ type scanReader struct {
 
 func newReplacingReader(src io.Reader, pats, reps [][]byte) io.ReadCloser {
 	return &scanReader{src: src, m: newMatcher(pats, reps), buf: make([]byte, 32<<10)}
+}
+
+// newEventStreamReplacingReader is newReplacingReader for a stream of
+// server-sent events: a pattern split across data lines (the framing
+// between them skipped, as a client joining the data reads it) is
+// replaced too, its framing kept.
+func newEventStreamReplacingReader(src io.Reader, pats, reps [][]byte) io.ReadCloser {
+	m := newMatcher(pats, reps)
+	m.gap = sseGap
+	return &scanReader{src: src, m: m, buf: make([]byte, 32<<10)}
 }
 
 func newGuardReader(src io.Reader, pats [][]byte, tripped func()) io.ReadCloser {

@@ -153,3 +153,92 @@ func TestSecretTripwire(t *testing.T) {
 		}
 	}
 }
+
+// maskSSE runs in through the event-stream masker, n bytes per read.
+func maskSSE(t *testing.T, in string, chunk int) string {
+	t.Helper()
+	pats := secretForms([]byte(secret))
+	reps := make([][]byte, len(pats))
+	for i := range reps {
+		reps[i] = []byte("PH")
+	}
+	out, err := io.ReadAll(newEventStreamReplacingReader(&chunked{s: in, n: chunk}, pats, reps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// sseData is the data a client joining an event stream reads: each data
+// line's value, concatenated.
+func sseData(stream string) string {
+	var b strings.Builder
+	for _, line := range strings.FieldsFunc(stream, func(r rune) bool { return r == '\n' || r == '\r' }) {
+		if v, ok := strings.CutPrefix(line, "data:"); ok {
+			b.WriteString(strings.TrimPrefix(v, " "))
+		}
+	}
+	return b.String()
+}
+
+// A key an upstream echoes split across data lines of one event stream (in
+// one event or two, with event, id and comment lines between) is masked:
+// the client joining the data reads the placeholder, and the events keep
+// their framing.
+func TestMaskKeySplitAcrossEventStreamLines(t *testing.T) {
+	b64 := base64.StdEncoding.EncodeToString([]byte(secret))
+	for name, in := range map[string]string{
+		"two data lines of one event": "data: before " + secret[:9] + "\ndata: " + secret[9:] + " after\n\n",
+		"two events":                  "data: " + secret[:10] + "\n\ndata: " + secret[10:] + "\n\n",
+		"three pieces, CRLF":          "data: " + secret[:8] + "\r\n\r\ndata:" + secret[8:12] + "\r\n\r\ndata: " + secret[12:] + "\r\n\r\n",
+		"fields between":              "event: delta\ndata: " + secret[:11] + "\n\n: keep-alive\n\nid: 7\nevent: delta\ndata: " + secret[11:] + "\n\n",
+		"empty data line between":     "data: " + secret[:9] + "\ndata:\ndata: " + secret[9:] + "\n\n",
+		"base64, split":               "data: " + b64[:12] + "\n\ndata: " + b64[12:] + "\n\n",
+	} {
+		for _, chunk := range []int{1, 2, 5, 64, 4096} {
+			got := maskSSE(t, in, chunk)
+			if data := sseData(got); strings.Contains(data, secret) || strings.Contains(data, b64[:len(b64)-1]) || !strings.Contains(data, "PH") {
+				t.Errorf("%s, %d bytes a read: the joined data reads %q (stream %q)", name, chunk, data, got)
+			}
+			if strings.Count(got, "data:") != strings.Count(in, "data:") {
+				t.Errorf("%s: the framing changed: %q → %q", name, in, got)
+			}
+		}
+	}
+	// Text that only looks like a start of the key, and events in between,
+	// pass unchanged; a short prefix at a line's end holds nothing back.
+	for _, in := range []string{
+		"data: " + secret[:9] + "\n\ndata: not the rest\n\n",
+		"data: sk-\n\ndata: live\n\n",
+		"data: " + secret[:9] + "\n\n: comment\n\n",
+	} {
+		if got := maskSSE(t, in, 3); got != in {
+			t.Errorf("changed %q to %q", in, got)
+		}
+	}
+	pr, pw := io.Pipe()
+	r := newEventStreamReplacingReader(pr, [][]byte{[]byte(secret)}, [][]byte{[]byte("PH")})
+	go pw.Write([]byte("data: ask\n\n"))
+	buf := make([]byte, 64)
+	if n, err := r.Read(buf); err != nil || string(buf[:n]) != "data: ask\n\n" {
+		t.Fatalf("an event ending in a short prefix of the key was held back: %q %v", buf[:n], err)
+	}
+	pw.Close()
+}
+
+func FuzzMaskEventStream(f *testing.F) {
+	f.Add("data: "+secret[:9]+"\n\ndata: "+secret[9:]+"\n\n", 3)
+	f.Add("event: x\ndata: "+secret+"\n\n", 1)
+	f.Fuzz(func(t *testing.T, in string, chunk int) {
+		if chunk <= 0 || chunk > 1000 {
+			chunk = 1
+		}
+		got := maskSSE(t, in, chunk)
+		if strings.Contains(got, secret) {
+			t.Fatalf("secret survived in %q", got)
+		}
+		if !strings.ContainsAny(in, "sc") && got != in {
+			t.Fatalf("text that cannot start any form changed: %q → %q", in, got)
+		}
+	})
+}

@@ -264,7 +264,7 @@ func TestRefusedHost(t *testing.T) {
 // change is refused, not written where the supervisor would not see it.
 func TestStoppedEditsTakeTheSupervisorLock(t *testing.T) {
 	sb := &Sandbox{Dir: t.TempDir(), Config: validConfig("stopped")}
-	if _, err := AllowStopped(sb, []string{"example.com"}, false); err != nil {
+	if _, err := AllowStopped(context.Background(), sb, []string{"example.com"}, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := AddPortStopped(sb, api.PortForward{HostPort: 3000, GuestPort: 3000}); err != nil {
@@ -283,7 +283,10 @@ func TestStoppedEditsTakeTheSupervisorLock(t *testing.T) {
 	}
 	defer lock.Close()
 	for what, err := range map[string]error{
-		"allow":             func() error { _, err := AllowStopped(sb, []string{"other.example"}, false); return err }(),
+		"allow": func() error {
+			_, err := AllowStopped(context.Background(), sb, []string{"other.example"}, false)
+			return err
+		}(),
 		"deny":              func() error { _, err := DenyStopped(sb, []string{"other.example"}); return err }(),
 		"remove":            func() error { _, err := RemoveStopped(sb, []string{"example.com"}); return err }(),
 		"add a port":        AddPortStopped(sb, api.PortForward{HostPort: 4000, GuestPort: 4000}),
@@ -321,5 +324,54 @@ func TestStartWaitsForAStoppedEdit(t *testing.T) {
 	defer lock.Close()
 	if _, err := lockStopped(dir); !errors.Is(err, ErrRunning) {
 		t.Fatalf("an edit while the supervisor runs: %v", err)
+	}
+}
+
+// net blocked lists every refusal the user can lift, each with the rule
+// that lifts it: an allowed name refused for a private or documentation
+// address it resolved to (a pin, until one is added), a raw address (its
+// /32), a deny rule (named); never a refusal at the connection cap.
+func TestBlockedListsAddressesAndPins(t *testing.T) {
+	pol, err := netpolicy.Parse([]string{"registry.npmjs.org", "*.example.com", "deny:*.ads.example.com"}, netpolicy.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	events := []audit.Event{
+		{Time: at(1), Kind: "tcp", Name: "registry.npmjs.org", Dest: "198.18.0.2:443", Decision: "deny", Refused: "203.0.113.80", Reason: "registry.npmjs.org resolved to …"},
+		{Time: at(2), Kind: "tcp", Dest: "203.0.113.9:8080", Decision: "deny", Reason: "no rule allows the address 203.0.113.9:8080"},
+		{Time: at(3), Kind: "tcp", Dest: "203.0.113.9:443", Decision: "deny", Reason: "the sandbox has 128 connections open, its limit: refused"},
+		{Time: at(4), Kind: "dns", Name: "x.ads.example.com", Decision: "deny", Reason: "denied by rule deny:*.ads.example.com"},
+		{Time: at(5), Kind: "dns", Name: "pypi.org", Decision: "deny", Reason: "no rule allows pypi.org"},
+		{Time: at(6), Kind: "tcp", Name: "pypi.org", Dest: "198.19.255.254:443", Decision: "deny", Reason: "no rule allows pypi.org"},
+	}
+	got := BlockedHosts(events, pol)
+	by := map[string]api.Blocked{}
+	for _, b := range got {
+		by[b.Rule] = b
+	}
+	if len(got) != 4 {
+		t.Fatalf("blocked = %+v", got)
+	}
+	if b := by["pin:registry.npmjs.org"]; b.Address != "203.0.113.80" || !strings.Contains(b.Why, "203.0.113.80 (a documentation address)") {
+		t.Errorf("the allowed name refused for its address: %+v", b)
+	}
+	if b := by["203.0.113.9/32:8080"]; b.Host != "203.0.113.9" || b.Address != "203.0.113.9" {
+		t.Errorf("the raw address: %+v", b)
+	}
+	if b := by["x.ads.example.com"]; b.DenyRule != "deny:*.ads.example.com" {
+		t.Errorf("the denied name: %+v", b)
+	}
+	if b := by["pypi.org"]; b.Count != 2 || b.Port != 443 {
+		t.Errorf("the lookup and the connection of one name are one entry: %+v", b)
+	}
+	// Pinned since: no longer listed.
+	r, _ := netpolicy.ParseRule("pin:registry.npmjs.org=203.0.113.80", netpolicy.ParseOptions{})
+	pol.Add(r)
+	for _, b := range BlockedHosts(events, pol) {
+		if b.Host == "registry.npmjs.org" {
+			t.Errorf("listed after it was pinned: %+v", b)
+		}
 	}
 }

@@ -11,8 +11,12 @@
 //	supervisor.lock  flock held by the running supervisor (liveness)
 //	api.sock         the supervisor's HTTP+JSON API (directory is 0700)
 //	root.qcow2       root disk: a qcow2 overlay on the image's rootfs.ext4
+//	workspace.img    the workspace's disk (ext4, raw), with a workspace
+//	docker.img       the container engine's disk (ext4, raw), with --docker
+//	disks/           layers over those made by checkpoints and starts
 //	console.log      the guest's serial console (this boot)
 //	supervisor.log   the supervisor's log (this boot)
+//	fork.json        a fork's record (fork.go), with fork-output.log
 //
 // A sandbox appears under its name only once complete: it is assembled in a
 // staging directory and renamed into place without replacing anything.
@@ -21,6 +25,7 @@ package sandbox
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -75,6 +80,13 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// A pin is resolved when it is given: at creation for the sandbox's
+	// first rules.
+	rules, err := ResolveRules(ctx, cfg.Network.Rules, cfg.Network.AllowBroad, nil)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Network.Rules = rules
 	root := m.Paths.SandboxesDir()
 	if err := EnsureWritable(root); err != nil {
 		return nil, err
@@ -101,6 +113,7 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 		return nil, err
 	}
 	cfg.Version = configVersion
+	cfg.ID = randomHex(16) // never the caller's: each sandbox is a new one
 	cfg.Created = time.Now().UTC()
 	cfg.ImageDir = img.Dir
 	disk := filepath.Join(stage, RootDisk)
@@ -109,6 +122,11 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 	}
 	if cfg.Workspace != nil {
 		if err := createWorkspaceDisk(ctx, filepath.Join(stage, WorkspaceDisk), cfg.DiskGiB, cfg.UID, cfg.GID); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Docker != nil {
+		if err := createDockerDisk(ctx, filepath.Join(stage, DockerDisk), cfg.Docker.DiskGiB); err != nil {
 			return nil, err
 		}
 	}
@@ -226,7 +244,28 @@ func (s *Sandbox) Alive() bool { return supervisorAlive(s.Dir) }
 func (s *Sandbox) Path(name string) string { return filepath.Join(s.Dir, name) }
 
 // Client returns a client for the API of the sandbox's supervisor.
-func (s *Sandbox) Client() *api.Client { return api.NewClient(s.Path(APISocket)) }
+// Its requests name the sandbox's identity (Identity, so one made before
+// IDs were given is named too): a supervisor of another sandbox under the
+// same name refuses them.
+func (s *Sandbox) Client() *api.Client { return api.NewClient(s.Path(APISocket)).For(s.Identity()) }
+
+// MachineID is the guest's /etc/machine-id: 32 hex digits made from the
+// sandbox's identity (not the identity itself, which names it to the
+// host's API), the same across its stops, starts and rewinds.
+func (s *Sandbox) MachineID() string {
+	sum := sha256.Sum256([]byte("kosa8 machine-id\x00" + s.Identity()))
+	return hex.EncodeToString(sum[:16])
+}
+
+// Identity tells this sandbox from any other that had or will have its
+// name: its ID, or for a sandbox made before IDs were given, the instant
+// it was created.
+func (s *Sandbox) Identity() string {
+	if s.Config.ID != "" {
+		return s.Config.ID
+	}
+	return "created-" + s.Config.Created.UTC().Format(time.RFC3339Nano)
+}
 
 // WriteStatus records st.
 func (s *Sandbox) WriteStatus(st api.Status) error {
@@ -243,6 +282,9 @@ func (m *Manager) Remove(name string) error {
 	if sb.Alive() {
 		return fmt.Errorf("%w: %s (stop it first, or use 'kosa8 rm -f')", ErrRunning, name)
 	}
+	if err := m.CheckNoForks(name); err != nil {
+		return err
+	}
 	trash := filepath.Join(m.Paths.SandboxesDir(), ".trash-"+name+"-"+randomHex(4))
 	if err := os.Rename(sb.Dir, trash); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -251,6 +293,20 @@ func (m *Manager) Remove(name string) error {
 		return fmt.Errorf("remove %s: %w", name, err)
 	}
 	return os.RemoveAll(trash)
+}
+
+// CheckNoForks fails (ErrHasForks) when forks of the sandbox called
+// name exist: their disks build on its layers, so it must stay.
+func (m *Manager) CheckNoForks(name string) error {
+	forks, err := m.ForksOf(name)
+	if err != nil || len(forks) == 0 {
+		return err
+	}
+	var names []string
+	for _, f := range forks {
+		names = append(names, f.Config.Name)
+	}
+	return fmt.Errorf("%s: %w (%s): remove them first ('kosa8 rm -f %s')", name, ErrHasForks, strings.Join(names, ", "), strings.Join(names, " "))
 }
 
 // WaitStopped waits for the supervisor to let go of the sandbox.
@@ -334,13 +390,20 @@ func (m *Manager) KeepLogs(name string) (string, error) {
 // WorkspaceOverlap finds another sandbox whose workspace is folder, or a
 // folder above or below it, and that syncs it now (running, starting, or
 // paused to resume). Two syncs of one folder would fight over its files.
+// Forks do not count, and find none: their sync writes nothing to the
+// host folder (review mode, always), so any number of them may read a
+// folder beside the one sandbox that syncs it both ways; what they write
+// is an 'apply', one at a time (the folder's apply lock).
 func (m *Manager) WorkspaceOverlap(self, folder string) (*Sandbox, error) {
+	if me, err := m.Open(self); err == nil && me.Config.Fork != nil {
+		return nil, nil
+	}
 	list, err := m.List()
 	if err != nil {
 		return nil, err
 	}
 	for _, sb := range list {
-		if sb.Config.Name == self || sb.Config.Workspace == nil {
+		if sb.Config.Name == self || sb.Config.Workspace == nil || sb.Config.Fork != nil {
 			continue
 		}
 		if !Overlaps(sb.Config.Workspace.Path, folder) {
@@ -351,6 +414,22 @@ func (m *Manager) WorkspaceOverlap(self, folder string) (*Sandbox, error) {
 		}
 	}
 	return nil, nil
+}
+
+// CheckFolderFree fails when another sandbox syncs folder, a folder above
+// it or one inside it (WorkspaceOverlap), saying which and what to do.
+// Every face's create asks it before anything is made.
+func (m *Manager) CheckFolderFree(self, folder string) error {
+	other, err := m.WorkspaceOverlap(self, folder)
+	if err != nil || other == nil {
+		return err
+	}
+	how := "is"
+	if other.Config.Workspace.Path != folder {
+		how = "overlaps " + other.Config.Workspace.Path + ", which is"
+	}
+	return fmt.Errorf("%s %s synced by sandbox %s (%s): stop it first ('kosa8 stop %s') or use another folder",
+		folder, how, other.Config.Name, other.Status().State, other.Config.Name)
 }
 
 // Overlaps reports whether folders a and b are the same or one holds the

@@ -147,10 +147,11 @@ func TestMCPServer(t *testing.T) {
 		t.Fatalf("list_dir: %+v", ls)
 	}
 
-	// The network refuses example.com; asking for it allows nothing.
-	call(t, ctx, s, "run", map[string]any{"command": "getent hosts example.com"}, &r)
-	if r.ExitCode == 0 {
-		t.Fatalf("example.com resolved in a closed sandbox: %+v", r)
+	// The network refuses example.com, and says so to the model on its
+	// refusal page; asking for it allows nothing.
+	call(t, ctx, s, "run", map[string]any{"command": "curl -sS -m 20 https://example.com/"}, &r)
+	if !strings.Contains(r.Stdout, "example.com was refused") || !strings.Contains(r.Stdout, "kosa8 net allow "+pick.Sandbox+" example.com") {
+		t.Fatalf("example.com in a closed sandbox: %+v", r)
 	}
 	var bl struct {
 		Blocked []struct{ Rule string } `json:"blocked"`
@@ -170,9 +171,9 @@ func TestMCPServer(t *testing.T) {
 	if rules := must(t, "net", "ls", pick.Sandbox, "--json").stdout; strings.Contains(rules, "example.com") {
 		t.Fatalf("a request widened the network: %s", rules)
 	}
-	call(t, ctx, s, "run", map[string]any{"command": "getent hosts example.com"}, &r)
-	if r.ExitCode == 0 {
-		t.Fatal("example.com resolves after a request the user did not grant")
+	call(t, ctx, s, "run", map[string]any{"command": "curl -sS -m 20 https://example.com/"}, &r)
+	if !strings.Contains(r.Stdout, "example.com was refused") {
+		t.Fatal("example.com reachable after a request the user did not grant")
 	}
 
 	// The same folder picks the same sandbox.
@@ -210,7 +211,9 @@ func TestMCPInspector(t *testing.T) {
 	kosa8 := filepath.Join(binDir, "kosa8")
 	// The inspector starts its server with a minimal environment: pass
 	// this run's state directory explicitly.
-	inspect := func(args ...string) string {
+	// Each call is a server of its own (a session): the sandbox the first
+	// one picks, the later ones are given with --sandbox, as a user would.
+	inspectRaw := func(sandbox string, args ...string) (string, error) {
 		t.Helper()
 		full := []string{"--cli", "-e", "KOSA8_HOME=" + home, "-e", "KOSA8_CONFIG=" + filepath.Join(home, "config")}
 		if a := os.Getenv("KOSA8_ACCEL"); a != "" {
@@ -218,14 +221,21 @@ func TestMCPInspector(t *testing.T) {
 			full = append(full, "-e", "KOSA8_ACCEL="+a)
 		}
 		full = append(full, kosa8, "mcp", "--folder", home)
-		cmd := exec.CommandContext(ctx, inspector, append(full, args...)...)
-		out, err := cmd.CombinedOutput()
+		if sandbox != "" {
+			full = append(full, "--sandbox", sandbox)
+		}
+		out, err := exec.CommandContext(ctx, inspector, append(full, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	inspect := func(sandbox string, args ...string) string {
+		t.Helper()
+		out, err := inspectRaw(sandbox, args...)
 		if err != nil {
 			t.Fatalf("inspector %v: %v\n%s", args, err, out)
 		}
-		return string(out)
+		return out
 	}
-	out := inspect("--method", "tools/list")
+	out := inspect("", "--method", "tools/list")
 	for _, want := range mcpTools {
 		if !strings.Contains(out, `"`+want+`"`) {
 			t.Errorf("tools/list lacks %s:\n%s", want, out)
@@ -233,7 +243,7 @@ func TestMCPInspector(t *testing.T) {
 	}
 	ws, _ := os.MkdirTemp(home, "inspector-ws-")
 	os.WriteFile(filepath.Join(ws, "a.txt"), []byte("from the inspector test\n"), 0o644)
-	out = inspect("--method", "tools/call", "--tool-name", "sandbox_create_or_pick", "--tool-arg", "folder="+ws, "--tool-arg", "memory=512M")
+	out = inspect("", "--method", "tools/call", "--tool-name", "sandbox_create_or_pick", "--tool-arg", "folder="+ws, "--tool-arg", "memory=512M")
 	var pick struct {
 		StructuredContent struct {
 			Sandbox string `json:"sandbox"`
@@ -244,11 +254,15 @@ func TestMCPInspector(t *testing.T) {
 	}
 	name := pick.StructuredContent.Sandbox
 	t.Cleanup(func() { run(t, "", "rm", "-f", name) })
-	out = inspect("--method", "tools/call", "--tool-name", "run", "--tool-arg", "sandbox="+name, "--tool-arg", "command=cat a.txt")
+	// Not given to this session, the sandbox is refused; given, it works.
+	if out, _ := inspectRaw("", "--method", "tools/call", "--tool-name", "run", "--tool-arg", "sandbox="+name, "--tool-arg", "command=true"); !strings.Contains(out, "only on sandboxes it created or picked") {
+		t.Errorf("run in a sandbox another session picked:\n%s", out)
+	}
+	out = inspect(name, "--method", "tools/call", "--tool-name", "run", "--tool-arg", "sandbox="+name, "--tool-arg", "command=cat a.txt")
 	if !strings.Contains(out, `from the inspector test\n`) || !strings.Contains(out, `"exit_code": 0`) {
 		t.Fatalf("run:\n%s", out)
 	}
-	out = inspect("--method", "tools/call", "--tool-name", "checkpoint", "--tool-arg", "sandbox="+name, "--tool-arg", "message=from the inspector")
+	out = inspect(name, "--method", "tools/call", "--tool-name", "checkpoint", "--tool-arg", "sandbox="+name, "--tool-arg", "message=from the inspector")
 	if !strings.Contains(out, `"pause_ms"`) || strings.Contains(out, `"isError": true`) {
 		t.Fatalf("checkpoint:\n%s", out)
 	}
