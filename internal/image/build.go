@@ -23,8 +23,17 @@ import (
 type BuildOptions struct {
 	// Progress is told each step as it starts (one short line).
 	Progress func(step string)
-	// Log receives everything the build tools print.
-	Log io.Writer
+	// Count, when set, is told how far a step with a count has come (the
+	// packages downloaded, then unpacked and set up in the builder VM).
+	Count func(done, total int)
+	// Waiting, when set, is called when another build of this image holds
+	// its lock, and its result once this one has the lock: the caller shows
+	// the wait (else Progress is told).
+	Waiting func() (stop func())
+	// Log receives everything the build tools print; LogPath names it,
+	// for whoever finds the build under way (Store.BuildingNow).
+	Log     io.Writer
+	LogPath string
 	// Rebuild builds even when the image exists.
 	Rebuild bool
 	// Agent is kosa8-agent for the image's architecture. A build for an
@@ -157,11 +166,19 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 	}
 	defer lock.Close()
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		progress("waiting for another image build to finish")
-		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		stop := func() {}
+		if opts.Waiting != nil {
+			stop = opts.Waiting()
+		} else {
+			progress("waiting for another image build to finish")
+		}
+		err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX)
+		stop()
+		if err != nil {
 			return nil, err
 		}
 	}
+	recordBuilding(lock, opts.LogPath)
 	if !opts.Rebuild {
 		if img, err := s.Lookup(r); err == nil {
 			return img, nil // built while we waited
@@ -192,6 +209,8 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 		if err := s.finish(r, archDir, out, kver, start, progress); err != nil {
 			return nil, err
 		}
+		// Read by 'bench image' as the local build's figure.
+		fmt.Fprintf(logw, "kosa8: image ready in %s (%s build)\n", time.Since(start).Round(time.Second), method)
 		ok = true
 		os.RemoveAll(work)
 		return s.Lookup(r)
@@ -237,6 +256,7 @@ func (s Store) Build(ctx context.Context, r Recipe, opts BuildOptions) (*Image, 
 	if err := s.finish(r, archDir, out, kver, start, progress); err != nil {
 		return nil, err
 	}
+	fmt.Fprintf(logw, "kosa8: image ready in %s (%s build)\n", time.Since(start).Round(time.Second), method)
 	ok = true
 	os.RemoveAll(work)
 	return s.Lookup(r)

@@ -49,6 +49,12 @@ type DerivedRecipe struct {
 	Label string `json:"label,omitempty"`
 }
 
+// DockerPackages are what a sandbox made with --docker adds to its image:
+// Debian's Docker engine (dockerd, containerd, runc, iptables), its CLI and Compose
+// v2 (the docker compose plugin). The engine is started by kosa8's agent,
+// never by the image.
+var DockerPackages = []string{"docker.io", "docker-cli", "docker-compose"}
+
 var debPackageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?$`)
 
 // Validate checks the package names (they go on apt-get's command line)

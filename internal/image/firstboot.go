@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -81,8 +82,9 @@ func connect(ctx context.Context, m vmm.Machine) (*guest.Client, error) {
 	return c, err
 }
 
-// firstBootRun runs the first boot's script and reports its steps.
-func firstBootRun(ctx context.Context, c *guest.Client, script string, progress func(string), logw io.Writer) error {
+// firstBootRun runs the first boot's script and reports its steps, and
+// while dpkg installs the packages, how many it has unpacked and set up.
+func firstBootRun(ctx context.Context, c *guest.Client, script string, progress func(string), count func(done, total int), logw io.Writer) error {
 	conn, _, err := c.Exec(ctx, &guest.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, User: "root", Dir: "/"})
 	if err != nil {
 		return fmt.Errorf("start the package installation: %w", err)
@@ -93,10 +95,22 @@ func firstBootRun(ctx context.Context, c *guest.Client, script string, progress 
 	// Each step's start is logged with the time since the script began,
 	// so that a slow build shows where its time went.
 	start := time.Now()
+	var d dpkgCount
 	l := newLineLog(logw, func(line string) {
 		if s := builderStep(line); s != "" {
 			fmt.Fprintf(logw, "kosa8: builder VM: %s, at %s\n", s, time.Since(start).Round(time.Second))
 			progress(s)
+		}
+		if phase, done, total, ok := d.line(line); ok {
+			if phase != "" {
+				progress(phase)
+			}
+			if count != nil {
+				count(done, total)
+			}
+			if done == total || done%max(total/10, 1) == 0 {
+				fmt.Fprintf(logw, "kosa8: builder VM: %s: %d of %d, at %s\n", d.phase, done, total, time.Since(start).Round(time.Second))
+			}
 		}
 	})
 	st, err := guest.Pump(conn, guest.StdIO{Stdout: l, Stderr: l})
@@ -111,6 +125,47 @@ func firstBootRun(ctx context.Context, c *guest.Client, script string, progress 
 		return fmt.Errorf("package installation failed with exit status %d%s:\n%s", st.Code, st.Error, last)
 	}
 	return nil
+}
+
+// dpkgCount follows dpkg's output while it installs the packages: it
+// unpacks each ("Unpacking NAME ..."), then sets each up ("Setting up NAME
+// ..."). Only the lines' first words are read, and the counts stop at the
+// number of packages the script announced, so a guest that prints such
+// lines itself can move the count but show nothing of its own.
+type dpkgCount struct {
+	total, done int
+	phase       string
+}
+
+// line takes one line of the build's output. ok: the count moved; phase,
+// when set, is the new phase's progress line.
+func (d *dpkgCount) line(line string) (phase string, done, total int, ok bool) {
+	if n, isStep := strings.CutPrefix(line, "kosa8: step install "); isStep {
+		if v, err := strconv.Atoi(n); err == nil && v > 0 && v < 1e6 {
+			d.total, d.done, d.phase = v, 0, ""
+		}
+		return "", 0, 0, false
+	}
+	if d.total == 0 {
+		return "", 0, 0, false
+	}
+	var next string
+	switch {
+	case strings.HasPrefix(line, "Unpacking "):
+		next = "unpacking"
+	case strings.HasPrefix(line, "Setting up "):
+		next = "setting up"
+	default:
+		return "", 0, 0, false
+	}
+	if next != d.phase {
+		d.phase, d.done = next, 0
+		phase = fmt.Sprintf("installing %d packages in the guest: %s (under emulation: tens of minutes)", d.total, next)
+	}
+	if d.done < d.total {
+		d.done++
+	}
+	return phase, d.done, d.total, true
 }
 
 // builderStep returns the progress line for a line the builder VM printed,

@@ -111,6 +111,8 @@ type Manifest struct {
 	// it was made from.
 	Derived *DerivedRecipe `json:"derived,omitempty"`
 	BaseDir string         `json:"base_dir,omitempty"`
+	// OCI is set for an image converted from an OCI image.
+	OCI *OCISource `json:"oci,omitempty"`
 }
 
 // Image is a built image in the cache.
@@ -147,6 +149,9 @@ func (s Store) Lookup(r Recipe) (*Image, error) {
 		if img, err := s.Open(dirs[i]); err == nil {
 			return img, nil
 		}
+	}
+	if b, ok := s.BuildingNow(r.Arch); ok {
+		return nil, fmt.Errorf("%w for %s yet: it is %s: %s", ErrNoImage, r.Arch, b, b.Wait())
 	}
 	return nil, fmt.Errorf("%w for %s: run '%s'", ErrNoImage, r.Arch, vmspec.SetupCommand(r.Arch))
 }

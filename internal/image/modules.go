@@ -22,6 +22,22 @@ var GuestModules = []string{
 	"ext4",
 }
 
+// DockerModules are added for a sandbox made with --docker, and loaded at
+// its boot (no other sandbox carries them): the overlay filesystem of
+// image layers, the bridge and veth pairs of container networks, and the
+// netfilter parts of Docker's rules as Debian's iptables (its nft backend)
+// writes them: NAT and masquerading, conntrack, and the xtables matches it
+// passes through nft_compat (addrtype, conntrack, MASQUERADE, DNAT's nat,
+// tcp/udp ports). br_netfilter makes bridged traffic meet those rules.
+// Debian's cloud kernel builds each as a module.
+var DockerModules = []string{
+	"overlay", "bridge", "veth", "br_netfilter",
+	"nf_tables", "nft_compat", "nft_chain_nat", "nft_ct", "nft_masq", "nft_nat",
+	"nf_conntrack", "nf_nat", "nf_reject_ipv4", "nft_reject_inet",
+	"x_tables", "xt_addrtype", "xt_conntrack", "xt_MASQUERADE", "xt_nat", "xt_tcpudp", "xt_mark",
+	"ip_tables", "iptable_nat", "iptable_filter",
+}
+
 // VirtioFSModules are added for the benchmark's comparison VM only, which
 // shares a host folder over virtiofs (bench/vfs.go). Sandboxes never mount
 // a host folder, so their initramfs does not carry these: a module the

@@ -117,9 +117,12 @@ func buildPortable(ctx context.Context, r Recipe, debs, work, out string, opts B
 	progress(fmt.Sprintf("downloading %d packages (%d MiB; kept for the next build)", len(all), total>>20))
 	last := time.Now()
 	files, err := ix.Download(ctx, all, func(done, n int, bytes int64) {
+		if opts.Count != nil {
+			opts.Count(done, n)
+		}
 		if time.Since(last) > 5*time.Second || done == n {
 			last = time.Now()
-			progress(fmt.Sprintf("downloaded %d of %d packages", done, n))
+			fmt.Fprintf(logw, "kosa8: downloaded %d of %d packages\n", done, n)
 		}
 	})
 	if err != nil {
@@ -642,7 +645,7 @@ func runBuilder(ctx context.Context, arch vmspec.Arch, k Kernel, initrd, rootfs,
 	fmt.Fprintf(logw, "kosa8: builder VM: agent up after %s\n", time.Since(start).Round(time.Second))
 	runCtx, cancelRun := context.WithTimeout(ctx, builderRunTimeout)
 	defer cancelRun()
-	if err := firstBootRun(runCtx, c, "exec /bin/sh /kosa8/build.sh", progress, logw); err != nil {
+	if err := firstBootRun(runCtx, c, "exec /bin/sh /kosa8/build.sh", progress, opts.Count, logw); err != nil {
 		return err
 	}
 	fmt.Fprintf(logw, "kosa8: builder VM: image built after %s\n", time.Since(start).Round(time.Second))
@@ -695,8 +698,24 @@ func bootBuilder(ctx context.Context, drv vmm.Driver, spec *vmspec.Spec, opts Bu
 		return nil, nil, fmt.Errorf("booting the builder VM under %s failed: %w\nkosa8 was asked for %s (KOSA8_ACCEL); to build under emulation instead, set KOSA8_ACCEL=tcg", tried, err, tried)
 	}
 	fmt.Fprintf(logw, "kosa8: builder VM: %s failed to boot it (%v): trying tcg\n", tried, err)
+	// Recorded at once, not once the TCG boot has worked (minutes under
+	// emulation): meanwhile 'kosa8 doctor' and every start would still
+	// take the accelerator for usable. Forgotten again if TCG fails too
+	// (then something else is wrong, not the accelerator).
+	r, recorder := drv.(vmm.FailureRecorder)
+	if recorder {
+		if rerr := r.RecordFailure(tried, fmt.Sprintf("%s failed to boot the image builder: %v", tried, err)); rerr != nil {
+			fmt.Fprintf(logw, "kosa8: record the accelerator's failure: %v\n", rerr)
+		}
+	}
+	forget := func() {
+		if f, ok := drv.(vmm.FailureForgetter); recorder && ok {
+			_ = f.ForgetFailure(tried)
+		}
+	}
 	tcg, derr := opts.NewDriver(spec.Arch, vmm.TCG)
 	if derr != nil {
+		forget()
 		return nil, nil, errors.Join(err, derr)
 	}
 	if spec.ConsoleLog != "" {
@@ -704,12 +723,8 @@ func bootBuilder(ctx context.Context, drv vmm.Driver, spec *vmspec.Spec, opts Bu
 	}
 	m, c, terr := boot(tcg, builderBootTimeout)
 	if terr != nil {
+		forget()
 		return nil, nil, fmt.Errorf("booting the builder VM under %s failed (%v), and under tcg too: %w", tried, err, terr)
-	}
-	if r, ok := drv.(vmm.FailureRecorder); ok {
-		if rerr := r.RecordFailure(tried, fmt.Sprintf("%s failed to boot the image builder: %v", tried, err)); rerr != nil {
-			fmt.Fprintf(logw, "kosa8: record the accelerator's failure: %v\n", rerr)
-		}
 	}
 	return m, c, nil
 }

@@ -468,8 +468,12 @@ func TestBootBuilderFallsBackToTCG(t *testing.T) {
 	kvm := &vmmtest.Driver{AccelAs: vmm.KVM, StartErr: errors.New("MSR 0x10a")}
 	tcg := &vmmtest.Driver{StartErr: errors.New("tcg broken too")}
 	var asked []vmm.Accel
+	var recordedBefore []string
 	opts := BuildOptions{NewDriver: func(arch vmspec.Arch, a vmm.Accel) (vmm.Driver, error) {
 		asked = append(asked, a)
+		// While the TCG builder boots (minutes), kvm's failure is on
+		// record already: doctor and new starts must not take it as usable.
+		recordedBefore = kvm.Failures()
 		return tcg, nil
 	}}
 	spec := &vmspec.Spec{Name: "image-builder", Arch: vmspec.AMD64}
@@ -483,11 +487,59 @@ func TestBootBuilderFallsBackToTCG(t *testing.T) {
 	if f := kvm.Failures(); len(f) != 0 {
 		t.Errorf("recorded %q although tcg failed too", f)
 	}
+	if len(recordedBefore) != 1 || !strings.HasPrefix(recordedBefore[0], "kvm: ") {
+		t.Errorf("kvm's failure was not on record while the tcg builder booted: %q", recordedBefore)
+	}
 
 	asked = nil
 	opts.Accel = vmm.KVM
 	_, _, err = bootBuilder(context.Background(), kvm, spec, opts, func(string) {}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "KOSA8_ACCEL=tcg") || len(asked) != 0 {
 		t.Errorf("forced kvm: err = %v, drivers asked for %v", err, asked)
+	}
+}
+
+// TestDpkgCount: the builder's install shows a phase and a count from
+// dpkg's own lines, bounded by the number of packages announced; nothing
+// is counted before the announcement, and a guest's own text never
+// reaches the phase line.
+func TestDpkgCount(t *testing.T) {
+	var d dpkgCount
+	if _, _, _, ok := d.line("Unpacking early (1.0) ..."); ok {
+		t.Fatal("counted before the install step")
+	}
+	if _, _, _, ok := d.line("kosa8: step install 3"); ok {
+		t.Fatal("the announcement is not a count")
+	}
+	type got struct {
+		phase       string
+		done, total int
+		ok          bool
+	}
+	lines := []struct {
+		line string
+		want got
+	}{
+		{"Selecting previously unselected package a.", got{}},
+		{"Unpacking a (1.0) ...", got{"installing 3 packages in the guest: unpacking (under emulation: tens of minutes)", 1, 3, true}},
+		{"Unpacking b \x1b[2J ...", got{"", 2, 3, true}},
+		{"Unpacking c ...", got{"", 3, 3, true}},
+		{"Unpacking d, one the guest printed itself ...", got{"", 3, 3, true}},
+		{"Setting up a (1.0) ...", got{"installing 3 packages in the guest: setting up (under emulation: tens of minutes)", 1, 3, true}},
+		{"Setting up b ...", got{"", 2, 3, true}},
+		{"Processing triggers for man-db ...", got{}},
+	}
+	for _, l := range lines {
+		phase, done, total, ok := d.line(l.line)
+		if g := (got{phase, done, total, ok}); g != l.want {
+			t.Errorf("line %q: %+v, want %+v", l.line, g, l.want)
+		}
+	}
+	for _, bad := range []string{"kosa8: step install x", "kosa8: step install 0", "kosa8: step install 99999999"} {
+		var d dpkgCount
+		d.line(bad)
+		if _, _, _, ok := d.line("Unpacking a ..."); ok {
+			t.Errorf("%q: counted without a valid announcement", bad)
+		}
 	}
 }
