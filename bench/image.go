@@ -24,7 +24,10 @@ import (
 // needs only the npm registry; pip presets need PyPI). That build is the
 // same code after either base (a sandbox of the base image, its disk then
 // flattened and shrunk on the host), timed after each because the base
-// under it differs.
+// under it differs. Then benchImageRegistry: setup from a registry against
+// the local build, and OCI images pulled and converted by size
+// (-local-build=false leaves the builds out and takes the local build's
+// time from this machine's last setup log).
 func benchImage() {
 	_, cleanup := setupHome()
 	defer cleanup()
@@ -34,7 +37,11 @@ func benchImage() {
 	must(err)
 	var rows []row
 	times := map[string]time.Duration{}
-	for _, method := range []string{image.MethodPortable, image.MethodHostTools} {
+	methods := []string{image.MethodPortable, image.MethodHostTools}
+	if !*localBuild {
+		methods = nil
+	}
+	for _, method := range methods {
 		cache, err := os.MkdirTemp("", "kosa8-bench-image-")
 		must(err)
 		defer os.RemoveAll(cache)
@@ -94,7 +101,8 @@ func benchImage() {
 	if p, m := times[image.MethodPortable], times[image.MethodHostTools]; p > 0 && m > 0 {
 		rows = append(rows, row{"portable / mmdebstrap", fmt.Sprintf("%.2fx", p.Seconds()/m.Seconds()), a, "same run, packages downloaded by each"})
 	}
-	printTable(fmt.Sprintf("Guest image build, default recipe and the %s preset's derived image, %s", preset.Name, vmspec.HostArch()), rows, accel)
+	rows = append(rows, benchImageRegistry(accel, times[image.MethodPortable])...)
+	printTable(fmt.Sprintf("Guest image build, default recipe and the %s preset's derived image, setup from a registry, OCI images, %s", preset.Name, vmspec.HostArch()), rows, accel)
 }
 
 // failure is what a failed build said: its error line and, where the

@@ -66,8 +66,14 @@ func main() {
 		benchMem()
 	case "image":
 		benchImage()
+	case "fork":
+		benchFork()
+	case "k8s":
+		benchK8s()
+	case "docker":
+		benchDocker()
 	default:
-		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp, soak, agents, ramclone, mem or image", flag.Arg(0)))
+		must(fmt.Errorf("unknown benchmark %q: use boot, net, ws, cp, soak, agents, ramclone, mem, image, fork, k8s or docker", flag.Arg(0)))
 	}
 }
 

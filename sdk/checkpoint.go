@@ -61,6 +61,10 @@ type Checkpoint struct {
 	RAMCopiedBytes int64  `json:"ram_copied_bytes,omitempty"`
 	FullCopyReason string `json:"full_copy_reason,omitempty"`
 	Verify         string `json:"verify,omitempty"`
+	// RAMInStream: the RAM is in the device state (a checkpoint of a fork
+	// whose memory is mapped copy-on-write from its source's checkpoint:
+	// saved by QEMU's own migration, at its speed), not a file of its own.
+	RAMInStream bool `json:"ram_in_stream,omitempty"`
 }
 
 // CheckpointDisk is one disk layer a checkpoint froze.
@@ -75,6 +79,7 @@ func fromMeta(m *checkpoint.Meta) Checkpoint {
 		QEMU: m.QEMU, Firmware: m.Firmware, Arch: m.Arch, MemoryMiB: m.MemoryMiB,
 		RAMBytes: m.RAMBytes, DeviceBytes: m.DeviceBytes, PauseMillis: m.PauseMillis, TotalMillis: m.TotalMillis,
 		PauseSteps: m.PauseSteps, Incremental: m.Incremental, RAMCopiedBytes: m.RAMCopiedBytes, FullCopyReason: m.FullCopyReason, Verify: m.Verify,
+		RAMInStream: m.RAMInStream,
 	}
 	// Never null: JSON Schema (the MCP tools' output) has an object here.
 	cp.Disks = make(map[string]CheckpointDisk, len(m.Disks))

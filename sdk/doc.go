@@ -73,6 +73,18 @@
 // their parents and sizes. [Sandbox.Pause] writes the machine out and frees
 // its memory; [Sandbox.Resume] continues it.
 //
+// # Forks
+//
+// [Sandbox.Fork] makes n sandboxes of the running machine (one checkpoint
+// of it, then n starts from it): best-of-n attempts at one task, each with
+// its own disks, network stack and identity, each keeping its changes to
+// the workspace for review. [ForkCommand] runs a command in each, detached
+// (its exit status in [Sandbox.ForkStatus]); [Client.Forks] reports every
+// fork of a sandbox with what it changed ([ChangeSummary]: files, lines
+// added and removed); [Sandbox.ApplyChanges] on the one chosen writes its
+// changes to the host folder. A sandbox cannot be removed while forks of it
+// exist ([ErrHasForks]).
+//
 // # Network
 //
 // Nothing is reachable unless a rule allows it: example.com (ports 80 and

@@ -149,9 +149,10 @@ func Example_network() {
 	if err := sb.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	// A name that is not allowed does not even resolve.
-	_, err = sb.Output(ctx, "getent", "hosts", "example.com")
-	fmt.Println("example.com resolves:", err == nil)
+	// A name that is not allowed leads to kosa8's refusal page, which
+	// says why and what lets it through.
+	page, _ := sb.Output(ctx, "curl", "-s", "http://example.com/")
+	fmt.Println(strings.SplitN(string(page), "\n", 2)[0])
 	blocked, _ := sb.Blocked(ctx)
 	for _, b := range blocked {
 		fmt.Println("refused:", b.Host, "allow with:", b.Rule)
@@ -163,7 +164,7 @@ func Example_network() {
 	rules, _ = sb.Deny(ctx, "evil.example.com")
 	fmt.Println(strings.Join(rules, " "))
 	// Output:
-	// example.com resolves: false
+	// kosa8: example.com was refused: no rule allows example.com.
 	// refused: example.com allow with: example.com
 	// pypi.org example.com
 	// example.com

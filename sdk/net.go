@@ -39,7 +39,10 @@ func ruleTexts(p *netpolicy.Policy) []string {
 // Allow adds rules to the allow-list, for new connections at once (a
 // stopped sandbox keeps them for its next start), and returns the list.
 // Rules matching a whole public suffix or everything are refused: use
-// AllowBroad for those.
+// AllowBroad for those. A pin (pin:NAME, for a name that resolves to a
+// private or documentation address, as behind a corporate proxy) is
+// resolved on the host now and kept with its addresses: the sandbox then
+// reaches NAME at exactly those, and never resolves it again.
 func (s *Sandbox) Allow(ctx context.Context, rules ...string) ([]string, error) {
 	return s.allow(ctx, rules, false)
 }
@@ -53,7 +56,7 @@ func (s *Sandbox) allow(ctx context.Context, rules []string, broad bool) ([]stri
 	if s.sb.Alive() {
 		return s.sb.Client().Allow(ctx, rules, broad)
 	}
-	return stopped(sandbox.AllowStopped(s.sb, rules, broad))
+	return stopped(sandbox.AllowStopped(ctx, s.sb, rules, broad))
 }
 
 // Deny adds deny rules for hosts, wildcards or ranges: a deny rule wins
@@ -85,11 +88,19 @@ func stopped(p *netpolicy.Policy, err error) ([]string, error) {
 
 // Blocked is a host the sandbox asked for and was refused.
 type Blocked struct {
-	Host  string    `json:"host"`
+	Host  string    `json:"host"`           // a name, or a raw address
 	Port  uint16    `json:"port,omitempty"` // 0: only looked up in DNS
 	Rule  string    `json:"rule"`           // what Allow would take to let it through
 	Count int       `json:"count"`
 	Last  time.Time `json:"last"`
+	// Address is the address refused: a raw connection's, or those an
+	// allowed name resolved to that only a pin reaches (Rule is then
+	// pin:NAME, which Allow resolves and pins).
+	Address string `json:"address,omitempty"`
+	Why     string `json:"why,omitempty"` // why it was refused, in words
+	// DenyRule is the deny rule refusing it, if one does: Remove of it
+	// lifts the refusal.
+	DenyRule string `json:"deny_rule,omitempty"`
 }
 
 // Blocked lists the hosts the sandbox was refused that its allow-list
@@ -105,7 +116,7 @@ func (s *Sandbox) Blocked(ctx context.Context) ([]Blocked, error) {
 	}
 	out := []Blocked{}
 	for _, b := range sandbox.BlockedHosts(events, pol) {
-		out = append(out, Blocked{Host: b.Host, Port: b.Port, Rule: b.Rule, Count: b.Count, Last: b.Last})
+		out = append(out, Blocked(b))
 	}
 	return out, nil
 }
@@ -121,7 +132,7 @@ func (s *Sandbox) WatchRefused(ctx context.Context, f func(Blocked) error) error
 		return err
 	}
 	return client.Refused(ctx, func(b api.Blocked) error {
-		return f(Blocked{Host: b.Host, Port: b.Port, Rule: b.Rule, Count: b.Count, Last: b.Last})
+		return f(Blocked(b))
 	})
 }
 
@@ -343,6 +354,11 @@ func (s *Sandbox) RequestNetAccess(ctx context.Context, rule, reason string) (*A
 	r, err := netpolicy.ParseRule(rule, netpolicy.ParseOptions{})
 	if err != nil {
 		return nil, err
+	}
+	if r.Pinned && len(r.Pin) > 0 {
+		// The addresses of a pin are what the name resolves to on the
+		// user's machine when they add it, never what the asker names.
+		return nil, fmt.Errorf("ask for pin:%s without addresses: a pin holds what the name resolves to on the user's machine", r.Host)
 	}
 	if len(reason) > 1024 {
 		reason = reason[:1024]

@@ -12,9 +12,15 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/guest/agent"
+	"github.com/kosa8/kosa8/internal/image/unpack"
 )
 
 func main() {
+	// In the image converter VM, run as a command (not PID 1): unpack an
+	// OCI image's layers (package unpack).
+	if len(os.Args) > 1 && os.Args[1] == "unpack" {
+		os.Exit(unpack.Main(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	start := time.Now()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("who", "kosa8-agent")
 	// The first line userspace prints: benchmarks time the boot up to it.

@@ -13,6 +13,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -98,6 +99,8 @@ type agentFlags struct {
 	preset  *agent.Preset
 	recipe  image.DerivedRecipe // derived image to use (Empty: the base)
 	project string              // the folder whose agent home is kept
+	// What the recipe adds, kept to make it again over an OCI image.
+	pkgs, setup []string
 }
 
 func (a *agentFlags) register(fs *pflag.FlagSet) {
@@ -201,6 +204,11 @@ func (a *agentFlags) recipeFor(m *sandbox.Manager, proj *config.Project, c *sand
 	if proj != nil {
 		pkgs, setup = proj.Image.Packages, proj.Image.Setup
 	}
+	if c.Docker != nil {
+		// The engine comes from Debian: the packages join the recipe, so
+		// one image holds the agent, the project's packages and Docker.
+		pkgs = append(slices.Clone(pkgs), image.DockerPackages...)
+	}
 	if a.preset != nil || len(pkgs) > 0 || len(setup) > 0 {
 		base, err := baseImage(m, vmspec.Arch(c.Arch))
 		if err != nil {
@@ -213,7 +221,14 @@ func (a *agentFlags) recipeFor(m *sandbox.Manager, proj *config.Project, c *sand
 				label += " + project"
 			}
 		}
+		if c.Docker != nil {
+			label += " + docker"
+			if a.preset == nil && len(pkgs) == len(image.DockerPackages) && len(setup) == 0 {
+				label = "docker"
+			}
+		}
 		a.recipe = derivedRecipe(base, a.preset, pkgs, setup, label)
+		a.pkgs, a.setup = pkgs, setup
 		if err := a.recipe.Validate(); err != nil {
 			return fmt.Errorf("kosa8.toml: %w", err)
 		}
@@ -281,63 +296,172 @@ func (a *agentFlags) prepareHome(ctx context.Context, m *sandbox.Manager, sb *sa
 	return nil
 }
 
-// saveHome copies the kept folders out of the guest into the host archive,
-// without the agent's credential files.
+// saveHomeScript lists, in the guest and as the sandbox's user, what of the
+// kept paths ($@) can be kept, and streams it as one tar. A file the user
+// cannot read (a root-owned one, a hard link to /etc/shadow) or one over
+// the limit ($1 bytes: a sparse file reads as its whole size) is left out
+// and named on stderr ("kosa8-skip\tWHY\tPATH"), and the rest goes on:
+// one such file used to fail the whole save. Hard links are stored as
+// files (the host keeps no link of that kind). Nothing here is trusted:
+// the host bounds and filters whatever comes out (filterHome).
+const saveHomeScript = `cd ~ || exit 0
+max=$1; shift
+for k in "$@"; do
+  [ -e "$k" ] || [ -L "$k" ] || continue
+  find "$k" \( -type f \( \( ! -readable -fprintf /dev/stderr 'kosa8-skip\tunreadable\t%p\n' \) -o \( -size +"$max"c -fprintf /dev/stderr 'kosa8-skip\t%s bytes\t%p\n' \) -o -print0 \) \) -o \( -type d ! \( -readable -executable \) -fprintf /dev/stderr 'kosa8-skip\tunreadable folder\t%p\n' -prune \) -o \( \( -type d -o -type l \) -print0 \)
+done | tar -c --null --no-recursion --ignore-failed-read --hard-dereference -T - -f -`
+
+// maxHomeStream bounds what is read of the guest's stream: the files kept
+// (maxHomeArchive), plus what a hostile guest sends that is skipped.
+const maxHomeStream = 2 * maxHomeArchive
+
+// saveHome streams the kept folders out of the guest into the host archive,
+// without the agent's credential files: into a file as they arrive, so the
+// host's memory stays bounded whatever the guest sends. What cannot be read
+// or is too large is skipped (said in one line) and the rest kept. When the
+// stream fails, the archive kept before stays.
 func (a *agentFlags) saveHome(ctx context.Context, m *sandbox.Manager, sb *sandbox.Sandbox, user string) error {
 	if a.preset == nil {
 		return nil
 	}
 	p := a.preset
-	args := []string{"/bin/sh", "-c", `cd ~ && for k in "$@"; do [ -e "$k" ] && printf '%s\0' "$k"; done | tar -c --null -T - -f -`, "sh"}
-	args = append(args, p.Home.Keep...)
-	var raw bytes.Buffer
-	var stderr bytes.Buffer
-	code, err := execCapture(ctx, sb, args, user, &limitWriter{w: &raw, n: maxHomeArchive}, &limitWriter{w: &stderr, n: 64 << 10})
-	if err != nil || code != 0 {
-		return fmt.Errorf("save %s's settings: status %d: %v %s", p.Name, code, err, sanitize(lastLines(stderr.String(), 3), true))
-	}
-	var out bytes.Buffer
-	held, err := filterHome(p, &raw, &out)
-	if err != nil {
-		return fmt.Errorf("save %s's settings: %w", p.Name, err)
-	}
-	for _, h := range held {
-		fmt.Fprintf(os.Stderr, "kosa8: %s wrote credentials to ~/%s; they are not kept. Store the key on this machine instead:\n", p.Name, h)
-		for _, s := range p.Secrets {
-			fmt.Fprintf(os.Stderr, "    %s\n", s.AddCommand())
-		}
-	}
 	dst := a.homeArchive(m)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return err
 	}
-	return writeNoFollow(dst, out.Bytes())
+	tmp := dst + ".tmp"
+	_ = os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("save %s's settings: %w", p.Name, err)
+	}
+	defer os.Remove(tmp) // renamed over dst when the save is whole
+	args := append([]string{"/bin/sh", "-c", saveHomeScript, "sh", fmt.Sprint(maxHomeArchive)}, p.Home.Keep...)
+	pr, pw := io.Pipe()
+	var res homeResult
+	var ferr error
+	filtered := make(chan struct{})
+	go func() {
+		defer close(filtered)
+		res, ferr = filterHome(p, pr, f)
+		// Whatever follows the end of the archive (tar's padding, or
+		// more from a hostile guest) is read and dropped, so the guest's
+		// side never blocks; the producer's limit bounds it.
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	var stderr bytes.Buffer
+	code, err := execCapture(ctx, sb, args, user, &limitWriter{w: pw, n: maxHomeStream, err: fmt.Errorf("the sandbox sent more than %d MiB", maxHomeStream>>20)}, &limitWriter{w: &stderr, n: 64 << 10})
+	pw.Close()
+	<-filtered
+	cerr := f.Close()
+	res.skipped = append(res.skipped, guestSkips(stderr.String())...)
+	adviseCredentials(os.Stderr, p, res.held, secretStored)
+	keep := ferr == nil && err == nil && cerr == nil && (code == 0 || code == 1) // tar: 1 is "a file changed as it was read"
+	if !keep {
+		why := ferr
+		switch {
+		case err != nil:
+			why = err
+		case why == nil && cerr != nil:
+			why = cerr
+		case why == nil:
+			why = fmt.Errorf("the archiver in the sandbox exited with status %d: %s", code, sanitize(lastLines(stderr.String(), 2), false))
+		}
+		return fmt.Errorf("%s's settings from this run were not kept (%v); those kept before stay (%s)", p.Name, why, dst)
+	}
+	if line := skippedLine(p, res.skipped); line != "" {
+		fmt.Fprintln(os.Stderr, "kosa8: "+line)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return fmt.Errorf("save %s's settings: %w", p.Name, err)
+	}
+	return nil
+}
+
+// homeResult is what filterHome left out: credential files, and files
+// skipped (too large for what is left of the limit).
+type homeResult struct {
+	held    []string
+	skipped []homeSkip
+}
+
+// homeSkip is a file not kept, and why (in a few words).
+type homeSkip struct{ name, why string }
+
+// maxSkipsNamed bounds the files a save names (the rest are counted).
+const maxSkipsNamed = 8
+
+// guestSkips reads the files the guest's script left out from its stderr
+// ("kosa8-skip\tWHY\tPATH" lines; bounded by the caller). The guest may
+// lie here: the text is only shown, cleaned, and capped.
+func guestSkips(stderr string) []homeSkip {
+	var out []homeSkip
+	for _, l := range strings.Split(stderr, "\n") {
+		f := strings.SplitN(l, "\t", 3)
+		if len(f) != 3 || f[0] != "kosa8-skip" || len(out) >= 1000 {
+			continue
+		}
+		why := f[1]
+		if n, ok := strings.CutSuffix(why, " bytes"); ok {
+			if v, err := strconv.ParseInt(n, 10, 64); err == nil {
+				why = humanBytes(v) + ", over the limit"
+			}
+		}
+		out = append(out, homeSkip{name: strings.TrimPrefix(f[2], "./"), why: why})
+	}
+	return out
+}
+
+// skippedLine is the one line that says which files were not kept and
+// what to do about them; "" when none were.
+func skippedLine(p *agent.Preset, skipped []homeSkip) string {
+	if len(skipped) == 0 {
+		return ""
+	}
+	var names []string
+	for i, s := range skipped {
+		if i == maxSkipsNamed {
+			names = append(names, fmt.Sprintf("and %d more", len(skipped)-i))
+			break
+		}
+		name := []rune(sanitize(s.name, false))
+		if len(name) > 120 {
+			name = append(name[:117], []rune("...")...)
+		}
+		names = append(names, fmt.Sprintf("~/%s (%s)", string(name), sanitize(s.why, false)))
+	}
+	return fmt.Sprintf("kept %s's settings except %s: %s. To keep a file, make it readable by the sandbox's user and smaller than %d MiB; to silence this, move it out of %s",
+		p.Name, plural(len(skipped), "file"), strings.Join(names, ", "), maxHomeArchive>>20, "~/"+strings.Join(p.Home.Keep, ", ~/"))
 }
 
 // filterHome copies a tar stream from the guest, keeping only directories,
 // regular files and links under the preset's kept paths, never a
-// credential file; it returns the credential files it dropped.
-func filterHome(p *agent.Preset, in io.Reader, out io.Writer) ([]string, error) {
+// credential file. It writes at most maxHomeArchive bytes: a file that
+// does not fit in what is left (a sparse file of a few KiB in the stream
+// reads as its whole size) is skipped, and the rest goes on. It returns
+// the credential files it dropped and the files it skipped.
+func filterHome(p *agent.Preset, in io.Reader, out io.Writer) (homeResult, error) {
+	var res homeResult
 	tr := tar.NewReader(in)
-	// Bounded as the stream from the guest is: a sparse file there (a
-	// few KiB) reads as its whole size of zeros.
 	lw := &limitWriter{w: out, n: maxHomeArchive}
 	tw := tar.NewWriter(lw)
-	var held []string
+	const trailer = 2 << 10 // the end-of-archive blocks tw.Close writes
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return held, err
+			return res, fmt.Errorf("the sandbox's archive of them is broken: %w", err)
 		}
 		name := strings.TrimPrefix(path.Clean(strings.TrimPrefix(h.Name, "./")), "/")
 		if name == "." || strings.HasPrefix(name, "../") || name == ".." || !p.Keeps(name) {
 			continue
 		}
 		if p.IsCredential(name) {
-			held = append(held, name)
+			if len(res.held) < maxSkipsNamed {
+				res.held = append(res.held, name)
+			}
 			continue
 		}
 		switch h.Typeflag {
@@ -349,47 +473,40 @@ func filterHome(p *agent.Preset, in io.Reader, out io.Writer) ([]string, error) 
 		if h.Typeflag != tar.TypeReg {
 			hdr.Size = 0
 		}
-		if hdr.Size > lw.n {
-			return held, fmt.Errorf("agent home larger than %d MiB: not kept", maxHomeArchive>>20)
+		// A header and its padded data must fit, with the trailer after.
+		if need := 512 + (hdr.Size+511)/512*512 + 512 + trailer; need > lw.n || len(name) > 4096 || len(h.Linkname) > 4096 {
+			if len(res.skipped) < 1000 {
+				res.skipped = append(res.skipped, homeSkip{name, humanBytes(h.Size) + ", over what is left of the " + fmt.Sprint(maxHomeArchive>>20) + " MiB limit"})
+			}
+			continue // Next skips its data (for a sparse file, only what the stream holds)
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
-			return held, err
+			return res, err
 		}
 		if h.Typeflag == tar.TypeReg {
 			if _, err := io.Copy(tw, tr); err != nil {
-				return held, err
+				return res, fmt.Errorf("the sandbox's archive of them is broken: %w", err)
 			}
 		}
 	}
-	return held, tw.Close()
+	return res, tw.Close()
 }
 
-// writeNoFollow replaces dst with data atomically, never through a link.
-func writeNoFollow(dst string, data []byte) error {
-	tmp := dst + ".tmp"
-	_ = os.Remove(tmp)
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, dst)
-}
-
+// limitWriter passes at most n bytes to w, then fails with err.
 type limitWriter struct {
-	w io.Writer
-	n int64
+	w   io.Writer
+	n   int64
+	err error // nil: errHomeTooLarge
 }
+
+var errHomeTooLarge = fmt.Errorf("agent home larger than %d MiB: not kept", maxHomeArchive>>20)
 
 func (l *limitWriter) Write(b []byte) (int, error) {
 	if int64(len(b)) > l.n {
-		return 0, fmt.Errorf("agent home larger than %d MiB: not kept", maxHomeArchive>>20)
+		if l.err != nil {
+			return 0, l.err
+		}
+		return 0, errHomeTooLarge
 	}
 	l.n -= int64(len(b))
 	return l.w.Write(b)

@@ -42,12 +42,12 @@ func TestFilterHome(t *testing.T) {
 	tw.Close()
 
 	var out bytes.Buffer
-	held, err := filterHome(p, &in, &out)
+	res, err := filterHome(p, &in, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(held, []string{".claude/.credentials.json"}) {
-		t.Fatalf("held %v", held)
+	if !slices.Equal(res.held, []string{".claude/.credentials.json"}) {
+		t.Fatalf("held %v", res.held)
 	}
 	var got []string
 	tr := tar.NewReader(&out)

@@ -84,7 +84,11 @@ func checkpointCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(rm)
+	// 'kosa8 checkpoint ls NAME' is 'kosa8 checkpoints NAME' (it answered
+	// "no such sandbox named ls").
+	ls := checkpointsCmd()
+	ls.Use, ls.Short = "ls NAME", "List a sandbox's checkpoints as a tree (as 'kosa8 checkpoints NAME')"
+	cmd.AddCommand(rm, ls)
 	return cmd
 }
 
@@ -113,9 +117,22 @@ func checkpointsCmd() *cobra.Command {
 					*checkpoint.Meta
 					DiskBytes int64 `json:"disk_bytes"` // allocated on the host: its files and the disk layers it froze
 				}
-				out := []entry{}
+				// The totals the text view ends with, beside the list.
+				type totals struct {
+					Count       int   `json:"count"`
+					Checkpoints int64 `json:"checkpoints_bytes"` // all checkpoints on disk
+					Spare       int64 `json:"spare_bytes"`       // the spare RAM files waiting for the next ones
+					Active      int64 `json:"live_disk_bytes"`   // the disk layers the machine writes to now
+					Total       int64 `json:"sandbox_bytes"`     // the whole sandbox directory
+				}
+				out := struct {
+					Checkpoints []entry `json:"checkpoints"`
+					Current     string  `json:"current,omitempty"` // the checkpoint the sandbox descends from
+					Totals      totals  `json:"totals"`
+				}{Checkpoints: []entry{}, Current: sb.Status().Checkpoint,
+					Totals: totals{len(list), usage.Checkpoints, usage.Spare, usage.Active, usage.Total}}
 				for _, c := range list {
-					out = append(out, entry{c, usage.PerCheckpoint[c.ID]})
+					out.Checkpoints = append(out.Checkpoints, entry{c, usage.PerCheckpoint[c.ID]})
 				}
 				return printJSON(out)
 			}
@@ -239,7 +256,10 @@ instead.`,
 				if err != nil {
 					return err
 				}
-				if err := s.Pause(cmd.Context()); err != nil { // returns once it has stopped
+				done := slowWait("pausing sandbox " + name + " (its memory written out)")
+				err = s.Pause(cmd.Context()) // returns once it has stopped
+				done()
+				if err != nil {
 					return supervisorErr(err)
 				}
 				fmt.Println(name)

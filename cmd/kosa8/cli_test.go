@@ -339,3 +339,112 @@ func TestJSONKeysLowerCase(t *testing.T) {
 		}
 	}
 }
+
+// setup's last line names the kosa8 the user can call: "kosa8" only when
+// that is this binary on the PATH, else its path and how to install it.
+func TestKosa8Command(t *testing.T) {
+	dir := t.TempDir()
+	self := filepath.Join(dir, "bin", "kosa8")
+	os.MkdirAll(filepath.Dir(self), 0o755)
+	os.WriteFile(self, []byte("x"), 0o755)
+	link := filepath.Join(dir, "link")
+	os.Symlink(self, link)
+	other := filepath.Join(dir, "other")
+	os.WriteFile(other, []byte("y"), 0o755)
+	found := func(p string) func(string) (string, error) {
+		return func(string) (string, error) { return p, nil }
+	}
+	notFound := func(string) (string, error) { return "", errors.New("not found") }
+	cases := []struct {
+		name, cwd string
+		look      func(string) (string, error)
+		want      string
+		hint      bool
+	}{
+		{"this binary on the PATH", dir, found(self), "kosa8", false},
+		{"a link to it on the PATH", dir, found(link), "kosa8", false},
+		{"not on the PATH, below the folder", dir, notFound, "./bin/kosa8", true},
+		{"another kosa8 on the PATH", dir, found(other), "./bin/kosa8", true},
+		{"not on the PATH, elsewhere", "/", notFound, "./" + strings.TrimPrefix(self, "/"), true},
+		{"not on the PATH, from a sibling folder", filepath.Join(dir, "x"), notFound, self, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			name, hint := kosa8Command(self, tc.cwd, tc.look)
+			if name != tc.want || (hint != "") != tc.hint {
+				t.Fatalf("kosa8Command = %q, %q; want %q, hint %v", name, hint, tc.want, tc.hint)
+			}
+			if tc.hint && (!strings.Contains(hint, "make install") || !strings.Contains(hint, filepath.Join(dir, "bin")+":$PATH")) {
+				t.Fatalf("hint %q: want 'make install' and the PATH line", hint)
+			}
+		})
+	}
+}
+
+// kosa8 logs shows the console as a person reads it: no "?" for the
+// serial console's carriage returns, and none of the lines a boot
+// template's guest wrote before the sandbox existed.
+func TestConsoleFilter(t *testing.T) {
+	created := time.Date(2026, 12, 3, 10, 25, 0, 0, time.UTC)
+	in := "time=2026-12-03T10:21:15.024Z level=INFO msg=\"session ended: the host started over\" who=kosa8-agent\r\n" +
+		"time=2026-12-03T10:21:15.057Z level=INFO msg=\"host connected\" who=kosa8-agent\r\n" +
+		"time=2026-12-03T10:25:02.337Z level=INFO msg=\"restored: RNG reseeded, clock stepped\" who=kosa8-agent\r\n" +
+		"[   18.477387] reboot: Power down\r\n" +
+		"time=not-a-time kept\r\n" +
+		"a last line without its newline\r"
+	want := "time=2026-12-03T10:25:02.337Z level=INFO msg=\"restored: RNG reseeded, clock stepped\" who=kosa8-agent\n" +
+		"[   18.477387] reboot: Power down\n" +
+		"time=not-a-time kept\n" +
+		"a last line without its newline"
+	for _, chunk := range []int{1, 7, len(in)} {
+		var out bytes.Buffer
+		c := &consoleFilter{w: &out, created: created}
+		for b := []byte(in); len(b) > 0; {
+			n := min(chunk, len(b))
+			if _, err := c.Write(b[:n]); err != nil {
+				t.Fatal(err)
+			}
+			b = b[n:]
+		}
+		c.Flush()
+		if out.String() != want {
+			t.Fatalf("written %d bytes at a time:\n%q\nwant\n%q", chunk, out.String(), want)
+		}
+	}
+	// A line without end is passed on in bounded pieces.
+	var out bytes.Buffer
+	c := &consoleFilter{w: &out}
+	c.Write(bytes.Repeat([]byte("x"), 3*maxConsoleLine))
+	if len(c.buf) >= maxConsoleLine || out.Len() < 2*maxConsoleLine {
+		t.Fatalf("an endless line is held: %d buffered, %d written", len(c.buf), out.Len())
+	}
+}
+
+// The fork command's refusals, before anything is checkpointed or made:
+// a missing count, a second sandbox where the command should be, a
+// stopped source without --from, a source that is no fork for fork
+// logs, and --rm on an apply of a sandbox that is no fork.
+func TestForkRefusals(t *testing.T) {
+	home := fakeHome(t)
+	fakeSandbox(t, home, "base", t.TempDir(), api.Status{State: api.Stopped})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"fork", "base"}, "say how many forks with -n N"},
+		{[]string{"fork", "base", "other", "-n", "2"}, "then the command after --"},
+		{[]string{"fork", "base", "-n", "2"}, "'kosa8 start base' first, or fork one of its checkpoints with --from"},
+		{[]string{"fork", "base", "-n", "2", "--from", "latest"}, "base has no checkpoint with a machine in it"},
+		{[]string{"fork", "logs", "base"}, "base is not a fork"},
+		{[]string{"fork", "ls", "nosuch"}, "no such sandbox"},
+	} {
+		code, _, stderr := kosa8(t, tc.args...)
+		if code != 125 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("kosa8 %v: exit %d, stderr %q; want 125 saying %q", tc.args, code, stderr, tc.want)
+		}
+	}
+	code, stdout, _ := kosa8(t, "fork", "ls", "base", "--json")
+	if code != 0 || strings.TrimSpace(stdout) != "[]" {
+		t.Errorf("fork ls of a sandbox without forks: exit %d, %q", code, stdout)
+	}
+}

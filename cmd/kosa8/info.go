@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -113,8 +114,11 @@ func lsCmd() *cobra.Command {
 				if l.Config.Ephemeral {
 					state += " (--rm)"
 				}
-				if n := l.Status.Pending; n > 0 && !l.Config.Ephemeral && l.State != api.Running {
+				if n := l.Status.Pending; n > 0 && l.State != api.Running {
 					state += fmt.Sprintf(" (%d pending)", n)
+				}
+				if f := l.Config.Fork; f != nil {
+					state += " (fork of " + f.Source + ")"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dG\t%s\n", sanitize(l.Name, false), state, accel, l.Config.CPUs, l.Config.MemoryMiB, l.Config.DiskGiB, ago(l.Config.Created))
 			}
@@ -161,6 +165,81 @@ JSON list.`,
 	}
 }
 
+// consoleFilter passes a console log on line by line, as a person reads
+// it: without the serial console's carriage returns (the terminal filter
+// would show each as "?"), and without the lines a boot template's guest
+// wrote before this sandbox existed (a sandbox started from a template
+// inherits what its guest had not yet sent; the agent stamps its lines
+// "time=…"). A line longer than maxConsoleLine is passed on in pieces.
+type consoleFilter struct {
+	w       io.Writer
+	created time.Time
+	buf     []byte
+}
+
+const maxConsoleLine = 64 << 10
+
+func (c *consoleFilter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			c.buf = append(c.buf, p...)
+			if len(c.buf) >= maxConsoleLine {
+				if err := c.emit(c.buf, false); err != nil {
+					return 0, err
+				}
+				c.buf = c.buf[:0]
+			}
+			break
+		}
+		line := p[:i]
+		if len(c.buf) > 0 {
+			line = append(c.buf, line...)
+		}
+		if err := c.emit(line, true); err != nil {
+			return 0, err
+		}
+		c.buf = c.buf[:0]
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+// Flush passes on a last line without its newline.
+func (c *consoleFilter) Flush() error {
+	if len(c.buf) == 0 {
+		return nil
+	}
+	err := c.emit(c.buf, false)
+	c.buf = c.buf[:0]
+	return err
+}
+
+func (c *consoleFilter) emit(line []byte, newline bool) error {
+	line = bytes.TrimRight(line, "\r")
+	if c.beforeCreated(line) {
+		return nil
+	}
+	if newline {
+		line = append(line, '\n')
+	}
+	_, err := c.w.Write(line)
+	return err
+}
+
+// beforeCreated reports whether line is stamped (time=RFC3339) before the
+// sandbox was created.
+func (c *consoleFilter) beforeCreated(line []byte) bool {
+	rest, ok := bytes.CutPrefix(line, []byte("time="))
+	if !ok || c.created.IsZero() {
+		return false
+	}
+	stamp, _, _ := bytes.Cut(rest, []byte(" "))
+	t, err := time.Parse(time.RFC3339Nano, string(stamp))
+	return err == nil && t.Before(c.created.Add(-time.Second))
+}
+
 func logsCmd() *cobra.Command {
 	var supervisorLog, follow bool
 	cmd := &cobra.Command{
@@ -179,7 +258,12 @@ func logsCmd() *cobra.Command {
 			}
 			// The console carries what the guest printed: never raw to the
 			// user's terminal.
-			w := os.Stdout // cleaned by guardOutput
+			var w io.Writer = os.Stdout // cleaned by guardOutput
+			if !supervisorLog {
+				cf := &consoleFilter{w: os.Stdout, created: sb.Config.Created}
+				defer cf.Flush()
+				w = cf
+			}
 			var older *os.File
 			if !supervisorLog {
 				// A long console log's older half (the driver bounds

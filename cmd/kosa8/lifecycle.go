@@ -17,11 +17,11 @@ import (
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/config"
+	"github.com/kosa8/kosa8/internal/folder"
 	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/project"
 	"github.com/kosa8/kosa8/internal/sandbox"
-	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmspec"
 	"github.com/kosa8/kosa8/sdk"
 )
@@ -50,6 +50,10 @@ type createFlags struct {
 	review     bool
 	exclude    []string
 	force      bool
+	image      string       // --image: an OCI image (oci.go)
+	devBuild   *dockerBuild // a dev container's build.dockerfile, built before the sandbox is made
+	docker     bool
+	dockerDisk string
 	ag         agentFlags // --agent, --no-host-ca, [agent] and [image] (agents.go)
 }
 
@@ -77,7 +81,10 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fs.StringArrayVar(&f.exclude, "exclude", nil, "a name or path glob that stays inside the sandbox, e.g. node_modules (repeatable)")
 	fs.BoolVar(&f.force, "force", false, "allow your home directory or / as the workspace")
 	fs.DurationVar(&f.cpEvery, "checkpoint-every", 0, "take a checkpoint at this interval while running (e.g. 10m)")
+	fs.BoolVar(&f.docker, "docker", false, "run a container engine (Docker, compose) inside; registries of Docker Hub, ghcr.io and quay.io allowed read-only")
+	fs.StringVar(&f.dockerDisk, "docker-disk", "", fmt.Sprintf("with --docker: the size of its disk for images and containers (default %dG, sparse)", sandbox.DefaultDockerDiskGiB))
 	fs.IntVar(&f.maxCP, "max-checkpoints", 0, fmt.Sprintf("keep at most this many checkpoints (default %d)", sandbox.DefaultMaxCheckpoints))
+	fs.StringVar(&f.image, "image", "", "boot an OCI image: a registry reference, an OCI layout directory or a docker/podman save tarball (pulled on the host, unpacked in a converter VM)")
 	f.ag.register(fs)
 }
 
@@ -101,6 +108,18 @@ func (f *createFlags) check(fs *pflag.FlagSet) error {
 			return fmt.Errorf("--memory %s is %d MiB, below the 256M minimum: a bare number is MiB (did you mean %sG?)", sz.val, mib, sz.val)
 		case sz.flag == "disk" && mib < 2<<10 && bare:
 			return fmt.Errorf("--disk %s is %d MiB, below the 2G minimum: a bare number is MiB (did you mean %sG?)", sz.val, mib, sz.val)
+		}
+	}
+	if fs.Changed("docker-disk") {
+		if !f.docker {
+			return errors.New("--docker-disk needs --docker")
+		}
+		mib, err := sandbox.ParseSize(f.dockerDisk)
+		if err != nil {
+			return fmt.Errorf("--docker-disk: %w", err)
+		}
+		if mib < 2<<10 {
+			return fmt.Errorf("--docker-disk %s is below the 2G minimum", f.dockerDisk)
 		}
 	}
 	if f.maxCP < 0 {
@@ -139,7 +158,7 @@ func resolveEnv(entries []string) ([]string, error) {
 // projectConfig loads kosa8.toml from the current folder, saying so when it
 // is not trusted.
 func projectConfig(m *sandbox.Manager) (*config.Project, error) {
-	wd, err := os.Getwd()
+	wd, err := folder.Current()
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +187,7 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 	if err != nil {
 		return sandbox.Config{}, err
 	}
-	wd, err := os.Getwd()
+	wd, err := folder.Current()
 	if err != nil {
 		return sandbox.Config{}, err
 	}
@@ -177,12 +196,13 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 		return sandbox.Config{}, err
 	}
 	o := project.Options{
-		Name: f.name, NameFrom: wd, Arch: arch, Accel: f.accel,
+		Name: f.name, NameFrom: wd.String(), Arch: arch, Accel: f.accel,
 		CPUs: f.cpus, Memory: f.memory, Disk: f.disk, Ephemeral: f.rm,
 		Review: f.review, Exclude: f.exclude,
 		NetPreset: f.preset, Allow: f.allow, AllowBroad: f.allowBroad,
 		Ports: f.publish, PublishAll: f.publishAll, Secrets: f.secrets, Env: env,
 		CheckpointEvery: f.cpEvery, MaxCheckpoints: f.maxCP,
+		Docker: f.docker, DockerDisk: f.dockerDisk,
 	}
 	for _, a := range f.allowRead {
 		o.Allow = append(o.Allow, "read:"+a)
@@ -190,13 +210,16 @@ func (f *createFlags) sandboxConfig(m *sandbox.Manager) (sandbox.Config, error) 
 	if !f.noWS {
 		dir := f.workspace
 		if dir == "" {
-			dir = wd
+			dir = wd.String()
 		}
 		if o.Workspace, err = sandbox.CheckWorkspace(dir, f.force); err != nil {
 			return sandbox.Config{}, err
 		}
 	}
 	if err := f.ag.options(m, proj, &o); err != nil {
+		return sandbox.Config{}, err
+	}
+	if err := f.projectImage(wd.String(), proj); err != nil {
 		return sandbox.Config{}, err
 	}
 	c, err := project.Resolve(o, proj, m.Paths.Config)
@@ -217,6 +240,35 @@ func createSandbox(ctx context.Context, m *sandbox.Manager, f *createFlags) (*sa
 	if err := checkQEMU(vmspec.Arch(cfg.Arch)); err != nil {
 		return nil, err
 	}
+	if f.devBuild != nil {
+		rec, err := buildDockerfile(ctx, m, *f.devBuild)
+		if err != nil {
+			return nil, err
+		}
+		f.image = rec.Name
+	}
+	if f.image != "" {
+		img, err := ociImage(ctx, m, f.image, vmspec.Arch(cfg.Arch))
+		if err != nil {
+			return nil, err
+		}
+		applyOCIConfig(&cfg, img.Manifest.OCI)
+		if !f.ag.recipe.Empty() {
+			// The preset's install and [image] packages/setup, over the
+			// OCI image (its package manager, its package sources).
+			d := derivedRecipe(img, f.ag.preset, f.ag.pkgs, f.ag.setup, f.ag.recipe.Label)
+			if err := checkDerivedBase(img, d); err != nil {
+				return nil, err
+			}
+			if img, err = ensureDerived(ctx, m, img, d); err != nil {
+				return nil, err
+			}
+		}
+		if err := cfg.Validate(); err != nil {
+			return nil, err
+		}
+		return m.Create(ctx, cfg, img)
+	}
 	img, err := f.ag.image(ctx, m, cfg)
 	if err != nil {
 		return nil, err
@@ -231,16 +283,7 @@ func checkFolderFree(m *sandbox.Manager, self string, ws *sandbox.WorkspaceConfi
 	if ws == nil {
 		return nil
 	}
-	other, err := m.WorkspaceOverlap(self, ws.Path)
-	if err != nil || other == nil {
-		return err
-	}
-	how := "is"
-	if other.Config.Workspace.Path != ws.Path {
-		how = "overlaps " + other.Config.Workspace.Path + ", which is"
-	}
-	return fmt.Errorf("%s %s synced by sandbox %s (%s): stop it first ('kosa8 stop %s') or use another folder",
-		ws.Path, how, other.Config.Name, other.Status().State, other.Config.Name)
+	return m.CheckFolderFree(self, ws.Path)
 }
 
 // startSandbox starts the sandbox's supervisor, detached, and waits for it
@@ -270,15 +313,20 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 		return nil, err
 	}
 	var p *progress
+	head := "booting sandbox " + sb.Config.Name
+	if restore != "" {
+		head = "resuming sandbox " + sb.Config.Name
+	}
 	started := func() {
 		if quiet {
 			return
 		}
 		p = newProgress(os.Stderr)
-		if restore != "" {
-			p.Step("resuming sandbox " + sb.Config.Name)
-		} else {
-			p.Step("booting sandbox " + sb.Config.Name)
+		p.Step(head)
+	}
+	phase := func(ph launch.BootPhase) {
+		if p != nil {
+			p.Step(fmt.Sprintf("%s: %s (step %d of %d)", head, ph.What, ph.Step, ph.Of))
 		}
 	}
 	progress := func(cp launch.CopyProgress) {
@@ -286,22 +334,11 @@ func startSandboxFrom(ctx context.Context, sb *sandbox.Sandbox, quiet bool, rest
 			p.Step(fmt.Sprintf("copying %s in: %d files, %s", sb.Config.Workspace.Path, cp.Files, humanBytes(cp.Bytes)))
 		}
 	}
-	st, err := launch.Launch(ctx, sb, launch.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started, Progress: progress})
+	st, err := launch.Launch(ctx, sb, launch.LaunchOptions{Binary: self, Agent: agent, Restore: restore, Rewind: rewind, Started: started, Progress: progress, Phase: phase})
 	if p != nil {
 		p.Done()
 	}
 	return st, err
-}
-
-// warnTCG says, once per command, that the sandbox runs without hardware
-// isolation.
-func warnTCG(st *api.Status) {
-	if st != nil && st.Accel == string(vmm.TCG) {
-		if st.AccelFallback != "" {
-			fmt.Fprintln(os.Stderr, "kosa8: warning: "+oneLine(st.AccelFallback, 400)+"; fell back to tcg (see 'kosa8 doctor'; KOSA8_ACCEL=tcg skips the attempt)")
-		}
-		fmt.Fprintln(os.Stderr, "kosa8: warning: "+vmm.IsolationWarning)
-	}
 }
 
 // oneLine joins s's lines with " / " (QEMU's message is often on its last
@@ -496,7 +533,9 @@ func stopSandbox(ctx context.Context, sb *sandbox.Sandbox, kill bool) error {
 		return err
 	}
 	if kill {
+		defer slowWait("killing sandbox " + sb.Config.Name)()
 		return s.Kill(ctx)
 	}
+	defer slowWait("stopping sandbox " + sb.Config.Name + " (a last sync pass, then the guest powers off)")()
 	return s.Stop(ctx)
 }

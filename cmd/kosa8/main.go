@@ -21,7 +21,8 @@ import (
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
-// version is set at build time (-ldflags "-X main.version=…").
+// version is the commit kosa8 was built from, set at build time
+// (-ldflags "-X main.version=…"); release (version.go) is the semantic one.
 var version = "dev"
 
 // exitError carries a command's exit status without another message.
@@ -103,22 +104,23 @@ func newRoot() *cobra.Command {
 		Long:          "kosa8 runs an agent's commands in a microVM with its own kernel, one workspace folder,\na closed network, keys kept outside, and checkpoints to rewind to.",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Version:       version,
+		Version:       currentVersion().String(),
 	}
+	root.SetVersionTemplate("kosa8 {{.Version}}\n")
 	root.AddCommand(
-		setupCmd(), doctorCmd(), imageCmd(), agentsCmd(),
+		versionCmd(), setupCmd(), doctorCmd(), imageCmd(), agentsCmd(),
 		runCmd(), createCmd(), startCmd(), execCmd(), shellCmd(),
 		lsCmd(), inspectCmd(), logsCmd(), stopCmd(), rmCmd(),
 		netCmd(), portCmd(), secretCmd(), mcpCmd(),
 		syncCmd(), diffCmd(), heldCmd(),
 		changeCmd("apply NAME [PATH...]", "Write the sandbox's changes waiting for review (all, or PATHs) to the host folder",
-			"Write the changes a --review sandbox made (all, or the PATHs given) to the host folder.\nHeld files need 'kosa8 approve'. A stopped sandbox is started for it and stopped again.", "apply", false),
+			"Write the changes a --review sandbox made (all, or the PATHs given) to the host folder.\nHeld files need 'kosa8 approve'. A sandbox not running is started (a paused one resumed) and paused again after, or stopped (removed, with --rm) once nothing is left to review.", "apply", false),
 		changeCmd("discard NAME [PATH...]", "Undo the sandbox's unapplied changes (all, or PATHs) inside it",
-			"Put the host's version back in the sandbox for its changes waiting for review and its held\nfiles (all, or the PATHs given). A stopped sandbox is started for it and stopped again.", "discard", false),
+			"Put the host's version back in the sandbox for its changes waiting for review and its held\nfiles (all, or the PATHs given). A sandbox not running is started (a paused one resumed) and paused again after, or stopped (removed, with --rm) once nothing is left to review.", "discard", false),
 		changeCmd("approve NAME PATH...", "Show held files' diffs, then write them to the host folder",
-			"Show the diff of each held PATH (files host tools run or obey), ask on a terminal, then\nwrite them to the host folder. A stopped sandbox is started for it and stopped again.", "approve", true),
-		checkpointCmd(), checkpointsCmd(), rewindCmd(), pauseCmd(),
-		trustCmd(), debugCmd(), superviseCmd(),
+			"Show the diff of each held PATH (files host tools run or obey), ask on a terminal, then\nwrite them to the host folder. A sandbox not running is started (a paused one resumed) and paused again after, or stopped (removed, with --rm) once nothing is left to review.", "approve", true),
+		checkpointCmd(), checkpointsCmd(), rewindCmd(), pauseCmd(), resumeCmd(), forkCmd(),
+		trustCmd(), debugCmd(), superviseCmd(), serveCmd(),
 	)
 	// A bad flag says which command's help lists the real ones.
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {

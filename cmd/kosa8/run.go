@@ -85,7 +85,10 @@ its command with ARGS appended; --agent AGENT applies the preset to any command.
 			}
 			o := execOptions{argv: args, dir: workdir, user: userName}
 			if len(o.argv) == 0 {
-				o.argv = []string{"/bin/bash", "-l"}
+				if o.argv, err = sb.Config.LoginShell(); err != nil {
+					finishRun(sb, m)
+					return err
+				}
 			}
 			o.tty = tty || (isTerminal(os.Stdin) && isTerminal(termOut))
 			if noTTY {
@@ -106,6 +109,7 @@ its command with ARGS appended; --agent AGENT applies the preset to any command.
 				fmt.Fprintf(os.Stderr, "kosa8: %v\n", err)
 			}
 			finishRun(sb, m)
+			noteKept(m, sb, f.name == "")
 			if err != nil {
 				return err
 			}
@@ -238,7 +242,6 @@ func startCmd() *cobra.Command {
 	var from string
 	cmd := &cobra.Command{
 		Use:               "start NAME...",
-		Aliases:           []string{"resume"},
 		ValidArgsFunction: completeAllSandboxes,
 		Short:             "Start stopped sandboxes (a paused one continues where it was)",
 		Long: `Start stopped sandboxes. A paused sandbox continues where it was; others boot
@@ -303,6 +306,19 @@ disks as they were are kept as a checkpoint first, so nothing is lost.`,
 		}
 		return checkpointIDs(args[0], toComplete), cobra.ShellCompDirectiveNoFileComp
 	})
+	return cmd
+}
+
+// resumeCmd is 'kosa8 resume NAME...': start, under the name 'kosa8
+// pause' points to, listed in 'kosa8 --help' (as an alias of start it was
+// not).
+func resumeCmd() *cobra.Command {
+	cmd := startCmd()
+	cmd.Use = "resume NAME..."
+	cmd.Short = "Continue paused sandboxes where they were (as 'kosa8 start' does)"
+	cmd.Long = `Continue sandboxes that 'kosa8 pause' wrote out, where they were, processes
+included. It is 'kosa8 start': a sandbox that was not paused boots from its
+disks; --cold boots a paused one from its disks instead.`
 	return cmd
 }
 
@@ -415,7 +431,11 @@ func shellCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			code, err := execIn(cmd.Context(), sb, execOptions{argv: []string{"/bin/bash", "-l"}, tty: isTerminal(os.Stdin), stdin: true, user: userName})
+			sh, err := sb.Config.LoginShell()
+			if err != nil {
+				return err
+			}
+			code, err := execIn(cmd.Context(), sb, execOptions{argv: sh, tty: isTerminal(os.Stdin), stdin: true, user: userName})
 			if err != nil {
 				return err
 			}
@@ -477,6 +497,10 @@ func rmCmd() *cobra.Command {
 			for _, name := range args {
 				sb, err := m.Open(name)
 				if err != nil {
+					return err
+				}
+				// Refused before anything stops: its forks' disks build on it.
+				if err := m.CheckNoForks(name); err != nil {
 					return err
 				}
 				if sb.Alive() {

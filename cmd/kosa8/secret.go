@@ -97,7 +97,7 @@ signature covers the request and needs the key inside.`,
 	}
 	add.Flags().StringArrayVar(&hosts, "host", nil, "a host the secret may be sent to (repeatable; *.domain for subdomains)")
 	add.Flags().StringVar(&header, "header", "Authorization", "the request header that carries it")
-	add.Flags().StringVar(&format, "format", "{value}", "the header's value: '{value}', 'Bearer {value}', or basic:USER for HTTP Basic (git over HTTPS)")
+	add.Flags().StringVar(&format, "format", "{value}", "the header's value: '{value}', 'Bearer {value}', basic:USER for HTTP Basic (git over HTTPS), or registry:USER for a container registry's login (--docker)")
 	add.Flags().BoolVar(&replace, "replace", false, "replace a secret of the same name")
 	ls := &cobra.Command{
 		Use:   "ls",

@@ -4,17 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kosa8/kosa8/internal/agent"
 	"github.com/kosa8/kosa8/internal/config"
+	"github.com/kosa8/kosa8/internal/folder"
 	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/oci"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/supervisor"
 	"github.com/kosa8/kosa8/internal/vmm"
@@ -97,18 +102,24 @@ func buildImage(ctx context.Context, m *sandbox.Manager, arch vmspec.Arch, agent
 	if err := os.MkdirAll(m.Paths.Cache, 0o755); err != nil {
 		return nil, err
 	}
+	if hint := builderHint(arch); hint != "" {
+		fmt.Fprintln(os.Stderr, "kosa8: the guest image is built in a builder VM; "+hint)
+	}
 	logPath := filepath.Join(m.Paths.Cache, "image-build.log")
 	if image.Foreign(arch) {
 		logPath = filepath.Join(m.Paths.Cache, "image-build-"+string(arch)+".log")
 	}
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
+	// Created once this build holds the image's lock: another build
+	// writing it may be under way, and a wait shows its progress from it.
+	logf := &lazyFile{path: logPath}
 	defer logf.Close()
 	p := newProgress(os.Stderr)
 	p.Step("building the guest image (log: " + logPath + ")")
-	img, err := store.Build(ctx, r, image.BuildOptions{Progress: p.Step, Log: logf, Rebuild: rebuild,
+	p.LogTo(logf)
+	img, err := store.Build(ctx, r, image.BuildOptions{Progress: p.Step, Count: p.Count, Log: logf, LogPath: logPath, Rebuild: rebuild,
+		Waiting: func() func() {
+			return watchBuildLog(p, "waiting for another build of the guest image to finish", logPath)
+		},
 		Agent: agent, Accel: vmm.Accel(os.Getenv("KOSA8_ACCEL")),
 		NewDriver: func(arch vmspec.Arch, accel vmm.Accel) (vmm.Driver, error) {
 			// The sandboxes' record of accelerators that failed to boot
@@ -122,8 +133,61 @@ func buildImage(ctx context.Context, m *sandbox.Manager, arch vmspec.Arch, agent
 	return img, nil
 }
 
+// lazyFile creates (truncates) its file at the first write, so that opening
+// a log does not wipe the one another build is still writing.
+type lazyFile struct {
+	path string
+	mu   sync.Mutex
+	f    *os.File
+	err  error
+}
+
+func (l *lazyFile) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil && l.err == nil {
+		l.f, l.err = os.Create(l.path)
+	}
+	if l.err != nil {
+		return 0, l.err
+	}
+	return l.f.Write(b)
+}
+
+func (l *lazyFile) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return nil
+	}
+	return l.f.Close()
+}
+
+// kosa8Command is how to call this kosa8 (self) from cwd: "kosa8" when that
+// name on the PATH is this binary, else its path (relative when below cwd),
+// with a hint saying how to put it on the PATH.
+func kosa8Command(self, cwd string, lookPath func(string) (string, error)) (name, hint string) {
+	if self == "" {
+		return "kosa8", ""
+	}
+	real := func(p string) string {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return r
+		}
+		return p
+	}
+	if p, err := lookPath("kosa8"); err == nil && real(p) == real(self) {
+		return "kosa8", ""
+	}
+	name = self
+	if rel, err := filepath.Rel(cwd, self); err == nil && cwd != "" && !strings.HasPrefix(rel, "..") {
+		name = "./" + rel
+	}
+	return name, fmt.Sprintf("%s is not the kosa8 on your PATH: 'make install' puts it there, or add  export PATH=\"%s:$PATH\"  to your shell profile", name, filepath.Dir(self))
+}
+
 func setupCmd() *cobra.Command {
-	var rebuild, noInstall bool
+	var rebuild, noInstall, build bool
 	var archName string
 	cmd := &cobra.Command{
 		Use:   "setup",
@@ -134,7 +198,12 @@ initramfs with kosa8-agent, and a Debian root filesystem. The image is cached an
 rebuilt only when its inputs change.
 
 --arch arm64 on an x86-64 host builds the arm64 image: its packages are unpacked
-here and installed in a first boot of the image under emulation (20-25 minutes on 2 cores).`,
+here and installed in a first boot of the image under emulation (20-25 minutes on 2 cores).
+
+With a base image pinned by digest (` + BaseImageEnv + `=REPOSITORY@sha256:..., or
+the release's), setup pulls it instead: its blobs are checked against their digests and
+installed as a build would be (under a minute). If that fails, setup says why and builds
+the image here; --build builds without trying.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -164,24 +233,45 @@ here and installed in a first boot of the image under emulation (20-25 minutes o
 			if err := sandbox.EnsureWritable(m.Paths.SandboxesDir()); err != nil {
 				return err
 			}
-			img, err := buildImage(ctx, m, arch, agent, rebuild)
-			if err != nil {
-				return err
+			var img *image.Image
+			if ref := baseImageRef(); ref != "" && !build && !rebuild {
+				store := image.Store{Dir: m.Paths.Cache}
+				if _, err := store.Lookup(image.DefaultRecipe(arch)); err != nil {
+					if img, err = pullBase(ctx, m, ref, arch); err != nil {
+						if ctx.Err() != nil {
+							return err
+						}
+						fmt.Fprintf(os.Stderr, "kosa8: could not set up the base image from %s: %v\nkosa8: building it here instead ('kosa8 setup --build' does so without trying the registry)\n", sanitize(ref, false), err)
+						img = nil
+					}
+				}
+			}
+			if img == nil {
+				if img, err = buildImage(ctx, m, arch, agent, rebuild); err != nil {
+					return err
+				}
 			}
 			if _, err := img.Initramfs(agent); err != nil {
 				return err
 			}
-			try := "kosa8 run -- uname -a"
+			self, _ := os.Executable()
+			cwd, _ := os.Getwd()
+			name, hint := kosa8Command(self, cwd, exec.LookPath)
+			try := name + " run -- uname -a"
 			if image.Foreign(arch) {
-				try = "kosa8 run --arch " + string(arch) + " -- uname -m"
+				try = name + " run --arch " + string(arch) + " -- uname -m"
 			}
 			fmt.Fprintf(os.Stderr, "kosa8: ready (image %s, kernel %s). Try: %s\n", filepath.Base(img.Dir), img.Manifest.KernelVersion, try)
+			if hint != "" {
+				fmt.Fprintf(os.Stderr, "kosa8: %s\n", hint)
+			}
 			return nil
 		},
 	}
 	archFlag(cmd.Flags(), &archName)
 	cmd.Flags().BoolVar(&rebuild, "rebuild", false, "build the image again even if it exists")
 	cmd.Flags().BoolVar(&noInstall, "no-install", false, "do not install host packages; fail if any is missing")
+	cmd.Flags().BoolVar(&build, "build", false, "build the base image here even when a pinned one can be pulled ("+BaseImageEnv+")")
 	return cmd
 }
 
@@ -191,7 +281,7 @@ func imageCmd() *cobra.Command {
 	var agentName, archName string
 	ls := &cobra.Command{
 		Use:   "ls",
-		Short: "List built images",
+		Short: "List built images and pulled OCI images",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := manager()
@@ -202,33 +292,56 @@ func imageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			recs, err := oci.NewCache(m.Paths.Cache).Records()
+			if err != nil {
+				return err
+			}
 			if asJSON {
+				// Kind: "built" (a root filesystem sandboxes boot: base,
+				// derived or converted from an OCI image) or "pulled" (an
+				// OCI image in the cache, by digest).
 				type imageView struct {
+					Kind string `json:"kind"`
 					Name string `json:"name"`
 					Dir  string `json:"dir"`
 					image.Manifest
 				}
-				out := make([]imageView, 0, len(imgs))
+				type pulledView struct {
+					Kind string `json:"kind"`
+					*oci.Record
+					Size int64 `json:"size"`
+				}
+				out := make([]any, 0, len(imgs)+len(recs))
 				for _, img := range imgs {
-					out = append(out, imageView{filepath.Base(img.Dir), img.Dir, img.Manifest})
+					out = append(out, imageView{"built", filepath.Base(img.Dir), img.Dir, img.Manifest})
+				}
+				for _, r := range recs {
+					out = append(out, pulledView{"pulled", r, r.Size()})
 				}
 				return printJSON(out)
 			}
-			for _, img := range imgs {
-				what := "base (Debian " + img.Manifest.Recipe.Suite + ")"
-				if d := img.Manifest.Derived; d != nil {
-					what = "derived: " + d.Label + " on " + d.Base
-				}
-				fmt.Printf("%s\t%s\t%s\tkernel %s\t%d MiB\tbuilt %s\n", filepath.Base(img.Dir), img.Manifest.Recipe.Arch, what, img.Manifest.KernelVersion, img.Manifest.RootFSBytes>>20, ago(img.Manifest.Built))
-			}
+			printImages(os.Stdout, imgs, recs)
 			return nil
 		},
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	var df dockerBuildFlags
 	build := &cobra.Command{
-		Use:   "build",
-		Short: "Build the guest image (as setup does, without installing packages)",
-		Args:  cobra.NoArgs,
+		Use:   "build [-f Dockerfile -t NAME [CONTEXT]]",
+		Short: "Build the guest image (as setup does), or an OCI image from a Dockerfile inside a builder sandbox",
+		Long: `Without -f or -t: build kosa8's guest image (as setup does, without installing
+packages), and with --agent the derived image of an agent preset.
+
+With -t NAME (and -f Dockerfile, default CONTEXT/Dockerfile; CONTEXT, default
+the current folder): build the Dockerfile with buildah inside a builder sandbox.
+The images its stages start from are pulled on this host; its RUN lines reach
+only what the sandbox's allow-list holds (kosa8.toml's [network], --allow,
+--net), and a refused host fails the build. The context is copied in
+(.dockerignore applied; a link out of it is refused). The result is an OCI
+image in kosa8's cache: 'kosa8 run --image NAME' boots it, 'kosa8 image push
+NAME REF' publishes it.`,
+		Example: "  kosa8 image build\n  kosa8 image build --agent claude\n  kosa8 image build -t myproj .\n  kosa8 image build -f docker/Dockerfile.dev -t myproj:dev --allow pypi.org --allow files.pythonhosted.org .",
+		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := manager()
 			if err != nil {
@@ -237,6 +350,12 @@ func imageCmd() *cobra.Command {
 			arch, err := guestArch(archName)
 			if err != nil {
 				return err
+			}
+			if df.tag != "" || df.file != "" || len(args) > 0 {
+				if agentName != "" || rebuild {
+					return fmt.Errorf("--agent and --rebuild build kosa8's own images; a Dockerfile build takes -t NAME, -f and a context")
+				}
+				return df.run(cmd.Context(), m, arch, args)
 			}
 			agentBin, err := agentPath(arch)
 			if err != nil {
@@ -262,6 +381,7 @@ func imageCmd() *cobra.Command {
 	build.Flags().BoolVar(&rebuild, "rebuild", false, "build again even if it exists")
 	archFlag(build.Flags(), &archName)
 	build.Flags().StringVar(&agentName, "agent", "", "also build the derived image of this agent preset ('kosa8 agents')")
+	df.register(build)
 	var pruneAll bool
 	prune := &cobra.Command{
 		Use:   "prune",
@@ -295,6 +415,23 @@ func imageCmd() *cobra.Command {
 				for _, img := range newest {
 					keep[img.Dir] = true
 				}
+				// The newest conversion of each OCI image still pulled.
+				pulled := map[string]bool{}
+				recs, _ := oci.NewCache(m.Paths.Cache).Records()
+				for _, r := range recs {
+					pulled[r.Manifest] = true
+				}
+				conv := map[string]*image.Image{}
+				for _, img := range all {
+					if o := img.Manifest.OCI; o != nil && pulled[o.Manifest] {
+						if n := conv[o.Manifest]; n == nil || img.Manifest.Built.After(n.Manifest.Built) {
+							conv[o.Manifest] = img
+						}
+					}
+				}
+				for _, img := range conv {
+					keep[img.Dir] = true
+				}
 			}
 			sbs, err := m.List()
 			if err != nil {
@@ -317,20 +454,60 @@ func imageCmd() *cobra.Command {
 			for _, d := range supervisor.PruneTemplates(m.Paths.Cache) {
 				fmt.Println(d)
 			}
+			// OCI blobs no pulled image reaches.
+			freed, err := oci.NewCache(m.Paths.Cache).Prune(nil)
+			if err != nil {
+				return err
+			}
+			if freed > 0 {
+				fmt.Printf("freed %s of OCI blobs no pulled image uses\n", humanBytes(freed))
+			}
 			return nil
 		},
 	}
 	prune.Flags().BoolVar(&pruneAll, "all", false, "remove derived images too unless a sandbox uses them")
-	cmd.AddCommand(ls, build, prune)
+	cmd.AddCommand(ls, build, prune, imagePullCmd(), imageRmCmd(), imagePushCmd(), imagePodCmd())
 	return cmd
 }
 
-func trustProject(args []string) error {
-	dir := "."
-	if len(args) == 1 {
-		dir = args[0]
+// printImages lists images as 'kosa8 ls' lists sandboxes: a header, and
+// columns aligned with spaces.
+func printImages(w io.Writer, imgs []*image.Image, recs []*oci.Record) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tARCH\tKIND\tKERNEL\tSIZE\tBUILT")
+	for _, img := range imgs {
+		what := "base (Debian " + img.Manifest.Recipe.Suite + ")"
+		if o := img.Manifest.OCI; o != nil {
+			what = "from " + o.Name + " " + o.ShortDigest()
+		}
+		if d := img.Manifest.Derived; d != nil {
+			base := d.Base
+			if len(base) > 16 {
+				base = base[:16]
+			}
+			what = "derived: " + d.Label + " on " + base
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%dM\t%s\n", filepath.Base(img.Dir), img.Manifest.Recipe.Arch, sanitize(what, false),
+			img.Manifest.KernelVersion, img.Manifest.RootFSBytes>>20, ago(img.Manifest.Built))
 	}
-	dir, err := filepath.Abs(dir)
+	// Pulled OCI images, not yet (or no longer) converted: their layers.
+	for _, r := range recs {
+		kind, when := "pulled", "pulled "+ago(r.Pulled)
+		if r.Source == oci.SourceBuilt {
+			kind, when = "built from a Dockerfile", "built "+ago(r.Pulled)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t-\t%s\t%s\n", sanitize(r.Name, false), r.Platform,
+			sanitize(fmt.Sprintf("%s %s, %d layers", kind, r.ShortDigest(), len(r.Layers)), false), humanBytes(r.Size()), when)
+	}
+	tw.Flush()
+}
+
+func trustProject(args []string) error {
+	name := "."
+	if len(args) == 1 {
+		name = args[0]
+	}
+	dir, err := folder.Resolve(name)
 	if err != nil {
 		return err
 	}
@@ -338,10 +515,10 @@ func trustProject(args []string) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(dir, config.FileName)
+	p := filepath.Join(dir.String(), config.FileName)
 	data, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("no %s in %s", config.FileName, dir)
+		return fmt.Errorf("no %s in %s", config.FileName, dir.String())
 	}
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,14 +16,26 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kosa8/kosa8/internal/api"
+	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/sdk"
 )
 
 // reachWorkspace opens a sandbox's workspace for a command that needs the
-// guest's side of it. A stopped sandbox is started for the command, quietly,
-// and stopped again by done: its pending changes live on its disk, and
-// diff, apply and discard must work on a sandbox that 'run --rm --review'
-// kept for them.
+// guest's side of it (diff, apply, discard, approve, held): the pending
+// changes of a review sandbox live on its disk, and these commands must
+// work on one that 'run --rm --review' kept, stopped, for them.
+//
+// A sandbox that is not running is brought up for the command: a paused
+// one resumes (about a second under TCG), a stopped one boots (10-20 s
+// under TCG, with its phases shown). When the command is done (done):
+//   - nothing left to review: it is stopped, and one made with --rm is
+//     removed with it (--rm takes effect once every change is applied or
+//     discarded);
+//   - changes left: it is paused, not stopped, so that the next review
+//     command resumes it instead of booting it again: one boot per review
+//     session, not one per command. A paused sandbox holds no memory.
+//
+// A running sandbox is left running.
 func reachWorkspace(ctx context.Context, name string) (s *sdk.Sandbox, done func(), err error) {
 	sb, err := openSandbox(name)
 	if err != nil {
@@ -37,22 +50,50 @@ func reachWorkspace(ctx context.Context, name string) (s *sdk.Sandbox, done func
 	if sb.Alive() {
 		return s, func() {}, nil
 	}
-	switch st := sb.Status(); st.State {
-	case api.Paused:
-		return nil, nil, fmt.Errorf("sandbox %s is paused: 'kosa8 resume %s' first", name, name)
-	default:
-		fmt.Fprintf(os.Stderr, "kosa8: starting %s to reach its workspace (stopped again after)\n", name)
-		if _, err := startSandbox(ctx, sb, true); err != nil {
-			return nil, nil, fmt.Errorf("start %s to reach its workspace: %w", name, err)
-		}
+	restore := ""
+	if st := sb.Status(); st.State == api.Paused {
+		restore = st.Checkpoint
+		fmt.Fprintf(os.Stderr, "kosa8: resuming %s to reach its workspace\n", name)
+	} else {
+		fmt.Fprintf(os.Stderr, "kosa8: starting %s to reach its workspace (paused after, while changes are left to review)\n", name)
 	}
-	return s, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-		defer cancel()
-		if err := stopSandbox(sctx, sb, false); err != nil {
-			fmt.Fprintf(os.Stderr, "kosa8: stop %s again: %v\n", name, err)
+	if _, err := startSandboxFrom(ctx, sb, false, restore, false); err != nil {
+		return nil, nil, fmt.Errorf("start %s to reach its workspace: %w", name, err)
+	}
+	return s, func() { endReview(sb, s) }, nil
+}
+
+// endReview puts a sandbox that reachWorkspace brought up back to rest:
+// stopped (removed, with --rm) when nothing is left to review, else paused.
+func endReview(sb *sandbox.Sandbox, s *sdk.Sandbox) {
+	name := sb.Config.Name
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	left := -1
+	if st, err := s.SyncStatus(ctx, false); err == nil {
+		left = len(st.Pending) + len(st.Held)
+	}
+	if left > 0 {
+		done := slowWait("pausing " + name + " for the next review command")
+		err := s.Pause(ctx)
+		done()
+		if err == nil {
+			fmt.Fprintf(os.Stderr, "kosa8: %s left to review in %s: paused (the next diff, apply or discard resumes it)\n", plural(left, "change"), name)
+			return
 		}
-	}, nil
+		fmt.Fprintf(os.Stderr, "kosa8: pause %s: %v; stopping it\n", name, supervisorErr(err))
+	}
+	ephemeral := sb.Config.Ephemeral
+	if err := stopSandbox(ctx, sb, false); err != nil {
+		fmt.Fprintf(os.Stderr, "kosa8: stop %s again: %v\n", name, err)
+		return
+	}
+	switch {
+	case left == 0 && ephemeral:
+		fmt.Fprintf(os.Stderr, "kosa8: nothing left to review in %s: removed (--rm)\n", name)
+	case left == 0:
+		fmt.Fprintf(os.Stderr, "kosa8: nothing left to review in %s: stopped\n", name)
+	}
 }
 
 // changeView is a pending or held change as --json shows it: the entry's
@@ -91,7 +132,7 @@ type syncView struct {
 	Quota     sdk.SyncQuota      `json:"quota"`
 }
 
-func printSyncStatus(st *sdk.SyncStatus, asJSON bool) error {
+func printSyncStatus(name string, st *sdk.SyncStatus, asJSON bool) error {
 	if asJSON {
 		v := syncView{Path: st.Path, Files: st.Files, LastSync: st.LastSync, Pending: viewChanges(st.Pending), Held: viewChanges(st.Held),
 			Conflicts: st.Conflicts, Skipped: st.Skipped, Errors: st.Errors, Quota: st.Quota}
@@ -139,7 +180,7 @@ func printSyncStatus(st *sdk.SyncStatus, asJSON bool) error {
 		conflicts = append(conflicts, fmt.Sprintf("%s: the sandbox's version is in %s", c.Path, c.Copy))
 	}
 	section("waiting for review ('kosa8 apply')", pending)
-	section("held for approval ('kosa8 approve NAME PATH')", held)
+	section("held for approval ('kosa8 approve "+name+" PATH')", held)
 	section("conflicts (both versions kept)", conflicts)
 	section("not synced", st.Skipped)
 	section("errors", st.Errors)
@@ -166,7 +207,7 @@ func syncCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printSyncStatus(st, asJSON)
+				return printSyncStatus(args[0], st, asJSON)
 			},
 		}
 		c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -202,13 +243,7 @@ shows one; 'kosa8 discard NAME PATH' undoes it inside the sandbox.`,
 			if asJSON {
 				return printJSON(viewChanges(st.Held))
 			}
-			for _, c := range viewChanges(st.Held) {
-				what := c.Path
-				if c.Type == "link" {
-					what += " -> " + c.Link
-				}
-				fmt.Printf("%-8s %-4s %s  (%s)\n", c.Kind, c.Type, sanitize(what, false), sanitize(c.Why, false))
-			}
+			printHeld(os.Stdout, args[0], st.Held)
 			return nil
 		},
 	}
@@ -216,8 +251,22 @@ shows one; 'kosa8 discard NAME PATH' undoes it inside the sandbox.`,
 	return cmd
 }
 
+// printHeld lists held changes, or says there are none.
+func printHeld(w io.Writer, name string, held []sdk.SyncChange) {
+	if len(held) == 0 {
+		fmt.Fprintf(w, "(nothing held for approval in %s)\n", name)
+	}
+	for _, c := range viewChanges(held) {
+		what := c.Path
+		if c.Type == "link" {
+			what += " -> " + c.Link
+		}
+		fmt.Fprintf(w, "%-8s %-4s %s  (%s)\n", c.Kind, c.Type, sanitize(what, false), sanitize(c.Why, false))
+	}
+}
+
 func changeCmd(use, short, long, what string, needPaths bool) *cobra.Command {
-	var yes bool
+	var yes, rmOthers bool
 	cmd := &cobra.Command{
 		Use:               use,
 		Short:             short,
@@ -250,6 +299,9 @@ func changeCmd(use, short, long, what string, needPaths bool) *cobra.Command {
 			case "discard":
 				change = s.DiscardChanges
 			}
+			if rmOthers && s.Origin() == nil {
+				return fmt.Errorf("--rm removes the other forks once one is applied: %s is not a fork", args[0])
+			}
 			changed, err := change(cmd.Context(), args[1:]...)
 			if err != nil {
 				return err
@@ -257,13 +309,42 @@ func changeCmd(use, short, long, what string, needPaths bool) *cobra.Command {
 			for _, p := range changed {
 				fmt.Println(p)
 			}
+			if rmOthers {
+				return removeSiblings(cmd.Context(), s)
+			}
 			return nil
 		},
 	}
 	if what == "approve" {
 		cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask after showing the diff")
 	}
+	if what == "apply" {
+		cmd.Flags().BoolVar(&rmOthers, "rm", false, "for a fork: then remove the other forks of its source (their changes with them)")
+	}
 	return cmd
+}
+
+// removeSiblings removes the other forks of fork's source, running or not,
+// their unapplied changes with them: the user chose this one.
+func removeSiblings(ctx context.Context, fork *sdk.Sandbox) error {
+	c, err := sdk.New()
+	if err != nil {
+		return err
+	}
+	forks, err := c.Forks(ctx, fork.Origin().Source)
+	if err != nil {
+		return err
+	}
+	for _, f := range forks {
+		if f.Name == fork.Name() {
+			continue
+		}
+		if err := c.Remove(ctx, f.Name, true); err != nil {
+			return fmt.Errorf("remove %s: %w", f.Name, err)
+		}
+		fmt.Fprintf(os.Stderr, "kosa8: removed %s\n", f.Name)
+	}
+	return nil
 }
 
 // confirm asks a yes/no question on the terminal; no is the default.
@@ -277,15 +358,26 @@ func confirm(q string) bool {
 func diffCmd() *cobra.Command {
 	var stat bool
 	cmd := &cobra.Command{
-		Use:   "diff NAME [PATH...]",
-		Short: "Show the sandbox's changes waiting for review or approval",
+		Use:   "diff NAME [PATH...] | diff NAME OTHER",
+		Short: "Show the sandbox's changes waiting for review or approval (or two sandboxes' against each other)",
 		Long: `Show the sandbox's changes that have not reached the host folder: those waiting
 for review (--review: 'kosa8 apply') and held files ('kosa8 approve'), as unified
-diffs of the host's version against the sandbox's. A stopped sandbox is started
-for it and stopped again.`,
+diffs of the host's version against the sandbox's. A sandbox not running is
+started (a paused one resumed) and paused again after, or stopped (removed, with
+--rm) once nothing is left to review.
+
+'kosa8 diff NAME OTHER', where OTHER is a sandbox of the same folder (two forks of
+one sandbox, say), shows their changes against each other: each path either changed,
+NAME's version against OTHER's (a path one left alone is the host's version there).
+A file in the workspace named like a sandbox is given as ./NAME.`,
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 2 && !strings.ContainsAny(args[1], "/") {
+				if other, err := openSandbox(args[1]); err == nil {
+					return diffSandboxes(cmd.Context(), args[0], other.Config.Name, stat)
+				}
+			}
 			s, done, err := reachWorkspace(cmd.Context(), args[0])
 			if err != nil {
 				return err

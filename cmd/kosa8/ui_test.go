@@ -8,8 +8,10 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -170,5 +172,136 @@ func writeJSON(t *testing.T, path string, v any) {
 	}
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the progress goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Every wait over a few seconds shows what it waits for, a count or phase
+// and the time: without a terminal as lines repeated while the step lasts,
+// on a terminal as one line with a bar.
+func TestProgressShowsCountAndElapsed(t *testing.T) {
+	var out, log syncBuffer
+	p := startProgress(&out, false, 1*time.Second)
+	p.Step("installing 40 packages")
+	p.LogTo(&log)
+	p.Step("unpacking")
+	p.Count(10, 40)
+	time.Sleep(2500 * time.Millisecond)
+	p.Count(40, 40)
+	p.Done()
+	got := out.String()
+	if !strings.Contains(got, "installing 40 packages\nunpacking\n") {
+		t.Fatalf("steps not printed once each:\n%s", got)
+	}
+	if !regexp.MustCompile(`  \.\.\. unpacking: 10/40 \(25%\), [12]\.\ds\n`).MatchString(got) {
+		t.Fatalf("no line with the count and the elapsed time while the step lasted:\n%s", got)
+	}
+	if l := log.String(); !strings.Contains(l, "kosa8: progress: unpacking\n") || !strings.Contains(l, "kosa8: progress: unpacking: 10/40 (25%)\n") ||
+		!strings.Contains(l, "kosa8: progress: unpacking: 40/40 (100%)\n") || strings.Contains(l, "installing") {
+		t.Fatalf("log lines:\n%s", l)
+	}
+
+	var tty syncBuffer
+	p = startProgress(&tty, true, time.Hour)
+	p.Step("setting up")
+	p.Count(5, 10)
+	time.Sleep(300 * time.Millisecond)
+	p.Step("next")
+	p.Done()
+	if got := tty.String(); !strings.Contains(got, "setting up  [##########          ] 5/10 50%  0.") ||
+		!strings.Contains(got, "\r\x1b[K  setting up: 5/10 (50%)  0.") {
+		t.Fatalf("terminal: no bar, or the finished step lacks its time:\n%q", got)
+	}
+}
+
+// A wait for another build shows that build's last progress line, read
+// from its log, and the log's path; the wait's own text is not logged.
+func TestWatchBuildLog(t *testing.T) {
+	logPath := filepath.Join(t.TempDir(), "image-build.log")
+	os.WriteFile(logPath, []byte("apt output\nkosa8: progress: booting the build sandbox\nmore\n"), 0o644)
+	var out, log syncBuffer
+	p := startProgress(&out, false, time.Hour)
+	p.LogTo(&log)
+	stop := watchBuildLog(p, "waiting for another build", logPath)
+	f, _ := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("kosa8: progress: [2/3] npm install -g x \x1b[2J\n")
+	f.Close()
+	time.Sleep(1500 * time.Millisecond)
+	stop()
+	p.Done()
+	got := out.String()
+	for _, want := range []string{
+		"waiting for another build (log: " + logPath + "); it is at: booting the build sandbox\n",
+		"waiting for another build (log: " + logPath + "); it is at: [2/3] npm install -g x ?[2J\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("want %q in:\n%q", want, got)
+		}
+	}
+	if log.String() != "" {
+		t.Fatalf("the wait wrote to this build's log: %q", log.String())
+	}
+	if got := lastProgressLine(filepath.Join(t.TempDir(), "none")); got != "" {
+		t.Fatalf("no log: %q", got)
+	}
+}
+
+// A wait is announced once it lasts (stop, pause, kill); a short one
+// prints nothing.
+func TestSlowWait(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	oldErr, oldAfter := termErr, slowWaitAfter
+	termErr, slowWaitAfter = f, 100*time.Millisecond
+	defer func() { termErr, slowWaitAfter = oldErr, oldAfter }()
+	slowWait("quick")()
+	done := slowWait("stopping sandbox x")
+	time.Sleep(400 * time.Millisecond)
+	done()
+	b, _ := os.ReadFile(f.Name())
+	if strings.Contains(string(b), "quick") || !strings.Contains(string(b), "stopping sandbox x\n") {
+		t.Fatalf("written: %q", b)
+	}
+}
+
+// Where there is no terminal (a script, a log), progress says nothing for
+// its first seconds: a command that ends or fails at once prints only its
+// result; one that goes on has its current step said then.
+func TestProgressQuietAtFirstWithoutTerminal(t *testing.T) {
+	var b syncBuffer
+	p := startProgress(&b, false, time.Hour)
+	p.mu.Lock()
+	p.quiet = 1500 * time.Millisecond
+	p.mu.Unlock()
+	p.Step("opening the image")
+	p.Step("booting the VM")
+	if got := b.String(); got != "" {
+		t.Fatalf("said at once: %q", got)
+	}
+	time.Sleep(2600 * time.Millisecond)
+	p.Step("attaching the workspace")
+	p.Done()
+	if got, want := b.String(), "booting the VM\nattaching the workspace\n"; got != want {
+		t.Fatalf("said %q, want %q", got, want)
 	}
 }

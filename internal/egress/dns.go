@@ -19,9 +19,12 @@ import (
 const dnsTTL = 300
 
 // AnswerDNS builds the reply to one DNS query. It never asks a real
-// resolver: a name the policy allows gets its synthetic address, its other
-// record types an empty answer; any other name gets NXDOMAIN, so a query
-// cannot carry data out. A query that does not parse gets no reply (nil).
+// resolver, so a query cannot carry data out: a name the policy allows
+// gets its synthetic address, its other record types an empty answer; a
+// name it refuses gets RefusedAddr (the refusal page), briefly, and its
+// other types an empty answer; a name that is no host name, or carries a
+// secret's placeholder, NXDOMAIN. A query that does not parse gets no
+// reply (nil).
 func (g *Gateway) AnswerDNS(query []byte) []byte {
 	var q dns.Msg
 	if err := q.Unpack(query); err != nil {
@@ -53,22 +56,29 @@ func (g *Gateway) AnswerDNS(query []byte) []byte {
 		g.auditRepeat(ev)
 		return pack(r)
 	}
-	norm, err := netpolicy.NormalizeHost(name)
-	var d netpolicy.Decision
-	switch {
-	case containsAny(name, g.placeholderForms()):
-		ev.Kind, d.Reason = "exfiltration", "a secret's placeholder in a DNS query"
-	case err != nil:
-		d.Reason = err.Error()
-	default:
-		d = g.policy().AllowsName(norm)
-		if !d.Allow && !d.Denied && len(g.credentialsFor(norm)) > 0 {
-			d = netpolicy.Decision{Allow: true, Rule: "secret " + g.credentialsFor(norm)[0].Name}
-		}
+	norm, d, exfil, err := g.decideName(name)
+	if exfil {
+		ev.Kind = "exfiltration"
 	}
 	if !d.Allow {
-		r.Rcode = dns.RcodeNameError
 		ev.Decision, ev.Reason = "deny", d.Reason
+		if err != nil || ev.Kind == "exfiltration" {
+			r.Rcode = dns.RcodeNameError
+			g.auditRepeat(ev)
+			return pack(r)
+		}
+		// A name the allow-list refuses points at the refusal page (one
+		// fixed address for every such name, so nothing is bound and
+		// nothing but that address comes back), briefly: an agent that
+		// connects reads why, and the command that allows it, where
+		// NXDOMAIN told it only that the name does not exist.
+		if qu.Qtype == dns.TypeA || qu.Qtype == dns.TypeANY {
+			r.Answer = append(r.Answer, &dns.A{
+				Hdr: dns.RR_Header{Name: qu.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: refusedTTL},
+				A:   RefusedAddr.AsSlice(),
+			})
+			ev.Answer = RefusedAddr.String() + " (the refusal page)"
+		}
 		g.auditRepeat(ev)
 		return pack(r)
 	}
@@ -94,6 +104,26 @@ func (g *Gateway) AnswerDNS(query []byte) []byte {
 	// same name in a loop costs one record per window.
 	g.auditRepeat(ev)
 	return pack(r)
+}
+
+// decideName is whether name resolves for the guest (DNS, and a proxy's
+// CONNECT): a name the policy allows on some port, or a host of a bound
+// secret. exfil reports a name that carries a secret's placeholder, err
+// one that is no host name.
+func (g *Gateway) decideName(name string) (norm string, d netpolicy.Decision, exfil bool, err error) {
+	norm, err = netpolicy.NormalizeHost(name)
+	switch {
+	case containsAny(name, g.placeholderForms()):
+		return norm, netpolicy.Decision{Reason: "a secret's placeholder in a DNS query"}, true, err
+	case err != nil:
+		d.Reason = err.Error()
+	default:
+		d = g.policy().AllowsName(norm)
+		if !d.Allow && !d.Denied && len(g.credentialsFor(norm)) > 0 {
+			d = netpolicy.Decision{Allow: true, Rule: "secret " + g.credentialsFor(norm)[0].Name}
+		}
+	}
+	return norm, d, false, err
 }
 
 func pack(m *dns.Msg) []byte {

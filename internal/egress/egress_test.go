@@ -32,7 +32,7 @@ func (f fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Ad
 	return nil, errors.New("no such host")
 }
 
-func newGateway(t *testing.T, rules []string, res fakeResolver, overrides map[string]netip.Addr) (*Gateway, string) {
+func newGateway(t testing.TB, rules []string, res fakeResolver, overrides map[string]netip.Addr) (*Gateway, string) {
 	t.Helper()
 	pol, err := netpolicy.Parse(rules, netpolicy.ParseOptions{})
 	if err != nil {
@@ -90,10 +90,28 @@ func TestDNS(t *testing.T) {
 			t.Errorf("%s for an allowed name: rcode %d, %d answers", dns.TypeToString[qt], r.Rcode, len(r.Answer))
 		}
 	}
+	// A refused name points at the refusal page: one fixed address for
+	// every such name, briefly, bound to none of them.
 	for _, name := range []string{"denied.test.", "wild.test.", "evil-wild.test.", "x.wild.test.evil.", "exfil-c2VjcmV0.attacker.example."} {
-		if r := query(t, g, name, dns.TypeA); r.Rcode != dns.RcodeNameError || len(r.Answer) != 0 {
-			t.Errorf("%s: rcode %d", name, r.Rcode)
+		r := query(t, g, name, dns.TypeA)
+		if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+			t.Errorf("%s: rcode %d, %d answers", name, r.Rcode, len(r.Answer))
+			continue
 		}
+		a := r.Answer[0].(*dns.A)
+		if ip, _ := netip.AddrFromSlice(a.A.To4()); ip != RefusedAddr || a.Hdr.Ttl != refusedTTL {
+			t.Errorf("%s: answered %s ttl %d, want the refusal page %s", name, ip, a.Hdr.Ttl, RefusedAddr)
+		}
+		if r := query(t, g, name, dns.TypeAAAA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 0 {
+			t.Errorf("%s AAAA: rcode %d, %d answers", name, r.Rcode, len(r.Answer))
+		}
+	}
+	if n := g.names.Len(); n != 1 {
+		t.Errorf("refused names were bound: %d names in the map", n)
+	}
+	// No host name at all: NXDOMAIN.
+	if r := query(t, g, "allowed.test\\000.evil.", dns.TypeA); r.Rcode != dns.RcodeNameError {
+		t.Errorf("a malformed name: rcode %d", r.Rcode)
 	}
 	if r := query(t, g, "a.wild.test.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
 		t.Errorf("wildcard subdomain: %v", r)
@@ -231,9 +249,9 @@ func TestConnectDecisions(t *testing.T) {
 		{"port not allowed", netip.AddrPortFrom(syntheticFor(t, g, "allowed.test"), 443), "port 443"},
 		{"raw address", netip.AddrPortFrom(lo, port), "no rule allows the address"},
 		{"unbound synthetic", netip.MustParseAddrPort("198.19.255.1:80"), "no name is bound"},
-		{"rebinding to loopback", netip.AddrPortFrom(syntheticFor(t, g, "rebind.test"), port), "special address 127.0.0.1"},
-		{"private address", netip.AddrPortFrom(syntheticFor(t, g, "private.test"), 443), "special address 10.9.9.9"},
-		{"metadata service", netip.AddrPortFrom(syntheticFor(t, g, "meta.test"), 80), "169.254.169.254"},
+		{"rebinding to loopback", netip.AddrPortFrom(syntheticFor(t, g, "rebind.test"), port), "127.0.0.1 (in 127.0.0.0/8), which no name may reach"},
+		{"private address", netip.AddrPortFrom(syntheticFor(t, g, "private.test"), 443), "private.test resolved to 10.9.9.9 (a private address); a name may reach such an address only when the user pins it: kosa8 net allow NAME pin:private.test"},
+		{"metadata service", netip.AddrPortFrom(syntheticFor(t, g, "meta.test"), 80), "169.254.169.254 (in 169.254.0.0/16), which no name may reach"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -245,6 +263,10 @@ func TestConnectDecisions(t *testing.T) {
 			if ev.Decision != "deny" || !strings.Contains(ev.Reason, tc.why) {
 				t.Fatalf("event %+v, want a denial mentioning %q", ev, tc.why)
 			}
+			// Only an address a pin may hold is offered to be pinned.
+			if pinnable := tc.name == "private address"; (ev.Refused != "") != pinnable || strings.Contains(ev.Reason, "pin:") != pinnable {
+				t.Fatalf("event %+v: refused address and pin offered should be %v", ev, pinnable)
+			}
 		})
 	}
 
@@ -254,7 +276,7 @@ func TestConnectDecisions(t *testing.T) {
 	pol.Add(r)
 	g.SetPolicy(pol)
 	_, ev := g.connect(context.Background(), netip.AddrPortFrom(syntheticFor(t, g, "private.test"), 443))
-	if strings.Contains(ev.Reason, "special address") {
+	if strings.Contains(ev.Reason, "resolved to") {
 		t.Fatalf("CIDR rule did not name the private address: %+v", ev)
 	}
 
@@ -383,10 +405,10 @@ func FuzzAnswerDNS(f *testing.F) {
 				t.Fatalf("non-A answer %v", rr)
 			}
 			name := strings.ToLower(strings.TrimSuffix(a.Hdr.Name, "."))
-			if !pol.AllowsName(name).Allow {
-				t.Fatalf("answered a name the policy does not allow: %q", a.Hdr.Name)
-			}
 			ip, _ := netip.AddrFromSlice(a.A.To4())
+			if !pol.AllowsName(name).Allow && ip != RefusedAddr {
+				t.Fatalf("answered a name the policy does not allow with %s: %q", ip, a.Hdr.Name)
+			}
 			if !SyntheticNet.Contains(ip) {
 				t.Fatalf("answered a real address %s", ip)
 			}
@@ -417,12 +439,11 @@ func TestDNSOverTCP(t *testing.T) {
 		if err := r.Unpack(body); err != nil {
 			t.Fatal(err)
 		}
-		want := dns.RcodeSuccess
-		if name == "nope.test." {
-			want = dns.RcodeNameError
+		if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+			t.Fatalf("%s over TCP: rcode %d, %d answers", name, r.Rcode, len(r.Answer))
 		}
-		if r.Rcode != want {
-			t.Fatalf("%s over TCP: rcode %d, want %d", name, r.Rcode, want)
+		if ip, _ := netip.AddrFromSlice(r.Answer[0].(*dns.A).A.To4()); (ip == RefusedAddr) != (name == "nope.test.") {
+			t.Fatalf("%s over TCP: answered %s", name, ip)
 		}
 	}
 }
@@ -604,11 +625,13 @@ func TestPlainHTTPRefusalExplains(t *testing.T) {
 	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: x..evil\r\n\r\n")
 	b, _ := io.ReadAll(c)
 	c.Close()
-	if !strings.Contains(string(b), "403") || strings.Contains(string(b), "x..evil") || !strings.Contains(string(b), "203.0.113.9 is not allowed") {
+	if !strings.Contains(string(b), "403") || strings.Contains(string(b), "x..evil") || !strings.Contains(string(b), "203.0.113.9 was refused") ||
+		!strings.Contains(string(b), "kosa8 net allow dev 203.0.113.9/32\n") {
 		t.Fatalf("raw address: %q", b)
 	}
-	if c, err := guestDial(t, g, netip.AddrPortFrom(ip, 443)); err == nil {
+	// Another port of a raw address: reset.
+	if c, err := guestDial(t, g, netip.MustParseAddrPort("203.0.113.9:5432")); err == nil {
 		c.Close()
-		t.Fatal("a refused HTTPS connection was accepted")
+		t.Fatal("a refused connection to port 5432 was accepted")
 	}
 }

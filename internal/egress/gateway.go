@@ -10,6 +10,7 @@ package egress
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -230,6 +231,21 @@ func (g *Gateway) connect(ctx context.Context, dst netip.AddrPort) (*upstream, a
 	trusted := false
 	if a, ok := g.cfg.Overrides[name]; ok {
 		addrs, trusted = []netip.Addr{a}, true
+	} else if d.Pinned {
+		// Pinned: exactly the addresses the user saw it resolve to,
+		// never resolved again (a later answer, rebinding included,
+		// changes nothing).
+		if len(d.Pin) == 0 {
+			return deny("rule " + d.Rule + " has no addresses (a pin is resolved when it is added): allow it again")
+		}
+		addrs = d.Pin
+		ev.Rule += " (pinned)"
+		up, ev := g.dialPinned(ctx, ev, name, addrs, port)
+		if up != nil {
+			up.inspect = d.Inspect || len(creds) > 0
+			up.creds = creds
+		}
+		return up, ev
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		var err error
@@ -248,11 +264,32 @@ func (g *Gateway) connect(ctx context.Context, dst netip.AddrPort) (*upstream, a
 	return up, ev
 }
 
+// dialPinned connects to the first of a pin's addresses that works. A
+// pinned address may be private, shared, documentation or this host's own
+// (the user pinned it, seeing it); the few no pin may hold are refused
+// again here, whatever the policy file said.
+func (g *Gateway) dialPinned(ctx context.Context, ev audit.Event, name string, addrs []netip.Addr, port uint16) (*upstream, audit.Event) {
+	var ok []netip.Addr
+	var reasons []string
+	for _, a := range addrs {
+		if err := netpolicy.Pinnable(a); err != nil {
+			reasons = append(reasons, err.Error())
+			continue
+		}
+		ok = append(ok, a)
+	}
+	if len(ok) == 0 {
+		ev.Decision, ev.Reason = "deny", strings.Join(reasons, "; ")
+		return nil, ev
+	}
+	return g.dial(ctx, ev, name, ok, port, true)
+}
+
 // dial connects to the first acceptable address. Addresses are checked
 // here, and the connection goes to exactly the address checked, never to a
 // name that could resolve again to something else.
 func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs []netip.Addr, port uint16, trusted bool) (*upstream, audit.Event) {
-	var reasons []string
+	var reasons, special []string
 	tried := 0
 	for _, a := range addrs {
 		a = a.Unmap()
@@ -262,6 +299,11 @@ func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs [
 		}
 		if !trusted {
 			if why := g.special(a); why != "" && !g.policy().NamesIP(a) {
+				if name != "" && netpolicy.Pinnable(a) == nil {
+					special = append(special, a.String()) // the user may pin it
+				} else if name != "" {
+					why = name + " resolved to " + why + ", which no name may reach (a resolver that lies, or DNS rebinding)"
+				}
 				reasons = append(reasons, why)
 				continue
 			}
@@ -282,12 +324,55 @@ func (g *Gateway) dial(ctx context.Context, ev audit.Event, name string, addrs [
 		return &upstream{conn: c, name: name, ev: ev}, ev
 	}
 	ev.Decision = "deny"
-	if len(reasons) == 0 {
+	switch {
+	case len(reasons) == 0:
 		ev.Reason = "no address for " + name
-	} else {
-		ev.Reason = fmt.Sprint(reasons)
+	case len(special) == len(reasons):
+		// Every address was one a name reaches only when pinned: say
+		// which, and how the user pins it.
+		ev.Refused = strings.Join(special, ",")
+		ev.Reason = fmt.Sprintf("%s resolved to %s; a name may reach such an address only when the user pins it: %s",
+			name, netpolicy.DescribeAddrs(strings.Join(special, ",")), g.allowCommand(netpolicy.RuleFor(name, port, true)))
+	default:
+		ev.Reason = strings.Join(reasons, "; ")
 	}
 	return nil, ev
+}
+
+// sandboxName is the sandbox's name for the commands the guest is told.
+func (g *Gateway) sandboxName() string {
+	if g.cfg.Sandbox == "" {
+		return "NAME"
+	}
+	return g.cfg.Sandbox
+}
+
+// allowCommand is the command the user runs to add rule.
+func (g *Gateway) allowCommand(rule string) string {
+	return "kosa8 net allow " + g.sandboxName() + " " + rule
+}
+
+// fixFor is the command that lets a refused connection through, or ""
+// when the refusal is not the allow-list's (an upstream that did not
+// answer): for a name the allow-list does not cover, 'net allow NAME';
+// for one a deny rule covers, 'net rm' of that rule; for an allowed name
+// that resolved to an address only a pin reaches, 'net allow pin:NAME';
+// for a raw address, its /32.
+func (g *Gateway) fixFor(ev audit.Event, port uint16) string {
+	host := ev.Name
+	if host == "" {
+		host, _, _ = strings.Cut(ev.Dest, ":")
+	}
+	switch {
+	case ev.Refused != "" && ev.Name != "":
+		return g.allowCommand(netpolicy.RuleFor(ev.Name, port, true))
+	case strings.HasPrefix(ev.Reason, "denied by rule "):
+		rule, _, _ := strings.Cut(strings.TrimPrefix(ev.Reason, "denied by rule "), " ")
+		return "kosa8 net rm " + g.sandboxName() + " " + rule
+	case policyRefusal(ev.Reason):
+		return g.allowCommand(netpolicy.RuleFor(host, port, false))
+	}
+	return ""
 }
 
 // dialUpstream connects to target (an address already checked), with the
@@ -318,14 +403,20 @@ func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error))
 			break
 		}
 	}
+	if flow.Dst.Addr().Unmap() == RefusedAddr {
+		g.explainRefusedName(flow, accept)
+		return
+	}
 	up, ev := g.connect(context.Background(), flow.Dst)
 	if up == nil {
 		g.audit(ev)
-		if flow.Dst.Port() == 80 && policyRefusal(ev.Reason) {
-			// Plain HTTP: an agent reads a 403 that says why, where a
-			// reset would only say it could not connect.
+		port := flow.Dst.Port()
+		if fix := g.fixFor(ev, port); fix != "" && (port == 80 || port == 443 && ev.Name != "") {
+			// HTTP and HTTPS: an agent reads a 403 that says why and
+			// what the user runs, where a reset would only say it could
+			// not connect.
 			if c, err := accept(); err == nil {
-				g.refuseHTTP(c, ev)
+				g.refuseWithPage(c, port, ev.Name, refusalPage{host: ev.Name, addr: ev.Dest, reason: ev.Reason, fix: fix})
 			}
 		}
 		return // refused: the stack answers the guest with a RST
@@ -340,18 +431,41 @@ func (g *Gateway) HandleTCP(flow netstack.Flow, accept func() (net.Conn, error))
 	g.serve(guest, up)
 }
 
-// RefusalText is what a plain-HTTP request to a host the sandbox may not
-// reach gets back, with a 403: what happened and how the user allows it.
-func RefusalText(host, sandbox, reason string) string {
+// RefusedAddr is the DNS answer for a name the allow-list refuses: a
+// connection to it on port 80 or 443 gets a page saying why and what the
+// user runs to allow the name (RefusalText), any other port a reset. No
+// name is ever bound to it (NameMap stops short of it), so it stands for
+// every refused name at once: refused lookups bind nothing, and the
+// answer carries nothing but this fixed address.
+var RefusedAddr = netip.MustParseAddr("198.19.255.254")
+
+// refusedTTL is how long the guest may cache a refused name's answer: the
+// user may allow the name a moment later.
+const refusedTTL = 5
+
+// refusalPage is what a 403 page says.
+type refusalPage struct {
+	host   string // the name refused, or "" for a raw address
+	addr   string // ip:port the guest connected to, for a raw address
+	reason string
+	fix    string // the command that lets it through ("" when none does)
+}
+
+// RefusalText is what a request to a host the sandbox may not reach gets
+// back, with a 403: what happened and the command the user runs to let it
+// through.
+func RefusalText(host, sandbox, reason, fix string) string {
 	if sandbox == "" {
 		sandbox = "NAME"
 	}
-	return fmt.Sprintf("kosa8: %s is not allowed (%s).\n"+
-		"This sandbox's network is allow-listed: only the hosts its user allowed can be reached.\n"+
-		"Ask the user to allow it; they can list what was refused with\n"+
-		"  kosa8 net blocked %s\n"+
-		"and allow a host with\n"+
-		"  kosa8 net allow %s %s\n", host, reason, sandbox, sandbox, host)
+	var b strings.Builder
+	fmt.Fprintf(&b, "kosa8: %s was refused: %s.\n", host, strings.TrimSuffix(reason, "."))
+	b.WriteString("This sandbox's network is allow-listed: only what its user allowed can be reached,\nand retrying will not help.")
+	if fix != "" {
+		fmt.Fprintf(&b, " Tell the user what you need it for; on their machine,\n  %s\nlets it through.", fix)
+	}
+	fmt.Fprintf(&b, " Everything refused so far:\n  kosa8 net blocked %s\n", sandbox)
+	return b.String()
 }
 
 // policyRefusal tells a refusal by the allow-list from a failure to reach
@@ -360,32 +474,138 @@ func policyRefusal(reason string) bool {
 	return strings.HasPrefix(reason, "no rule allows") || strings.HasPrefix(reason, "port ") || strings.HasPrefix(reason, "denied by rule")
 }
 
-// refuseHTTP answers one plain-HTTP request on a refused connection with a
-// 403 and RefusalText, then closes it. Anything that is not an HTTP
-// request within a few seconds is just closed.
-func (g *Gateway) refuseHTTP(c net.Conn, ev audit.Event) {
+// refusalTimeout bounds how long a refused connection may take to say
+// what it wanted, TLS handshake included (a guest under TCG is slow).
+const refusalTimeout = 10 * time.Second
+
+// refuseWithPage answers one request on a refused connection (plain HTTP
+// on port 80, HTTPS on 443) with a 403 and RefusalText, then closes it.
+// On 443 the guest's TLS must name sni (a refused name; "" for any that
+// normalises, the name then being the refusal's host) and is terminated
+// with a certificate of the sandbox CA, which the guest trusts. Anything
+// else (no request within refusalTimeout, another server name) is just
+// closed.
+func (g *Gateway) refuseWithPage(c net.Conn, port uint16, sni string, rf refusalPage) {
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	req, err := http.ReadRequest(bufio.NewReader(io.LimitReader(c, 64<<10)))
+	_ = c.SetDeadline(time.Now().Add(refusalTimeout))
+	var rw io.ReadWriter = c
+	br := bufio.NewReaderSize(io.LimitReader(c, 64<<10), 32<<10)
+	if port == 443 {
+		tc, name, err := g.refusalTLS(c, br, sni)
+		if err != nil {
+			return
+		}
+		defer tc.Close()
+		if rf.host == "" {
+			rf.host = name
+		}
+		rw, br = tc, bufio.NewReader(io.LimitReader(tc, 64<<10))
+	}
+	req, err := http.ReadRequest(br)
 	if err != nil {
 		return
 	}
-	host := ev.Name
-	if host == "" {
+	if rf.host == "" {
+		// A raw address: the guest's Host is its own text, so only the
+		// address is repeated back.
+		rf.host, _, _ = strings.Cut(rf.addr, ":")
+	}
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+	body := RefusalText(rf.host, g.cfg.Sandbox, rf.reason, rf.fix)
+	fmt.Fprintf(rw, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Kosa8-Refused: %s\r\n\r\n%s", len(body), rf.host, body)
+}
+
+// refusalTLS terminates a refused HTTPS connection: the ClientHello's
+// server name must normalise (and be want, when want is set), and the
+// guest gets a certificate for it from the sandbox CA.
+func (g *Gateway) refusalTLS(c net.Conn, br *bufio.Reader, want string) (*tls.Conn, string, error) {
+	if g.cfg.CA == nil {
+		return nil, "", errors.New("no sandbox CA")
+	}
+	h, _, err := peekClientHello(br)
+	if err != nil {
+		return nil, "", err
+	}
+	name, err := netpolicy.NormalizeHost(h.ServerName)
+	if err != nil || want != "" && name != want {
+		return nil, "", fmt.Errorf("TLS server name %q", h.ServerName)
+	}
+	leaf, err := g.cfg.CA.Leaf(name)
+	if err != nil {
+		return nil, "", err
+	}
+	tc := tls.Server(&bufferedConn{Conn: c, r: br}, &tls.Config{Certificates: []tls.Certificate{*leaf}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}})
+	if err := tc.Handshake(); err != nil {
+		return nil, "", err
+	}
+	return tc, name, nil
+}
+
+// explainRefusedName answers a connection to RefusedAddr: the guest
+// looked up a name the allow-list refuses and connected anyway. On port
+// 80 and 443 the name comes from the request's Host or the TLS server
+// name, and the page says why it is refused now (or that it has been
+// allowed since: look it up again); other ports are reset.
+func (g *Gateway) explainRefusedName(flow netstack.Flow, accept func() (net.Conn, error)) {
+	port := flow.Dst.Port()
+	ev := audit.Event{Kind: "tcp", Dest: flow.Dst.String(), Decision: "deny"}
+	if port != 80 && port != 443 {
+		ev.Reason = "the address DNS gives names the allow-list refuses: nothing but its refusal page on ports 80 and 443"
+		g.auditRepeat(ev)
+		return
+	}
+	c, err := accept()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(refusalTimeout))
+	var rw io.ReadWriter = c
+	br := bufio.NewReaderSize(io.LimitReader(c, 64<<10), 32<<10)
+	name := ""
+	if port == 443 {
+		tc, n, err := g.refusalTLS(c, br, "")
+		if err != nil {
+			return
+		}
+		defer tc.Close()
+		name, rw, br = n, tc, bufio.NewReader(io.LimitReader(tc, 64<<10))
+	}
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return
+	}
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+	if name == "" {
 		h := req.Host
 		if hh, _, err := net.SplitHostPort(h); err == nil {
 			h = hh
 		}
-		// The Host is the guest's text: only a name that normalises is
-		// repeated back, else the address it connected to.
-		if norm, err := netpolicy.NormalizeHost(h); err == nil {
-			host = norm
-		} else {
-			host, _, _ = strings.Cut(ev.Dest, ":")
+		if name, err = netpolicy.NormalizeHost(h); err != nil {
+			return
 		}
 	}
-	body := RefusalText(host, g.cfg.Sandbox, ev.Reason)
-	fmt.Fprintf(c, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Kosa8-Refused: %s\r\n\r\n%s", len(body), host, body)
+	if containsAny(name, g.placeholderForms()) {
+		g.auditRepeat(audit.Event{Kind: "exfiltration", Dest: flow.Dst.String(), Decision: "deny", Reason: "a secret's placeholder in the name asked of a refusal page"})
+		return
+	}
+	ev.Name = name
+	d := g.policy().AllowsName(name)
+	rf := refusalPage{host: name}
+	if d.Allow || len(g.credentialsFor(name)) > 0 && !d.Denied {
+		rf.reason = "it has been allowed since the guest looked it up; look it up again (the old answer lasts " + fmt.Sprint(refusedTTL) + " s)"
+		ev.Reason = "a refused name's old address after it was allowed: " + rf.reason
+	} else {
+		ev.Reason = d.Reason
+		rf.reason, rf.fix = d.Reason, g.fixFor(ev, port)
+	}
+	g.auditRepeat(ev)
+	body := RefusalText(rf.host, g.cfg.Sandbox, rf.reason, rf.fix)
+	fmt.Fprintf(rw, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Kosa8-Refused: %s\r\n\r\n%s", len(body), rf.host, body)
 }
 
 // connDone counts a guest connection closed. When the last of a burst

@@ -51,7 +51,7 @@ func OpenNameMap(path string, max int) (*NameMap, error) {
 		for sc.Scan() {
 			addrText, name, ok := strings.Cut(sc.Text(), " ")
 			addr, err := netip.ParseAddr(addrText)
-			if !ok || err != nil || !SyntheticNet.Contains(addr) {
+			if !ok || err != nil || !SyntheticNet.Contains(addr) || addr == RefusedAddr {
 				continue // a torn last line after a crash
 			}
 			if n, err := netpolicy.NormalizeHost(name); err != nil || n != name {
@@ -87,7 +87,7 @@ func (m *NameMap) Assign(name string) (netip.Addr, error) {
 	if a, ok := m.byName[name]; ok {
 		return a, nil
 	}
-	if len(m.byName) >= m.max || !SyntheticNet.Contains(m.next) {
+	if len(m.byName) >= m.max || !SyntheticNet.Contains(m.next) || m.next == RefusedAddr {
 		return netip.Addr{}, fmt.Errorf("%w (%d names)", ErrMapFull, len(m.byName))
 	}
 	a := m.next

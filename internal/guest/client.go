@@ -216,10 +216,28 @@ func (c *Client) Info(ctx context.Context) (*Info, error) {
 	return resp.Info, nil
 }
 
-// SetTime steps the guest's clock to t and, if hostname is set, names the
-// guest (a cold boot's first call).
-func (c *Client) SetTime(ctx context.Context, t time.Time, hostname string) error {
-	_, err := c.call(ctx, &Request{Op: OpSetTime, Time: t, Hostname: hostname})
+// Identity is what makes a guest one sandbox's: its hostname and its
+// machine-id (from which its filesystems' UUIDs are made). Empty fields
+// leave the guest's as they are. NewBootID, after a restore, gives it a
+// boot id of its own: it was restored as another machine than the one
+// saved (a fork, a start from a boot template).
+type Identity struct {
+	Hostname  string
+	MachineID string
+	NewBootID bool
+}
+
+// SetTime steps the guest's clock to t and gives it the identity id (a
+// cold boot's first call).
+func (c *Client) SetTime(ctx context.Context, t time.Time, id Identity) error {
+	_, err := c.call(ctx, &Request{Op: OpSetTime, Time: t, Hostname: id.Hostname, MachineID: id.MachineID})
+	return err
+}
+
+// Docker starts the guest's container engine and returns once it answers
+// (at once when it runs already).
+func (c *Client) Docker(ctx context.Context, req DockerRequest) error {
+	_, err := c.call(ctx, &Request{Op: OpDocker, Docker: &req})
 	return err
 }
 
@@ -433,8 +451,9 @@ func (c *Client) Thaw(ctx context.Context) error {
 }
 
 // Restored tells a restored guest to reseed its RNG with entropy, step its
-// clock to now, take hostname (if set) and thaw its workloads.
-func (c *Client) Restored(ctx context.Context, entropy []byte, now time.Time, hostname string) error {
-	_, err := c.call(ctx, &Request{Op: OpRestored, Entropy: entropy, Time: now, Hostname: hostname})
+// clock to now, take the identity id (a new boot id with NewBootID) and
+// thaw its workloads.
+func (c *Client) Restored(ctx context.Context, entropy []byte, now time.Time, id Identity) error {
+	_, err := c.call(ctx, &Request{Op: OpRestored, Entropy: entropy, Time: now, Hostname: id.Hostname, MachineID: id.MachineID, NewBootID: id.NewBootID})
 	return err
 }

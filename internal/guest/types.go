@@ -34,6 +34,11 @@ const (
 	OpThaw     Op = "thaw"
 	OpRestored Op = "restored" // Entropy, Time, Hostname; then thaw
 
+	// OpDocker starts the sandbox's container engine (Docker): its disk
+	// mounted, its cgroup made, dockerd started and answering. Idempotent:
+	// a restored machine's engine is running already.
+	OpDocker Op = "docker"
+
 	OpWSPut Op = "ws_put" // many entries: a FrameRequest WSPutItem each (files then FrameData…FrameEOF), an item with End last; answered at once and again at the end
 )
 
@@ -48,9 +53,14 @@ type WSPutItem struct {
 	End  bool        `json:"end,omitempty"`
 }
 
+// WSSync is the WSOp kind that syncs the workspace's filesystem to its
+// disk (syncfs): the host records a change as made in the guest only once
+// it is durable there.
+const WSSync = "sync"
+
 // WSOp is a change to the workspace the host asks for.
 type WSOp struct {
-	Kind string      `json:"kind"` // mkdir, symlink, remove
+	Kind string      `json:"kind"` // mkdir, symlink, remove, sync (WSSync: Path unused)
 	Path string      `json:"path"`
 	Mode fs.FileMode `json:"mode,omitempty"`
 	Link string      `json:"link,omitempty"`
@@ -97,6 +107,9 @@ type Request struct {
 	// kernel's command line names none, so a machine booted for one
 	// sandbox (a template) can become another's.
 	Hostname string `json:"hostname,omitempty"`
+	// MachineID, with Hostname, is the sandbox's /etc/machine-id (32
+	// hex digits); the guest's filesystem UUIDs are made from it.
+	MachineID string `json:"machine_id,omitempty"`
 
 	// Hash and Root let a workspace write record the content's hash;
 	// content that does not hash to Hash is refused, the file left as it was.
@@ -110,10 +123,36 @@ type Request struct {
 
 	// Entropy is fresh randomness from the host for OpRestored.
 	Entropy []byte `json:"entropy,omitempty"`
+	// NewBootID, for OpRestored: the guest was restored as another
+	// machine than the one saved (a fork, a start from a boot template):
+	// it takes a boot_id of its own.
+	NewBootID bool `json:"new_boot_id,omitempty"`
 
 	Paths   []string `json:"paths,omitempty"`
 	WS      *WSOp    `json:"ws,omitempty"`
 	MaxFile int64    `json:"max_file,omitempty"`
+
+	// Docker configures OpDocker.
+	Docker *DockerRequest `json:"docker,omitempty"`
+}
+
+// DockerRequest is how the host wants the guest's container engine run.
+type DockerRequest struct {
+	// Proxy, when set, is the HTTPS proxy dockerd reaches registries
+	// through (the host's gateway, which answers a refused host with
+	// the reason instead of a failed lookup).
+	Proxy string `json:"proxy,omitempty"`
+	// Auths are registry credentials as the guest keeps them: each host's
+	// user and the secret's placeholder, never the value (written to the
+	// default user's ~/.docker/config.json).
+	Auths []DockerAuth `json:"auths,omitempty"`
+}
+
+// DockerAuth is one registry's login in the guest's Docker settings.
+type DockerAuth struct {
+	Registry    string `json:"registry"` // as docker names it: a host[:port], or https://index.docker.io/v1/
+	User        string `json:"user"`
+	Placeholder string `json:"placeholder"`
 }
 
 // ExecRequest describes a process to start in the guest.

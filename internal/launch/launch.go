@@ -32,6 +32,16 @@ type ReadyMessage struct {
 	// Progress lines come before the last one (OK or Error set), while
 	// the host folder is copied in.
 	Progress *CopyProgress `json:"progress,omitempty"`
+	// Phase lines come before it too: each step of the start as it begins.
+	Phase *BootPhase `json:"phase,omitempty"`
+}
+
+// BootPhase is the step a start has reached: Step of Of, and what it does
+// in a few words ("booting the VM").
+type BootPhase struct {
+	Step int    `json:"step"`
+	Of   int    `json:"of"`
+	What string `json:"what"`
 }
 
 // CopyProgress is how far copying the host folder into the guest has come:
@@ -62,6 +72,8 @@ type LaunchOptions struct {
 	// Progress, when set, is told how the first copy of the host folder
 	// into the sandbox goes.
 	Progress func(CopyProgress)
+	// Phase, when set, is told each step of the start as it begins.
+	Phase func(BootPhase)
 }
 
 // Launch starts sb's supervisor, detached in a session of its own, and
@@ -129,6 +141,12 @@ func Launch(ctx context.Context, sb *sandbox.Sandbox, o LaunchOptions) (*api.Sta
 			if err == nil && msg.Progress != nil {
 				if o.Progress != nil {
 					o.Progress(*msg.Progress)
+				}
+				continue
+			}
+			if err == nil && msg.Phase != nil {
+				if o.Phase != nil {
+					o.Phase(*msg.Phase)
 				}
 				continue
 			}

@@ -15,6 +15,24 @@
 //	                       allow rules (and over a secret's implicit
 //	                       allow). Any target form; without a port, all
 //	                       ports.
+//	pin:example.com=203.0.113.80[,ADDR...]
+//	                       that host (ports as above), connected to at
+//	                       exactly these addresses, never resolved again,
+//	                       even where they are private, shared (CGNAT),
+//	                       documentation or the host's own addresses,
+//	                       which a name may otherwise not reach: a
+//	                       registry behind a corporate proxy or
+//	                       split-horizon DNS. Written without addresses
+//	                       (pin:example.com), it is resolved on the host
+//	                       once, when it is added (see Rule.Unresolved),
+//	                       and stored with what it resolved to. Never a
+//	                       wildcard or a range; never loopback, link-local,
+//	                       multicast, reserved or kosa8's own synthetic
+//	                       addresses. It pins a name, not an address: no
+//	                       other name that resolves to the same address
+//	                       gets through, and the pinned name that later
+//	                       resolves elsewhere (DNS rebinding) still goes
+//	                       to the pinned addresses only.
 //
 // Hosts match case-insensitively, without a trailing dot, in their IDNA
 // (punycode) form; a wildcard matches at a dot boundary only, so
@@ -54,6 +72,10 @@ type Rule struct {
 	// Deny rules refuse what they match, whatever allows it. Their Ports
 	// may be empty: every port.
 	Deny bool `json:"deny,omitempty"`
+	// Pinned rules are reached at exactly Pin (see the package doc); a
+	// pinned rule without addresses is one still to be resolved.
+	Pinned bool         `json:"pinned,omitempty"`
+	Pin    []netip.Addr `json:"pin,omitempty"`
 	// Text is the rule as the user wrote it, normalised; it names the rule
 	// in decisions and logs.
 	Text string `json:"text"`
@@ -63,6 +85,8 @@ func (r *Rule) prefix() string {
 	switch {
 	case r.Deny:
 		return "deny:"
+	case r.Pinned:
+		return "pin:"
 	case r.ReadOnly:
 		return "read:"
 	case r.Inspect:
@@ -103,11 +127,12 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 	if strings.Contains(s, "://") {
 		return fail("give a host, not a URL (for example github.com)")
 	}
-	readOnly, inspect, deny := false, false, false
+	readOnly, inspect, deny, pinned := false, false, false, false
+	var pin []netip.Addr
 	if rest, ok := strings.CutPrefix(s, "deny:"); ok {
 		s, deny = rest, true
-		if strings.HasPrefix(s, "read:") || strings.HasPrefix(s, "inspect:") || strings.HasPrefix(s, "deny:") {
-			return fail("deny: takes a host, wildcard or range, without read: or inspect:")
+		if strings.HasPrefix(s, "read:") || strings.HasPrefix(s, "inspect:") || strings.HasPrefix(s, "deny:") || strings.HasPrefix(s, "pin:") {
+			return fail("deny: takes a host, wildcard or range, without read:, inspect: or pin:")
 		}
 		// A deny rule can only narrow what is allowed: broad is fine.
 		o.AllowBroad = true
@@ -115,6 +140,18 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 		s, readOnly, inspect = rest, true, true
 	} else if rest, ok := strings.CutPrefix(s, "inspect:"); ok {
 		s, inspect = rest, true
+	} else if rest, ok := strings.CutPrefix(s, "pin:"); ok {
+		s, pinned = rest, true
+		if target, addrs, ok := strings.Cut(s, "="); ok {
+			s = target
+			var err error
+			if pin, err = parsePinAddrs(addrs); err != nil {
+				return fail("%v", err)
+			}
+		}
+	}
+	if strings.Contains(s, "=") {
+		return fail("'=ADDRESS' belongs to pin: rules only (pin:%s)", s)
 	}
 	hostPart, portPart := s, ""
 	// CIDR with a port: 10.0.0.0/8:5432. Host with a port: example.com:22.
@@ -134,9 +171,12 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 			return fail("%v", err)
 		}
 	}
-	r := Rule{Ports: slices.Clone(ports), ReadOnly: readOnly, Inspect: inspect, Deny: deny}
+	r := Rule{Ports: slices.Clone(ports), ReadOnly: readOnly, Inspect: inspect, Deny: deny, Pinned: pinned, Pin: pin}
 	if (readOnly || inspect) && (strings.Contains(hostPart, "/") || isIP(hostPart)) {
 		return fail("read: and inspect: rules take host names, not addresses")
+	}
+	if pinned && (strings.Contains(hostPart, "/") || isIP(hostPart) || strings.Contains(hostPart, "*")) {
+		return fail("pin: takes one host name, not a wildcard or an address: it pins what that name resolves to (an address is allowed with a CIDR rule such as 10.0.0.5/32)")
 	}
 	if strings.Contains(hostPart, "/") {
 		p, err := netip.ParsePrefix(hostPart)
@@ -181,6 +221,12 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 	if err != nil {
 		return fail("%v", err)
 	}
+	switch h {
+	case "deny", "read", "inspect", "pin":
+		// With a port, its text (deny:1) would read back as a rule of
+		// that kind: no real host is a lone label anyway.
+		return fail("%q is a rule prefix, not a host (write %s:HOST)", h, h)
+	}
 	if wild && !o.AllowBroad {
 		// *.com, *.co.uk, *.github.io: everything under a public suffix
 		// belongs to unrelated owners.
@@ -189,13 +235,177 @@ func ParseRule(s string, o ParseOptions) (Rule, error) {
 		}
 	}
 	r.Host, r.Wildcard = h, wild
-	r.Text = r.prefix() + r.target() + r.portText()
+	r.Text = r.text()
 	return r, nil
 }
 
 func isIP(s string) bool {
 	_, err := netip.ParseAddr(s)
 	return err == nil
+}
+
+// text is the rule as written: its kind, target, ports and, for a pin,
+// its addresses.
+func (r *Rule) text() string {
+	t := r.prefix() + r.target() + r.portText()
+	if len(r.Pin) > 0 {
+		a := make([]string, len(r.Pin))
+		for i, ip := range r.Pin {
+			a[i] = ip.String()
+		}
+		t += "=" + strings.Join(a, ",")
+	}
+	return t
+}
+
+// RuleFor is the allow rule that lets host (a normalised name, or an
+// IPv4 address) through on port: host, host:port beyond 80 and 443, an
+// address as ADDR/32, and with pin a pin of the name (one that resolved
+// to an address a name may reach only when pinned).
+func RuleFor(host string, port uint16, pin bool) string {
+	if a, err := netip.ParseAddr(host); err == nil {
+		host = netip.PrefixFrom(a.Unmap(), 32).String()
+	} else if pin {
+		host = "pin:" + host
+	}
+	if port != 0 && !slices.Contains(DefaultPorts, port) {
+		host += ":" + strconv.Itoa(int(port))
+	}
+	return host
+}
+
+// Unresolved reports whether r is a pin still to be resolved: whoever
+// adds it resolves its host on the host (ResolvePin) first.
+func (r *Rule) Unresolved() bool { return r.Pinned && len(r.Pin) == 0 }
+
+// maxPinAddrs bounds the addresses of one pin.
+const maxPinAddrs = 16
+
+// parsePinAddrs reads a pin's comma-separated IPv4 addresses.
+func parsePinAddrs(s string) ([]netip.Addr, error) {
+	if s == "" {
+		return nil, errors.New("no address after '='")
+	}
+	var out []netip.Addr
+	for _, f := range strings.Split(s, ",") {
+		a, err := netip.ParseAddr(f)
+		if err != nil || !a.Is4() {
+			return nil, fmt.Errorf("pinned address %q is not an IPv4 address", f)
+		}
+		if err := Pinnable(a); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	out = slices.Compact(out)
+	if len(out) > maxPinAddrs {
+		return nil, fmt.Errorf("more than %d pinned addresses", maxPinAddrs)
+	}
+	return out, nil
+}
+
+// SetPin gives an unresolved pin the addresses its host resolved to
+// (Pinnable ones only; an error says why none are).
+func (r *Rule) SetPin(addrs []netip.Addr) error {
+	var keep []netip.Addr
+	var why []string
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.Is4() {
+			continue
+		}
+		if err := Pinnable(a); err != nil {
+			why = append(why, err.Error())
+			continue
+		}
+		keep = append(keep, a)
+	}
+	if len(keep) == 0 {
+		if len(why) == 0 {
+			return fmt.Errorf("%s resolves to no IPv4 address here", r.Host)
+		}
+		return fmt.Errorf("%s cannot be pinned: %s", r.Host, strings.Join(why, "; "))
+	}
+	slices.SortFunc(keep, netip.Addr.Compare)
+	keep = slices.Compact(keep)
+	if len(keep) > maxPinAddrs {
+		keep = keep[:maxPinAddrs]
+	}
+	r.Pin = keep
+	r.Text = r.text()
+	return nil
+}
+
+// AddrKind names the kind of a special IPv4 address (one a name may not
+// reach without a pin or a CIDR rule), or "" for an ordinary one.
+func AddrKind(a netip.Addr) string {
+	a = a.Unmap()
+	for _, k := range addrKinds {
+		if k.p.Contains(a) {
+			return k.kind
+		}
+	}
+	return ""
+}
+
+var addrKinds = func() []struct {
+	p    netip.Prefix
+	kind string
+} {
+	var out []struct {
+		p    netip.Prefix
+		kind string
+	}
+	for _, s := range [][2]string{
+		{"0.0.0.0/8", "unspecified"}, {"10.0.0.0/8", "private"}, {"100.64.0.0/10", "shared (CGNAT)"},
+		{"127.0.0.0/8", "loopback"}, {"169.254.0.0/16", "link-local"}, {"172.16.0.0/12", "private"},
+		{"192.0.0.0/24", "IETF protocol"}, {"192.0.2.0/24", "documentation"}, {"192.88.99.0/24", "relay (6to4)"},
+		{"192.168.0.0/16", "private"}, {"198.18.0.0/15", "benchmarking (kosa8's synthetic)"},
+		{"198.51.100.0/24", "documentation"}, {"203.0.113.0/24", "documentation"}, {"224.0.0.0/4", "multicast"},
+		{"240.0.0.0/4", "reserved"},
+	} {
+		out = append(out, struct {
+			p    netip.Prefix
+			kind string
+		}{netip.MustParsePrefix(s[0]), s[1]})
+	}
+	return out
+}()
+
+// DescribeAddrs names each of a comma-separated list of addresses with
+// its kind: "203.0.113.80 (a documentation address)"; an ordinary one
+// there is this host's own (the only kind a gateway refuses besides).
+func DescribeAddrs(list string) string {
+	var out []string
+	for _, s := range strings.Split(list, ",") {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			continue
+		}
+		k := AddrKind(a)
+		if k == "" {
+			k = "this host's own"
+		}
+		art := "a"
+		if strings.ContainsRune("aeiou", rune(k[0])) {
+			art = "an"
+		}
+		out = append(out, s+" ("+art+" "+k+" address)")
+	}
+	return strings.Join(out, ", ")
+}
+
+// Pinnable says why a may not be pinned, or nil: loopback and link-local
+// addresses reach the host itself and its cloud's metadata service,
+// unspecified, multicast and reserved ones nothing real, and the
+// synthetic range is kosa8's own DNS answers.
+func Pinnable(a netip.Addr) error {
+	switch k := AddrKind(a); k {
+	case "unspecified", "loopback", "link-local", "multicast", "reserved", "benchmarking (kosa8's synthetic)":
+		return fmt.Errorf("%s is a %s address, which no pin may hold", a, k)
+	}
+	return nil
 }
 
 // portText is the rule's ports as written after its target: nothing for
@@ -336,6 +546,10 @@ type Decision struct {
 	// Denied: a deny rule refused it; nothing may allow it then (not even
 	// a secret bound to the host).
 	Denied bool `json:"denied,omitempty"`
+	// Pinned: the host is reached at exactly Pin, never resolved (a
+	// pinned rule without addresses: reached nowhere).
+	Pinned bool         `json:"pinned,omitempty"`
+	Pin    []netip.Addr `json:"pin,omitempty"`
 }
 
 // Parse builds a policy from rule texts.
@@ -360,7 +574,10 @@ func (p *Policy) Add(r Rule) {
 	}
 	for i := range p.Rules {
 		e := &p.Rules[i]
-		if e.Host == r.Host && e.Wildcard == r.Wildcard && e.Prefix == r.Prefix && e.ReadOnly == r.ReadOnly && e.Inspect == r.Inspect && e.Deny == r.Deny {
+		if e.Host == r.Host && e.Wildcard == r.Wildcard && e.Prefix == r.Prefix && e.ReadOnly == r.ReadOnly && e.Inspect == r.Inspect && e.Deny == r.Deny && e.Pinned == r.Pinned {
+			if len(r.Pin) > 0 {
+				e.Pin = slices.Clone(r.Pin) // pinned again: what it resolves to now
+			}
 			if e.Deny && (len(e.Ports) == 0 || len(r.Ports) == 0) {
 				e.Ports = nil // every port
 			} else {
@@ -368,7 +585,7 @@ func (p *Policy) Add(r Rule) {
 				slices.Sort(e.Ports)
 				e.Ports = slices.Compact(e.Ports)
 			}
-			e.Text = e.prefix() + e.target() + e.portText()
+			e.Text = e.text()
 			return
 		}
 	}
@@ -387,23 +604,29 @@ func (r *Rule) target() string {
 	return r.Host
 }
 
-// Remove drops every rule whose target is host (as written: "github.com",
-// "*.npmjs.org", "10.0.0.0/8"; with a prefix such as "deny:", only rules
-// of that kind). With ports ("github.com:22"), only those ports go, and a
-// rule goes when it has none left. It reports how many rules it changed.
+// Remove drops the rules whose target is host, as written:
+// "github.com", "*.npmjs.org", "10.0.0.0/8" remove the allow rules (plain,
+// read:, inspect: and pin:) for it; with a prefix such as "deny:" or
+// "pin:", only rules of that kind. A deny rule goes only when asked for
+// with deny: (removing an allow rule must never lift a refusal: with
+// *.example.com allowed, removing other.example.com's allow rule would
+// otherwise take its deny rule too and let it through). With ports
+// ("github.com:22"), only those ports go, and a rule goes when it has
+// none left. It reports how many rules it changed.
 func (p *Policy) Remove(target string) (int, error) {
 	r, err := ParseRule(target, ParseOptions{AllowBroad: true})
 	if err != nil {
 		return 0, err
 	}
 	bare := strings.TrimSpace(target)
-	for _, k := range []string{"deny:", "read:", "inspect:"} {
+	for _, k := range []string{"deny:", "read:", "inspect:", "pin:"} {
 		bare = strings.TrimPrefix(bare, k)
 	}
+	bare, _, _ = strings.Cut(bare, "=")
 	withPorts := strings.Contains(bare, ":")
 	match := func(e *Rule) bool {
-		if withPorts && r.prefix() == "" && e.Deny {
-			return false // a port comes off a deny rule only when asked with deny:
+		if r.prefix() == "" && e.Deny {
+			return false // a deny rule goes only when asked for with deny:
 		}
 		return e.target() == r.target() && (r.prefix() == "" || r.prefix() == e.prefix())
 	}
@@ -429,7 +652,7 @@ func (p *Policy) Remove(target string) (int, error) {
 					continue
 				}
 				e.Ports = left
-				e.Text = e.prefix() + e.target() + e.portText()
+				e.Text = e.text()
 			}
 		}
 		kept = append(kept, e)
@@ -438,11 +661,27 @@ func (p *Policy) Remove(target string) (int, error) {
 	return n, nil
 }
 
+// DenyRuleFor returns the text of the deny rule whose target is target's
+// (as Remove reads it), or "".
+func (p *Policy) DenyRuleFor(target string) string {
+	r, err := ParseRule(target, ParseOptions{AllowBroad: true})
+	if err != nil {
+		return ""
+	}
+	for i := range p.Rules {
+		if e := &p.Rules[i]; e.Deny && e.target() == r.target() {
+			return e.Text
+		}
+	}
+	return ""
+}
+
 // Clone returns a deep copy.
 func (p *Policy) Clone() *Policy {
 	c := &Policy{Rules: make([]Rule, len(p.Rules))}
 	for i, r := range p.Rules {
 		r.Ports = slices.Clone(r.Ports)
+		r.Pin = slices.Clone(r.Pin)
 		c.Rules[i] = r
 	}
 	return c
@@ -502,14 +741,16 @@ func (p *Policy) Decide(host string, port uint16) Decision {
 		if !r.Deny && r.matchesHost(h) {
 			named = true
 			// The least restrictive matching rule wins: a full allow over
-			// an inspect over a read-only one.
-			if r.allowsPort(port) && (best == nil || restriction(r) < restriction(best)) {
+			// an inspect over a read-only one; among full allows, a pin
+			// (its addresses are the user's answer for this host).
+			if r.allowsPort(port) && (best == nil || restriction(r) < restriction(best) ||
+				restriction(r) == restriction(best) && r.Pinned && !best.Pinned) {
 				best = r
 			}
 		}
 	}
 	if best != nil {
-		return Decision{Allow: true, Rule: best.Text, Inspect: best.Inspect, ReadOnly: best.ReadOnly}
+		return Decision{Allow: true, Rule: best.Text, Inspect: best.Inspect, ReadOnly: best.ReadOnly, Pinned: best.Pinned, Pin: slices.Clone(best.Pin)}
 	}
 	if named {
 		return Decision{Reason: fmt.Sprintf("port %d of %s is not allowed", port, h)}

@@ -227,7 +227,7 @@ func TestPresets(t *testing.T) {
 }
 
 func FuzzParseRule(f *testing.F) {
-	for _, s := range []string{"example.com", "*.npmjs.org:443", "10.0.0.0/8:22", "bücher.de", "a:1,2,3", "*", "x\x00y", "deny:other.example.com", "deny:*.x.com:22", "deny:10.0.0.0/8", "deny:read:x.com"} {
+	for _, s := range []string{"example.com", "*.npmjs.org:443", "10.0.0.0/8:22", "bücher.de", "a:1,2,3", "*", "x\x00y", "deny:other.example.com", "deny:*.x.com:22", "deny:10.0.0.0/8", "deny:read:x.com", "pin:x.com=10.0.0.1", "pin:x.com:22=203.0.113.5,10.0.0.1", "pin:x.com"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -242,6 +242,15 @@ func FuzzParseRule(f *testing.F) {
 		}
 		if r.Wildcard && r.Host == "" && !r.Deny {
 			t.Fatalf("%q parsed to a match-all without AllowBroad", s)
+		}
+		// A pin names one host and holds only addresses a pin may hold.
+		if r.Pinned && (r.Wildcard || r.Prefix.IsValid() || r.Host == "") {
+			t.Fatalf("%q parsed to a pin of no single host: %+v", s, r)
+		}
+		for _, a := range r.Pin {
+			if Pinnable(a) != nil || !r.Pinned {
+				t.Fatalf("%q parsed to a pin of %s", s, a)
+			}
 		}
 	})
 }
@@ -375,4 +384,121 @@ func FuzzDenyWins(f *testing.F) {
 			t.Fatalf("denied host %q allowed: %+v", host, d)
 		}
 	})
+}
+
+// A pin allows one host at exactly the addresses it holds: its text
+// carries them (so a saved policy keeps them), it never covers another
+// name, and no pin may hold an address that reaches the host itself, the
+// cloud's metadata service or kosa8's own synthetic range.
+func TestPinRules(t *testing.T) {
+	for in, want := range map[string]string{
+		"pin:Registry.NPMjs.org.=203.0.113.80":          "pin:registry.npmjs.org=203.0.113.80",
+		"pin:x.example:8443=10.0.0.2,10.0.0.1,10.0.0.2": "pin:x.example:8443=10.0.0.1,10.0.0.2",
+		"pin:x.example": "pin:x.example",
+	} {
+		r, err := ParseRule(in, ParseOptions{})
+		if err != nil || r.Text != want || !r.Pinned {
+			t.Errorf("ParseRule(%q) = %q %v, want %q", in, r.Text, err, want)
+		}
+	}
+	for bad, why := range map[string]string{
+		"pin:*.example.com=10.0.0.1":    "not a wildcard",
+		"pin:10.0.0.1":                  "not a wildcard or an address",
+		"pin:10.0.0.0/8":                "not a wildcard or an address",
+		"pin:x.example=127.0.0.1":       "loopback",
+		"pin:x.example=169.254.169.254": "link-local",
+		"pin:x.example=198.18.0.5":      "synthetic",
+		"pin:x.example=0.0.0.0":         "unspecified",
+		"pin:x.example=224.0.0.1":       "multicast",
+		"pin:x.example=255.255.255.255": "reserved",
+		"pin:x.example=::1":             "not an IPv4 address",
+		"pin:x.example=":                "no address",
+		"x.example=10.0.0.1":            "pin: rules only",
+		"deny:pin:x.example":            "without read:, inspect: or pin:",
+	} {
+		if _, err := ParseRule(bad, ParseOptions{}); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("ParseRule(%q) = %v, want an error saying %q", bad, err, why)
+		}
+	}
+	p := mustPolicy(t, "*.npmjs.org", "pin:registry.npmjs.org=203.0.113.80", "other.example")
+	d := p.Decide("registry.npmjs.org", 443)
+	if !d.Allow || !d.Pinned || len(d.Pin) != 1 || d.Pin[0] != netip.MustParseAddr("203.0.113.80") {
+		t.Fatalf("the pinned host: %+v", d)
+	}
+	if d := p.Decide("www.npmjs.org", 443); !d.Allow || d.Pinned {
+		t.Fatalf("a name the pin does not name got its addresses: %+v", d)
+	}
+	if d := p.Decide("registry.npmjs.org", 8443); d.Allow {
+		t.Fatalf("a port the pin does not name: %+v", d)
+	}
+	// Pinned again: the addresses are replaced, the ports merged.
+	r, _ := ParseRule("pin:registry.npmjs.org:8443=203.0.113.81", ParseOptions{})
+	p.Add(r)
+	if d := p.Decide("registry.npmjs.org", 443); !d.Pinned || d.Pin[0] != netip.MustParseAddr("203.0.113.81") || !slices.Contains(ruleTexts(p), "pin:registry.npmjs.org:80,443,8443=203.0.113.81") {
+		t.Fatalf("pinned again: %+v %q", d, ruleTexts(p))
+	}
+	// A saved policy keeps the pin.
+	again, err := Parse(ruleTexts(p), ParseOptions{})
+	if err != nil || !again.Decide("registry.npmjs.org", 443).Pinned {
+		t.Fatalf("re-parsed: %v", err)
+	}
+	// An unresolved pin gets its addresses once, from SetPin.
+	u, _ := ParseRule("pin:corp.example", ParseOptions{})
+	if !u.Unresolved() {
+		t.Fatal("a pin without addresses is not unresolved")
+	}
+	if err := u.SetPin([]netip.Addr{netip.MustParseAddr("127.0.0.1")}); err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("SetPin took loopback: %v", err)
+	}
+	if err := u.SetPin([]netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.1.2.3")}); err != nil || u.Text != "pin:corp.example=10.1.2.3" || u.Unresolved() {
+		t.Fatalf("SetPin: %v %q", err, u.Text)
+	}
+	// Removing: the bare host and pin: both take it away.
+	for _, target := range []string{"registry.npmjs.org", "pin:registry.npmjs.org", "pin:registry.npmjs.org=203.0.113.81"} {
+		q := again.Clone()
+		if n, err := q.Remove(target); err != nil || n != 1 || q.Decide("registry.npmjs.org", 443).Pinned {
+			t.Errorf("Remove(%q): n=%d err=%v", target, n, err)
+		}
+	}
+}
+
+func ruleTexts(p *Policy) []string {
+	var out []string
+	for _, r := range p.Rules {
+		out = append(out, r.Text)
+	}
+	return out
+}
+
+// Removing a host's rules without deny: leaves its deny rule: removing an
+// allow must never lift a refusal (with *.example.com allowed, taking the
+// deny of other.example.com along would let it through).
+func TestRemoveKeepsDenyRules(t *testing.T) {
+	p := mustPolicy(t, "*.example.com", "other.example.com", "deny:other.example.com")
+	// (Add of an allow after a deny takes the deny away; this order keeps both.)
+	if len(p.Rules) != 3 {
+		r, _ := ParseRule("deny:other.example.com", ParseOptions{})
+		p.Add(r)
+	}
+	if n, err := p.Remove("other.example.com"); err != nil || n != 1 {
+		t.Fatalf("Remove: n=%d err=%v rules=%q", n, err, ruleTexts(p))
+	}
+	if p.Decide("other.example.com", 443).Allow || p.DenyRuleFor("other.example.com") != "deny:other.example.com" {
+		t.Fatalf("removing the allow rule lifted the deny rule: %q", ruleTexts(p))
+	}
+	// Only deny rules left for it: the bare target matches nothing.
+	if n, err := p.Remove("other.example.com"); err != nil || n != 0 {
+		t.Fatalf("Remove of a deny-only target: n=%d err=%v", n, err)
+	}
+	if n, _ := p.Remove("deny:other.example.com"); n != 1 || !p.Decide("other.example.com", 443).Allow {
+		t.Fatalf("deny: removes it: n=%d rules=%q", n, ruleTexts(p))
+	}
+}
+
+func TestAddrKind(t *testing.T) {
+	for a, want := range map[string]string{"203.0.113.80": "documentation", "10.1.1.1": "private", "100.64.0.1": "shared (CGNAT)", "8.8.8.8": "", "127.0.0.2": "loopback"} {
+		if got := AddrKind(netip.MustParseAddr(a)); got != want {
+			t.Errorf("AddrKind(%s) = %q, want %q", a, got, want)
+		}
+	}
 }

@@ -14,6 +14,21 @@ import (
 var presets = map[string][]string{
 	"none": nil,
 	"dev":  readOnly(devHosts),
+	// docker: the container registries a sandbox made with --docker may
+	// pull from (it gets these rules added), read-only: a pull passes, a
+	// push (of whatever the agent can read) does not.
+	"docker": readOnly(dockerHosts),
+}
+
+// dockerHosts are Docker Hub's registry, token service and blob CDNs
+// (Docker's own allow-list for its clients), GitHub's registry and the
+// storage its blobs redirect to, and Quay's registry and CDNs.
+var dockerHosts = []string{
+	"registry-1.docker.io", "auth.docker.io", "index.docker.io",
+	"production.cloudflare.docker.com", "production.cloudfront.docker.com",
+	"docker-images-prod.6aa30f8b08e16409b46e0173d6de2f56.r2.cloudflarestorage.com",
+	"ghcr.io", "pkg-containers.githubusercontent.com",
+	"quay.io", "cdn.quay.io", "cdn01.quay.io", "cdn02.quay.io", "cdn03.quay.io",
 }
 
 func readOnly(hosts []string) []string {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/config"
+	"github.com/kosa8/kosa8/internal/folder"
 	"github.com/kosa8/kosa8/internal/netpolicy"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/secrets"
@@ -30,9 +31,10 @@ type Options struct {
 	Disk      string
 	Ephemeral bool
 
-	// Workspace is the host folder, already checked (sandbox.CheckWorkspace);
-	// "": none.
-	Workspace string
+	// Workspace is the host folder, resolved and checked
+	// (sandbox.CheckWorkspace, the only maker of a folder.Path that
+	// checks it); the zero Path: none.
+	Workspace folder.Path
 	Review    bool
 	Exclude   []string
 
@@ -55,6 +57,11 @@ type Options struct {
 	CheckpointEvery time.Duration
 	MaxCheckpoints  int
 	NoHostCA        bool
+
+	// Docker runs a container engine inside, its disk DockerDisk large
+	// ("": sandbox.DefaultDockerDiskGiB); kosa8.toml's docker = true too.
+	Docker     bool
+	DockerDisk string
 }
 
 // Resolve makes the settings of a new sandbox from o over proj (nil: no
@@ -108,9 +115,27 @@ func Resolve(o Options, proj *config.Project, configDir string) (sandbox.Config,
 		}
 	}
 
-	if o.Workspace != "" {
+	if o.Docker || proj.Sandbox.Docker {
+		c.Docker = &sandbox.DockerConfig{DiskGiB: sandbox.DefaultDockerDiskGiB}
+		for _, s := range []struct{ what, size string }{
+			{"kosa8.toml sandbox.docker_disk", proj.Sandbox.DockerDisk}, {"--docker-disk", o.DockerDisk},
+		} {
+			if s.size == "" {
+				continue
+			}
+			mib, err := sandbox.ParseSize(s.size)
+			if err != nil {
+				return c, fmt.Errorf("%s: %w", s.what, err)
+			}
+			c.Docker.DiskGiB = (mib + 1023) >> 10
+		}
+	} else if o.DockerDisk != "" || proj.Sandbox.DockerDisk != "" {
+		return c, fmt.Errorf("a docker disk size needs --docker (or docker = true in kosa8.toml's [sandbox])")
+	}
+
+	if !o.Workspace.IsZero() {
 		c.Workspace = &sandbox.WorkspaceConfig{
-			Path:    o.Workspace,
+			Path:    o.Workspace.String(),
 			Review:  o.Review || proj.Workspace.Review,
 			Exclude: concat(proj.Workspace.Exclude, o.Exclude),
 			Hold:    slices.Clone(proj.Workspace.Hold),
@@ -128,6 +153,19 @@ func Resolve(o Options, proj *config.Project, configDir string) (sandbox.Config,
 		}
 		for _, r := range p.Rules {
 			c.Network.Rules = append(c.Network.Rules, r.Text)
+		}
+	}
+	if c.Docker != nil {
+		// The registries, read-only, before the user's rules (which may
+		// deny one of them).
+		p, err := netpolicy.Preset("docker")
+		if err != nil {
+			return c, err
+		}
+		for _, r := range p.Rules {
+			if !slices.Contains(c.Network.Rules, r.Text) {
+				c.Network.Rules = append(c.Network.Rules, r.Text)
+			}
 		}
 	}
 	for _, a := range concat(concat(o.PresetAllow, proj.Network.Allow), o.Allow) {

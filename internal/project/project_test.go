@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kosa8/kosa8/internal/config"
+	"github.com/kosa8/kosa8/internal/folder"
 	"github.com/kosa8/kosa8/internal/sandbox"
 	"github.com/kosa8/kosa8/internal/secrets"
 )
@@ -34,8 +35,12 @@ func TestResolveOrder(t *testing.T) {
 	proj.Workspace.Hold = []string{"Makefile"}
 	proj.Workspace.Review = true
 
+	ws, err := folder.Resolve(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := Resolve(Options{
-		Name: "ordered", Workspace: dir, Memory: "2G",
+		Name: "ordered", Workspace: ws, Memory: "2G",
 		PresetAllow: []string{"preset.example.com"}, Allow: []string{"caller.example.com"}, Ports: []string{"8080:80"},
 		Secrets: []string{"FROM_CALLER", "FROM_TOML"}, Exclude: []string{"target"},
 		PresetEnv: []string{"A=preset"}, Env: []string{"B=caller"},
@@ -61,7 +66,7 @@ func TestResolveOrder(t *testing.T) {
 		t.Errorf("secrets %v: each once, the toml's first", c.Secrets)
 	}
 	w := c.Workspace
-	if w == nil || w.Path != dir || !w.Review || !slices.Equal(w.Exclude, []string{"node_modules", "target"}) || !slices.Equal(w.Hold, []string{"Makefile"}) {
+	if w == nil || w.Path != ws.String() || !w.Review || !slices.Equal(w.Exclude, []string{"node_modules", "target"}) || !slices.Equal(w.Hold, []string{"Makefile"}) {
 		t.Errorf("workspace %+v", w)
 	}
 }
@@ -96,5 +101,45 @@ func TestResolveDefaultsAndErrors(t *testing.T) {
 		if _, err := Resolve(tc.o, tc.proj, dir); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error naming %q", what, err, tc.want)
 		}
+	}
+}
+
+// TestResolveDocker: --docker (or kosa8.toml's docker = true) gives the
+// sandbox an engine with its disk, and the registries' read-only rules
+// ahead of the user's own (which can deny one of them); a disk size
+// without the engine is an error, not ignored.
+func TestResolveDocker(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Resolve(Options{Name: "d", Docker: true, Allow: []string{"deny:quay.io"}}, nil, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Docker == nil || c.Docker.DiskGiB != sandbox.DefaultDockerDiskGiB {
+		t.Fatalf("docker: %+v", c.Docker)
+	}
+	for _, want := range []string{"read:registry-1.docker.io", "read:auth.docker.io", "read:ghcr.io", "read:quay.io"} {
+		if !slices.Contains(c.Network.Rules, want) {
+			t.Errorf("rule %s missing: %v", want, c.Network.Rules)
+		}
+	}
+	if c.Network.Rules[len(c.Network.Rules)-1] != "deny:quay.io" {
+		t.Errorf("the user's rule is not last: %v", c.Network.Rules)
+	}
+	proj := &config.Project{}
+	proj.Sandbox.Docker, proj.Sandbox.DockerDisk = true, "8G"
+	c, err = Resolve(Options{Name: "d"}, proj, dir)
+	if err != nil || c.Docker == nil || c.Docker.DiskGiB != 8 {
+		t.Fatalf("kosa8.toml docker: %+v %v", c.Docker, err)
+	}
+	c, err = Resolve(Options{Name: "d", DockerDisk: "20G"}, proj, dir)
+	if err != nil || c.Docker.DiskGiB != 20 {
+		t.Fatalf("--docker-disk over kosa8.toml: %+v %v", c.Docker, err)
+	}
+	c, err = Resolve(Options{Name: "d"}, nil, dir)
+	if err != nil || c.Docker != nil || slices.Contains(c.Network.Rules, "read:ghcr.io") {
+		t.Fatalf("without --docker: %+v %v %v", c.Docker, c.Network.Rules, err)
+	}
+	if _, err := Resolve(Options{Name: "d", DockerDisk: "20G"}, nil, dir); err == nil {
+		t.Fatal("a docker disk size without docker was accepted")
 	}
 }

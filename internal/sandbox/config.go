@@ -13,7 +13,11 @@ import (
 
 // Config is a sandbox's settings, fixed at create (sandbox.json).
 type Config struct {
-	Version   int       `json:"version"`
+	Version int `json:"version"`
+	// ID is the sandbox's identity, random, given at create: a sandbox
+	// removed and made again under the same name has another ("" in
+	// sandboxes made before kosa8 gave them: see Sandbox.Identity).
+	ID        string    `json:"id,omitempty"`
 	Name      string    `json:"name"`
 	Created   time.Time `json:"created"`
 	Arch      string    `json:"arch"`
@@ -43,10 +47,36 @@ type Config struct {
 	Secrets []string `json:"secrets,omitempty"`
 	// Workspace is the synced host folder (nil: none).
 	Workspace *WorkspaceConfig `json:"workspace,omitempty"`
+	// Docker runs a container engine inside (nil: none; docker.go).
+	Docker *DockerConfig `json:"docker,omitempty"`
 	// CheckpointEvery takes a checkpoint at this interval while running.
 	CheckpointEvery Duration `json:"checkpoint_every,omitempty"`
 	// MaxCheckpoints bounds how many are kept (0: DefaultMaxCheckpoints).
 	MaxCheckpoints int `json:"max_checkpoints,omitempty"`
+	// Fork, when set, says this sandbox is a fork: it started from a
+	// checkpoint of another sandbox, whose frozen disk layers its own
+	// build on (fork.go).
+	Fork *ForkOrigin `json:"fork,omitempty"`
+	// WorkDir is where commands start when no workspace is attached (an
+	// OCI image's WorkingDir; empty: the user's home).
+	WorkDir string `json:"work_dir,omitempty"`
+	// Shell is the login shell (empty: /bin/bash; NoShell: the image has
+	// none).
+	Shell string `json:"shell,omitempty"`
+}
+
+// NoShell as Config.Shell: the image has no shell.
+const NoShell = "none"
+
+// LoginShell is the command of an interactive login shell in the guest.
+func (c *Config) LoginShell() ([]string, error) {
+	switch c.Shell {
+	case "":
+		return []string{"/bin/bash", "-l"}, nil
+	case NoShell:
+		return nil, fmt.Errorf("the sandbox's image has no shell: give the command to run ('-- /path/to/program ARGS')")
+	}
+	return []string{c.Shell, "-l"}, nil
 }
 
 // Duration is a time.Duration that reads and writes as "10m".
@@ -118,6 +148,9 @@ func (c *Config) Validate() error {
 	if c.DiskGiB < 2 || c.DiskGiB > 4096 {
 		return fmt.Errorf("--disk %dG is out of range: use 2G to 4T", c.DiskGiB)
 	}
+	if c.Docker != nil && (c.Docker.DiskGiB < 2 || c.Docker.DiskGiB > 4096) {
+		return fmt.Errorf("--docker-disk %dG is out of range: use 2G to 4T", c.Docker.DiskGiB)
+	}
 	if _, err := netpolicy.Parse(c.Network.Rules, netpolicy.ParseOptions{AllowBroad: c.Network.AllowBroad}); err != nil {
 		return err
 	}
@@ -133,6 +166,12 @@ func (c *Config) Validate() error {
 		if !ok || k == "" || strings.ContainsAny(e, "\x00") {
 			return fmt.Errorf("--env %q: use KEY=VALUE", e)
 		}
+	}
+	if c.WorkDir != "" && (!strings.HasPrefix(c.WorkDir, "/") || strings.ContainsRune(c.WorkDir, 0)) {
+		return fmt.Errorf("working directory %q is not an absolute path", c.WorkDir)
+	}
+	if c.Shell != "" && c.Shell != NoShell && !strings.HasPrefix(c.Shell, "/") {
+		return fmt.Errorf("shell %q is not an absolute path", c.Shell)
 	}
 	return nil
 }

@@ -52,6 +52,9 @@ func (s *Sandbox) RecordedDisks() (map[string]checkpoint.Disk, error) {
 	if s.Config.Workspace != nil {
 		m["ws"] = checkpoint.Disk{Path: WorkspaceDisk, Format: "raw"}
 	}
+	if s.Config.Docker != nil {
+		m["docker"] = checkpoint.Disk{Path: DockerDisk, Format: "raw"}
+	}
 	return m, err
 }
 
@@ -77,7 +80,8 @@ func Overlay(dl vmm.DiskLayers, id, diskID string) checkpoint.Disk {
 
 // NewOverlays makes an empty layer over each of layers (in parallel),
 // named for id, and returns them; when one fails, it removes the others
-// and returns none.
+// and returns none. A layer's path is relative to the sandbox's
+// directory, or absolute (a fork's layers build on its source's).
 func (sb *Sandbox) NewOverlays(layers map[string]checkpoint.Disk, id string) (map[string]checkpoint.Disk, error) {
 	dl, err := sb.DiskLayers()
 	if err != nil {
@@ -99,8 +103,12 @@ func (sb *Sandbox) NewOverlays(layers map[string]checkpoint.Disk, id string) (ma
 		}
 		f.Close()
 		next[diskID] = overlay
+		backing := d.Path
+		if !filepath.IsAbs(backing) {
+			backing = sb.Path(backing)
+		}
 		go func() {
-			errs <- dl.Create(context.Background(), sb.Path(overlay.Path), sb.Path(d.Path), d.Format, 0)
+			errs <- dl.Create(context.Background(), sb.Path(overlay.Path), backing, d.Format, 0)
 		}()
 	}
 	var first error
@@ -229,8 +237,12 @@ func DeleteCheckpoint(sb *Sandbox, id string) error {
 }
 
 // DeleteCheckpointLocked is DeleteCheckpoint by whoever holds the
-// supervisor's lock (the running sandbox's supervisor).
+// supervisor's lock (the running sandbox's supervisor). A checkpoint that
+// forks started from stays (ErrHasForks): their disks build on its layers.
 func DeleteCheckpointLocked(sb *Sandbox, id string) error {
+	if err := sb.checkNotHeld(id); err != nil {
+		return err
+	}
 	if err := sb.Checkpoints().Delete(id); err != nil {
 		return err
 	}

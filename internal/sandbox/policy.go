@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -8,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/kosa8/kosa8/internal/api"
@@ -81,13 +81,22 @@ func (s *Sandbox) SavePorts(p []api.PortForward) error {
 }
 
 // AddAllowRules adds an allow rule for each of rules; broad accepts rules
-// that match a whole public suffix or everything.
-func AddAllowRules(p *netpolicy.Policy, rules []string, broad bool) error {
+// that match a whole public suffix or everything. An unresolved pin
+// (pin:HOST) is resolved with lookup first (ResolvePin; nil: the host's
+// resolver); rules that fail to parse or resolve add nothing.
+func AddAllowRules(ctx context.Context, p *netpolicy.Policy, rules []string, broad bool, lookup Lookup) error {
+	var add []netpolicy.Rule
 	for _, s := range rules {
 		r, err := netpolicy.ParseRule(s, netpolicy.ParseOptions{AllowBroad: broad})
 		if err != nil {
 			return err
 		}
+		if err := ResolvePin(ctx, &r, lookup); err != nil {
+			return err
+		}
+		add = append(add, r)
+	}
+	for _, r := range add {
 		p.Add(r)
 	}
 	return nil
@@ -99,8 +108,8 @@ func AddAllowRules(p *netpolicy.Policy, rules []string, broad bool) error {
 // would not see a file edit), and written to the audit log as the
 // running one writes them. A sandbox that is running, or starting, is
 // ErrRunning: its supervisor makes the change (Client).
-func AllowStopped(sb *Sandbox, rules []string, broad bool) (*netpolicy.Policy, error) {
-	return editStopped(sb, "allow", rules, func(p *netpolicy.Policy) error { return AddAllowRules(p, rules, broad) })
+func AllowStopped(ctx context.Context, sb *Sandbox, rules []string, broad bool) (*netpolicy.Policy, error) {
+	return editStopped(sb, "allow", rules, func(p *netpolicy.Policy) error { return AddAllowRules(ctx, p, rules, broad, nil) })
 }
 
 // DenyStopped: see AllowStopped.
@@ -198,8 +207,9 @@ func AddDenyRules(p *netpolicy.Policy, targets []string) error {
 // ErrNoRule: a target to remove matches no rule.
 var ErrNoRule = errors.New("no rule matches")
 
-// RemoveRules removes every rule for each target; a target that matches
-// no rule is an error (and nothing is removed).
+// RemoveRules removes the rules for each target (netpolicy's Remove: a
+// bare target takes its allow rules, deny:TARGET its deny rule); a target
+// that matches no rule is an error (and nothing is removed).
 func RemoveRules(p *netpolicy.Policy, targets []string) error {
 	c := p.Clone()
 	for _, t := range targets {
@@ -208,6 +218,9 @@ func RemoveRules(p *netpolicy.Policy, targets []string) error {
 			return err
 		}
 		if n == 0 {
+			if d := c.DenyRuleFor(t); d != "" && !strings.HasPrefix(strings.TrimSpace(t), "deny:") {
+				return fmt.Errorf("%w %q among the allow rules; its deny rule is removed by naming it: %s", ErrNoRule, t, d)
+			}
 			return fmt.Errorf("%w %q: see the rules with 'kosa8 net ls'", ErrNoRule, t)
 		}
 	}
@@ -223,46 +236,34 @@ func (s *Sandbox) ReadAudit() ([]audit.Event, error) {
 	return audit.Read(filepath.Join(s.Dir, AuditLog))
 }
 
-// BlockedHosts gathers the DNS lookups and connections by name that events
-// record as denied and pol still denies, most recent first.
+// BlockedHosts gathers what events record the guest was refused and pol
+// still refuses, most recent first, each with the rule that lets it
+// through (one entry per rule): names refused by DNS or on connecting
+// (refused by no rule, a port, or a deny rule), allowed names refused for
+// the address they resolved to (private, documentation, shared or the
+// host's own: their rule is a pin), and raw addresses.
 func BlockedHosts(events []audit.Event, pol *netpolicy.Policy) []api.Blocked {
-	byKey := map[string]*api.Blocked{}
+	byRule := map[string]*api.Blocked{}
 	for _, e := range events {
-		if e.Decision != "deny" || e.Name == "" || (e.Kind != "dns" && e.Kind != "tcp") {
+		b, ok := blocked(e, pol)
+		if !ok {
 			continue
 		}
-		host, err := netpolicy.NormalizeHost(e.Name)
-		if err != nil {
-			continue
+		have := byRule[b.Rule]
+		if have == nil {
+			have = &b
+			byRule[b.Rule] = have
+			have.Count = 0
+		} else if b.Last.After(have.Last) || have.Port == 0 && b.Port != 0 {
+			have.Port, have.Address, have.Why = b.Port, b.Address, b.Why
 		}
-		var port uint16
-		if e.Kind == "tcp" {
-			ap, err := netip.ParseAddrPort(e.Dest)
-			if err != nil {
-				continue
-			}
-			port = ap.Port()
-		}
-		if port == 0 && pol.AllowsName(host).Allow || port != 0 && pol.Decide(host, port).Allow {
-			continue // allowed since, or refused for another reason
-		}
-		key := host + ":" + strconv.Itoa(int(port))
-		b := byKey[key]
-		if b == nil {
-			rule := host
-			if port != 0 && port != 80 && port != 443 {
-				rule += ":" + strconv.Itoa(int(port))
-			}
-			b = &api.Blocked{Host: host, Port: port, Rule: rule}
-			byKey[key] = b
-		}
-		b.Count++
-		if e.Time.After(b.Last) {
-			b.Last = e.Time
+		have.Count++
+		if e.Time.After(have.Last) {
+			have.Last = e.Time
 		}
 	}
-	out := make([]api.Blocked, 0, len(byKey))
-	for _, b := range byKey {
+	out := make([]api.Blocked, 0, len(byRule))
+	for _, b := range byRule {
 		out = append(out, *b)
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -273,6 +274,77 @@ func BlockedHosts(events []audit.Event, pol *netpolicy.Policy) []api.Blocked {
 	})
 	return out
 }
+
+// blocked reads one event as a refusal pol still makes, with its fix.
+func blocked(e audit.Event, pol *netpolicy.Policy) (api.Blocked, bool) {
+	if e.Decision != "deny" || (e.Kind != "dns" && e.Kind != "tcp") {
+		return api.Blocked{}, false
+	}
+	var port uint16
+	var ip netip.Addr
+	if e.Kind == "tcp" {
+		ap, err := netip.ParseAddrPort(e.Dest)
+		if err != nil {
+			return api.Blocked{}, false
+		}
+		port, ip = ap.Port(), ap.Addr().Unmap()
+	}
+	b := api.Blocked{Port: port, Last: e.Time, Count: 1}
+	denyRule := func(reason string) string {
+		if r, ok := strings.CutPrefix(reason, "denied by rule "); ok {
+			r, _, _ = strings.Cut(r, " ")
+			return r
+		}
+		return ""
+	}
+	if e.Name == "" {
+		// A raw address, refused by the allow-list (not by the cap on
+		// connections, nor one of the synthetic range's).
+		if e.Kind != "tcp" || syntheticNet.Contains(ip) || !strings.HasPrefix(e.Reason, "no rule allows the address") && !strings.HasPrefix(e.Reason, "denied by rule") {
+			return api.Blocked{}, false
+		}
+		d := pol.DecideIP(ip, port)
+		if d.Allow {
+			return api.Blocked{}, false
+		}
+		b.Host, b.Address, b.Why = ip.String(), ip.String(), d.Reason
+		b.Rule, b.DenyRule = netpolicy.RuleFor(ip.String(), port, false), denyRule(d.Reason)
+		return b, true
+	}
+	host, err := netpolicy.NormalizeHost(e.Name)
+	if err != nil {
+		return api.Blocked{}, false
+	}
+	b.Host = host
+	if e.Refused != "" {
+		// Allowed, but refused for where it resolved: fixed by a pin, or
+		// by nothing the user has done since.
+		d := pol.Decide(host, port)
+		if !d.Allow || d.Pinned {
+			return api.Blocked{}, false
+		}
+		b.Address = e.Refused
+		b.Why = "resolved to " + netpolicy.DescribeAddrs(e.Refused)
+		b.Rule = netpolicy.RuleFor(host, port, true)
+		return b, true
+	}
+	var d netpolicy.Decision
+	if port == 0 {
+		d = pol.AllowsName(host)
+	} else {
+		d = pol.Decide(host, port)
+	}
+	if d.Allow {
+		return api.Blocked{}, false // allowed since, or refused for another reason
+	}
+	b.Why, b.DenyRule = d.Reason, denyRule(d.Reason)
+	b.Rule = netpolicy.RuleFor(host, port, false)
+	return b, true
+}
+
+// syntheticNet is where kosa8's DNS answers point (egress.SyntheticNet):
+// a connection there without a name is no address the user could allow.
+var syntheticNet = netip.MustParsePrefix("198.18.0.0/15")
 
 // RefusedHost tells whether e records a host the guest asked for and was
 // refused that pol still refuses (a candidate for 'kosa8 net approve'),

@@ -44,7 +44,7 @@ type Secret struct {
 	Name    string    `json:"name"`
 	Hosts   []string  `json:"hosts"`
 	Header  string    `json:"header"`
-	Format  string    `json:"format"` // "{value}", "Bearer {value}", "basic:USER"
+	Format  string    `json:"format"` // "{value}", "Bearer {value}", "basic:USER", "registry:USER"
 	Created time.Time `json:"created"`
 }
 
@@ -83,24 +83,41 @@ func (s *Secret) Validate() error {
 	if s.Format == "" {
 		s.Format = "{value}"
 	}
-	if user, ok := strings.CutPrefix(s.Format, "basic:"); ok {
-		if user == "" || strings.ContainsAny(user, ":\r\n\x00") {
-			return fmt.Errorf("secret %s: --format basic:USER needs a user without ':' or line breaks", s.Name)
+	if user, ok := basicUser(s.Format); ok {
+		if user == "" || strings.ContainsAny(user, ":\r\n\x00") || strings.ContainsFunc(user, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			return fmt.Errorf("secret %s: --format %s needs a user without ':' or control characters", s.Name, s.Format)
 		}
 		if !strings.EqualFold(s.Header, "Authorization") {
 			return fmt.Errorf("secret %s: basic auth goes in the Authorization header", s.Name)
 		}
 	} else if strings.Count(s.Format, "{value}") != 1 {
-		return fmt.Errorf("secret %s: --format must contain {value} once (or be basic:USER)", s.Name)
+		return fmt.Errorf("secret %s: --format must contain {value} once (or be basic:USER or registry:USER)", s.Name)
 	} else if strings.ContainsAny(s.Format, "\r\n\x00") {
 		return fmt.Errorf("secret %s: --format has a line break", s.Name)
 	}
 	return nil
 }
 
+// basicUser is the user of a basic:USER or registry:USER format.
+func basicUser(format string) (string, bool) {
+	if u, ok := strings.CutPrefix(format, "basic:"); ok {
+		return u, true
+	}
+	return strings.CutPrefix(format, "registry:")
+}
+
+// Registry reports a container registry's login (registry:USER): the
+// broker sets it only where the client itself sends HTTP Basic auth (a
+// registry's token endpoint, or a registry that takes Basic auth), never
+// over the bearer tokens the client got from that exchange; the guest's
+// Docker settings hold USER and the placeholder.
+func (s *Secret) Registry() (user string, ok bool) {
+	return strings.CutPrefix(s.Format, "registry:")
+}
+
 // HeaderValue is the whole header value carrying v.
 func (s *Secret) HeaderValue(v Value) string {
-	if user, ok := strings.CutPrefix(s.Format, "basic:"); ok {
+	if user, ok := basicUser(s.Format); ok {
 		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+string(v.b)))
 	}
 	return strings.Replace(s.Format, "{value}", string(v.b), 1)

@@ -375,7 +375,7 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, 
 	tLaunched := time.Now()
 	res := &api.RewindResult{To: id, Saved: pre, ColdBoot: cold}
 	if s.ws != nil {
-		if err := s.ws.attach(ctx, s.currentClient(), manifest, true); err != nil {
+		if err := s.ws.attach(ctx, s.currentClient(), syncState{manifest: manifest}, rewindPass); err != nil {
 			return nil, fmt.Errorf("workspace after the rewind: %w", err)
 		}
 		res.Conflicts = s.ws.engine.Status().Conflicts
@@ -384,7 +384,7 @@ func (s *supervisor) rewind(ctx context.Context, id string) (*api.RewindResult, 
 		"restore_ms", msBetween(tBranched, tLaunched), "workspace_ms", msBetween(tLaunched, time.Now()))
 	s.setStatus(func(st *api.Status) { st.Checkpoint = id; st.QEMUPID = s.currentMachine().Pid() })
 	res.Millis = msSince(start)
-	if restore != nil {
+	if restore != nil && !restore.RAMInStream {
 		// Once the state before is out: the likeliest next rewind is
 		// to the same checkpoint again.
 		defer s.prepareRewind(id)
@@ -460,8 +460,8 @@ func (s *supervisor) enforceRetention() {
 	}
 	cur := s.getStatus().Checkpoint
 	for i := 0; len(list)-i > max && i < len(list); i++ {
-		if list[i].ID == cur {
-			continue
+		if list[i].ID == cur || len(s.sb.HeldBy(list[i].ID)) > 0 {
+			continue // forks' disks build on its layers
 		}
 		if err := s.sb.Checkpoints().Delete(list[i].ID); err == nil {
 			s.dropRewindRAM(list[i].ID)
@@ -496,7 +496,20 @@ func (s *supervisor) autoCheckpoints(ctx context.Context, every time.Duration) {
 // checkpoint_undo.go); when the last checkpoint's RAM is known to differ
 // from the guest's only by the pages it wrote since, a spare holds a copy
 // of it instead of zeros.
-func (s *supervisor) prepareSpare() { s.ramSaver().Spares.Refill() }
+func (s *supervisor) prepareSpare() {
+	if s.hasPrivateRAM() {
+		return // its checkpoints copy no RAM file
+	}
+	s.ramSaver().Spares.Refill()
+}
+
+// hasPrivateRAM tells whether the machine's RAM is private to its VMM
+// (mapped copy-on-write: a fork's start).
+func (s *supervisor) hasPrivateRAM() bool {
+	s.clientMu.Lock()
+	defer s.clientMu.Unlock()
+	return s.privateRAM
+}
 
 // takeSpare moves a spare to dst, if there is one, and tells what it holds
 // (see checkpoint.Spares.Take).

@@ -48,6 +48,7 @@ type fakeGuest struct {
 	signals []syscall.Signal
 	info    *guest.Info
 	names   []string // the hostnames set_time and restored named
+	renewed []bool   // each restored's new_identity
 }
 
 // SetInfo is what the guest answers to info from now on.
@@ -97,6 +98,9 @@ func serveFakeGuest(t *testing.T, m *vmmtest.Machine) *fakeGuest {
 		g.ops = append(g.ops, req.Op)
 		if req.Op == guest.OpSetTime || req.Op == guest.OpRestored {
 			g.names = append(g.names, req.Hostname)
+		}
+		if req.Op == guest.OpRestored {
+			g.renewed = append(g.renewed, req.NewBootID)
 		}
 		info := g.info
 		g.mu.Unlock()
@@ -235,9 +239,19 @@ func (r *fakeRig) guest(m *vmmtest.Machine) *fakeGuest {
 // attach a new NIC link, else only its audit log.
 func newFakeRig(t *testing.T, netstack bool) *fakeRig {
 	t.Helper()
+	return newFakeRigIn(t, netstack, t.TempDir(), 2)
+}
+
+// newFakeRigIn is newFakeRig with the sandbox's directory at dir and
+// memMiB of guest RAM.
+func newFakeRigIn(t *testing.T, netstack bool, dir string, memMiB int) *fakeRig {
+	t.Helper()
 	ctx := context.Background()
-	sb := &sandbox.Sandbox{Dir: t.TempDir(), Config: validConfig("fake"), Disks: vmmtest.Layers{}}
-	sb.Config.MemoryMiB = 2
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sb := &sandbox.Sandbox{Dir: dir, Config: validConfig("fake"), Disks: vmmtest.Layers{}}
+	sb.Config.MemoryMiB = memMiB
 	// The bottom layer a checkpoint's first overlay goes on.
 	if err := os.WriteFile(sb.Path(sandbox.RootDisk), []byte("fake root disk\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -251,7 +265,7 @@ func newFakeRig(t *testing.T, netstack bool) *fakeRig {
 		r.mu.Unlock()
 	}}
 	s := &supervisor{sb: sb, log: log, drv: r.drv, spec: &vmspec.Spec{Name: "fake", MemoryMiB: sb.Config.MemoryMiB},
-		stop: make(chan stopRequest, 1), clientCh: make(chan struct{})}
+		stop: make(chan stopRequest, 1), clientCh: make(chan struct{}), home: t.TempDir()}
 	if netstack {
 		n, err := startNetwork(sb, t.TempDir(), log)
 		if err != nil {
@@ -871,9 +885,13 @@ func TestLaunchFallsBackToTCG(t *testing.T) {
 			s := r.s
 			hw := &vmmtest.Driver{AccelAs: vmm.KVM, StartErr: errors.New("injected boot failure")}
 			var asked []vmm.DriverOptions
+			var recordedBefore []string
 			s.newDriver = func(o vmm.DriverOptions) (vmm.Driver, error) {
 				asked = append(asked, o)
 				if o.Accel == vmm.TCG {
+					// Before the (slow) TCG boot: doctor must not
+					// meanwhile take kvm for usable.
+					recordedBefore = hw.Failures()
 					return r.drv, nil
 				}
 				return hw, nil
@@ -903,6 +921,9 @@ func TestLaunchFallsBackToTCG(t *testing.T) {
 			}
 			if f := hw.Failures(); len(f) != 1 || !strings.HasPrefix(f[0], "kvm: ") || !strings.Contains(f[0], "injected boot failure") {
 				t.Errorf("failures recorded by the kvm driver: %q", f)
+			}
+			if len(recordedBefore) != 1 {
+				t.Errorf("kvm's failure was not on record while tcg booted: %q", recordedBefore)
 			}
 			if st := s.getStatus(); !strings.Contains(st.AccelFallback, "injected boot failure") {
 				t.Errorf("status says %q about the fallback", st.AccelFallback)

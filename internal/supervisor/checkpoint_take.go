@@ -129,6 +129,9 @@ type cpJob struct {
 	mach      vmm.Machine
 	m         vmm.Snapshotter
 	resumed   bool
+	// private: the machine's RAM is its VMM's own (a fork mapping its
+	// source's checkpoint): saved in the device stream, no RAM file.
+	private bool
 
 	meta   *checkpoint.Meta
 	saved  *checkpoint.SaveResult // by saveRAM, for the next checkpoint
@@ -222,6 +225,9 @@ func (j *cpJob) openFiles(context.Context) error {
 	}
 	j.dev = dev
 	j.undo.push(func(err error) error { dev.Close(); return err })
+	if j.private = j.s.hasPrivateRAM(); j.private {
+		return nil // no RAM file: the stream carries it
+	}
 	ramPath := filepath.Join(j.tmp, checkpoint.RAMFile)
 	j.spare, j.spareBase = j.s.takeSpare(ramPath)
 	ram, err := os.OpenFile(ramPath, os.O_CREATE|os.O_RDWR, 0o600)
@@ -408,9 +414,23 @@ func (j *cpJob) snapshotDisks(ctx context.Context) error {
 	return nil
 }
 
-// saveDevices writes the VM's device state, without its RAM.
+// saveDevices writes the VM's device state, without its RAM: with it,
+// for a machine whose RAM is private to its VMM (a fork's, mapped
+// copy-on-write from its source's checkpoint), which the host cannot copy
+// (QEMU's own migration, as slow as plain migrate: the price of the
+// memory forks share).
 func (j *cpJob) saveDevices(ctx context.Context) error {
-	if err := j.m.SaveDevices(ctx, j.dev); err != nil {
+	save := j.m.SaveDevices
+	if j.private {
+		full, ok := j.mach.(vmm.FullSaver)
+		if !ok {
+			return fmt.Errorf("a checkpoint of a machine with private RAM: %w", vmm.ErrNotSupported)
+		}
+		save = full.SaveAll
+		j.meta.RAMInStream = true
+		j.meta.FullCopyReason = "the machine's RAM is private (a fork mapping its source's checkpoint): saved in the device state"
+	}
+	if err := save(ctx, j.dev); err != nil {
 		return fmt.Errorf("save device state: %w", err)
 	}
 	j.tSaved = time.Now()
@@ -425,24 +445,31 @@ func (j *cpJob) saveDevices(ctx context.Context) error {
 // rewind replaces it) and finish, called once QEMU is gone, copies its RAM
 // from a descriptor of our own and commits.
 func (j *cpJob) handOver(context.Context) error {
-	src, err := dupFile(j.m.RAM())
-	if err != nil {
-		return err
+	var src *os.File
+	if !j.private {
+		var err error
+		if src, err = dupFile(j.m.RAM()); err != nil {
+			return err
+		}
 	}
 	if err := j.writeManifest(); err != nil {
-		src.Close()
+		if src != nil {
+			src.Close()
+		}
 		return err
 	}
 	j.setPause(time.Now())
 	j.meta.TotalMillis = msSince(j.start)
 	j.handedOver = true
 	j.finish = func() error {
-		defer j.ram.Close()
 		err := j.freezeLayers()
-		if err == nil {
+		if err == nil && src != nil {
 			err = j.copyRAM(src)
 		}
-		src.Close()
+		if src != nil {
+			src.Close()
+			j.ram.Close()
+		}
 		if err == nil {
 			err = j.commit()
 		}
@@ -508,6 +535,10 @@ func (j *cpJob) copyRAM(src *os.File) error {
 // since the last checkpoint, when that is known for sure
 // (checkpoint_undo.go).
 func (j *cpJob) saveRAM(context.Context) error {
+	if j.private {
+		j.tRAM = time.Now() // saved with the devices
+		return nil
+	}
 	saved, err := j.s.saveRAM(j.ram, j.mach, j.m, j.meta, j.spare, j.spareBase)
 	if err != nil {
 		return err
@@ -522,6 +553,9 @@ func (j *cpJob) saveRAM(context.Context) error {
 // freeHoles gives back the checkpoint RAM file's unused pages, after the
 // pause.
 func (j *cpJob) freeHoles(context.Context) error {
+	if j.private {
+		return nil
+	}
 	if err := j.s.ramSaver().FreeHoles(j.ram, j.saved); err != nil {
 		return fmt.Errorf("free the checkpoint's unused RAM pages: %w", err)
 	}
@@ -543,7 +577,9 @@ func (j *cpJob) commitStep(context.Context) error {
 	// a rewind (saved here when its RAM is copied during the pause): that
 	// would take the RAM prepared for the rewind's likeliest target, and
 	// the rewind prepares its own target's once it is done.
-	if j.kind != "pause" && j.kind != "pre-rewind" {
+	// Nor for the checkpoint forks start from: the source rarely goes
+	// back to it, and its RAM would be held twice for nothing.
+	if j.kind != "pause" && j.kind != "pre-rewind" && j.kind != "fork" && !j.private {
 		j.s.prepareRewind(j.id)
 	}
 	return nil
@@ -556,7 +592,12 @@ func (j *cpJob) writeManifest() error {
 	if s.ws == nil || s.ws.engine == nil {
 		return nil
 	}
-	return sandbox.WriteJSONAtomic(filepath.Join(j.tmp, checkpoint.ManifestFile), s.ws.engine.Manifest())
+	if err := sandbox.WriteManifest(filepath.Join(j.tmp, checkpoint.ManifestFile), s.ws.engine.Manifest()); err != nil {
+		return err
+	}
+	// The guest versions awaiting review: a start that resumes this
+	// machine tells them from what the guest lost (wsync.Engine.Recover).
+	return sandbox.WriteManifest(filepath.Join(j.tmp, sandbox.WorkspaceGuestFile), s.ws.engine.GuestKnown())
 }
 
 // commit makes the checkpoint visible, complete.
@@ -565,7 +606,9 @@ func (j *cpJob) commit() error {
 	if err := j.store.Commit(j.tmp, meta); err != nil {
 		return err
 	}
-	s.ramCommitted(j.id, j.saved)
+	if !j.private { // no RAM file: nothing for the spares to build on
+		s.ramCommitted(j.id, j.saved)
+	}
 	s.net.audit.Add(audit.Event{Kind: "checkpoint", Decision: "saved", Name: j.id, Reason: j.message})
 	s.log.Info("checkpoint", "id", j.id, "kind", j.kind, "pause_ms", meta.PauseMillis, "total_ms", meta.TotalMillis, "ram_mib", meta.RAMBytes>>20,
 		"incremental", meta.Incremental, "copied_mib", meta.RAMCopiedBytes>>20, "full_copy_reason", meta.FullCopyReason, "verify", meta.Verify, "steps_ms", j.steps.String())

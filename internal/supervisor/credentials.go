@@ -41,6 +41,7 @@ func credentials(s *sandbox.Sandbox, configDir string) ([]egress.Credential, err
 		out = append(out, egress.Credential{
 			Name: name, Hosts: hosts, Header: sec.Header, HeaderValue: sec.HeaderValue(v),
 			Value: v.Bytes(), Placeholder: p,
+			OverBasic: isRegistry(sec),
 		})
 	}
 	return out, nil
@@ -65,4 +66,9 @@ func upstreamRoots() (*x509.CertPool, error) {
 		}
 	}
 	return pool, nil
+}
+
+func isRegistry(s *secrets.Secret) bool {
+	_, ok := s.Registry()
+	return ok
 }

@@ -31,7 +31,24 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 func (s *supervisor) routes() http.Handler {
 	mux, _ := s.routeMux()
-	return mux
+	return s.sameSandbox(mux)
+}
+
+// sameSandbox refuses a request that names another sandbox's identity
+// (api.SandboxIDHeader) than the one this supervisor runs: its caller
+// opened a sandbox that was removed since, and this one was made under
+// its name (and so its socket's path). A request naming none is the
+// caller's who did not open one by identity.
+func (s *supervisor) sameSandbox(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get(api.SandboxIDHeader); id != "" && id != s.sb.Identity() {
+			writeJSON(w, http.StatusConflict, api.ErrorResponse{Error: fmt.Sprintf(
+				"sandbox %s is not the one you opened (that one was removed and a new one made under its name): open it again",
+				s.sb.Config.Name)})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // routeMux registers the API's handlers, each only if api.Routes documents it,
@@ -121,8 +138,10 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 	mux.HandleFunc("GET /v1/net", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, api.NetResponse{Rules: ruleTexts(s.net.gw.Policy())})
 	})
-	mux.HandleFunc("POST /v1/net/allow", netChange(func(req api.NetRequest) (*netpolicy.Policy, error) { return s.net.allow(req.Rules, req.AllowBroad) }))
-	mux.HandleFunc("POST /v1/net/deny", netChange(func(req api.NetRequest) (*netpolicy.Policy, error) { return s.net.deny(req.Rules) }))
+	mux.HandleFunc("POST /v1/net/allow", netChange(func(ctx context.Context, req api.NetRequest) (*netpolicy.Policy, error) {
+		return s.net.allow(ctx, req.Rules, req.AllowBroad)
+	}))
+	mux.HandleFunc("POST /v1/net/deny", netChange(func(_ context.Context, req api.NetRequest) (*netpolicy.Policy, error) { return s.net.deny(req.Rules) }))
 	mux.HandleFunc("GET /v1/net/refused", func(w http.ResponseWriter, r *http.Request) {
 		// A stream for 'kosa8 net approve': one JSON object a line per
 		// refused host, as it happens.
@@ -130,7 +149,7 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 		rc := http.NewResponseController(w)
 		_ = s.net.streamRefused(r.Context(), w, func() { _ = rc.Flush() })
 	})
-	mux.HandleFunc("POST /v1/net/rm", netChange(func(req api.NetRequest) (*netpolicy.Policy, error) { return s.net.remove(req.Rules) }))
+	mux.HandleFunc("POST /v1/net/rm", netChange(func(_ context.Context, req api.NetRequest) (*netpolicy.Policy, error) { return s.net.remove(req.Rules) }))
 	mux.HandleFunc("GET /v1/debug/memory", s.handleMemory)
 	mux.HandleFunc("POST /v1/debug/plain-migrate", s.handlePlainMigrate)
 	mux.HandleFunc("GET /v1/sync", func(w http.ResponseWriter, r *http.Request) {
@@ -151,6 +170,19 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 	mux.HandleFunc("POST /v1/sync/apply", func(w http.ResponseWriter, r *http.Request) { s.handleSyncChange(w, r, "apply") })
 	mux.HandleFunc("POST /v1/sync/approve", func(w http.ResponseWriter, r *http.Request) { s.handleSyncChange(w, r, "approve") })
 	mux.HandleFunc("POST /v1/sync/discard", func(w http.ResponseWriter, r *http.Request) { s.handleSyncChange(w, r, "discard") })
+	mux.HandleFunc("GET /v1/sync/summary", func(w http.ResponseWriter, r *http.Request) {
+		if s.ws == nil {
+			writeJSON(w, http.StatusNotFound, api.ErrorResponse{Error: "this sandbox has no workspace"})
+			return
+		}
+		sum, err := s.changeSummary(r.Context())
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, api.ErrorResponse{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, sum)
+	})
+	mux.HandleFunc("POST /v1/fork", s.handleFork)
 	mux.HandleFunc("GET /v1/ports", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.net.ports())
 	})
@@ -185,13 +217,13 @@ func (s *supervisor) routeMux() (*http.ServeMux, []string) {
 
 // netChange is a route that changes the allow-list: a api.NetRequest in, the
 // rules in force out.
-func netChange(change func(api.NetRequest) (*netpolicy.Policy, error)) func(http.ResponseWriter, *http.Request) {
+func netChange(change func(context.Context, api.NetRequest) (*netpolicy.Policy, error)) func(http.ResponseWriter, *http.Request) {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req api.NetRequest
 		if !decodeBody(w, r, &req) {
 			return
 		}
-		p, err := change(req)
+		p, err := change(r.Context(), req)
 		if err != nil {
 			writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: err.Error()})
 			return
@@ -231,6 +263,15 @@ func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, wh
 	defer s.cpMu.Unlock()
 	resume := s.ws.Pause()
 	defer resume()
+	if what != "discard" {
+		// Forks of one folder may each be applied: one at a time.
+		lock, err := lockApply(s.home, s.sb.Config.Workspace.Path)
+		if err != nil {
+			writeJSON(w, http.StatusConflict, api.ErrorResponse{Error: err.Error()})
+			return
+		}
+		defer lock.Close()
+	}
 	var done []string
 	var err error
 	switch what {
@@ -274,6 +315,10 @@ func (s *supervisor) handleMemory(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ram := m.RAM()
+	if ram == nil {
+		writeJSON(w, http.StatusNotImplemented, api.ErrorResponse{Error: "the guest's memory is mapped copy-on-write from the checkpoint it was forked from, private to QEMU: no dump until it is restarted from a checkpoint of its own ('kosa8 checkpoint', then 'kosa8 rewind' to it)"})
+		return
+	}
 	st, err := ram.Stat()
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, api.ErrorResponse{Error: err.Error()})
@@ -372,6 +417,8 @@ func (s *supervisor) handleExec(w http.ResponseWriter, r *http.Request) {
 	req.Env = append(base, req.Env...)
 	if req.Dir == "" && s.sb.Config.Workspace != nil {
 		req.Dir = s.sb.Config.Workspace.Path // commands start in the project folder
+	} else if req.Dir == "" && s.sb.Config.WorkDir != "" {
+		req.Dir = s.sb.Config.WorkDir // an OCI image's WorkingDir
 	}
 	if r.Header.Get("Upgrade") != api.ExecUpgrade {
 		writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: "exec needs Upgrade: " + api.ExecUpgrade})

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/sandbox"
@@ -32,6 +33,7 @@ type startedVMM struct {
 	m        vmm.Machine
 	netHost  *os.File // the network link's host end, served once it is the sandbox's
 	ramCopy  string   // how a restore's RAM copy went, for the log
+	private  bool     // its RAM is mapped copy-on-write (RAMTemplate): not the host's to copy
 	t0, tRun time.Time
 }
 
@@ -54,7 +56,23 @@ func (s *supervisor) startVMM(ctx context.Context, restore *checkpoint.Meta, dis
 	opts := vmm.StartOptions{Stderr: logWriter{s.log}, Net: qemuNet}
 	v := &startedVMM{netHost: hostNet}
 	exact := false
-	if restore != nil {
+	switch {
+	case restore == nil:
+	case restore.RAMInStream:
+		// The device state carries the RAM: nothing to copy first.
+		opts.Incoming, exact = true, true
+		v.ramCopy = "in the device state"
+	case restore.MapRAM && s.canMapRAM():
+		// A fork: its source's checkpoint's RAM mapped copy-on-write,
+		// shared with the other forks until each writes its pages.
+		tpl, err := s.openRestore(restore, checkpoint.RAMFile)
+		if err != nil {
+			hostNet.Close()
+			return nil, err
+		}
+		opts.Incoming, opts.RAMTemplate, exact = true, tpl, true
+		v.private, v.ramCopy = true, "mapped copy-on-write"
+	default:
 		opts.Incoming = true
 		// The RAM kept ready: the checkpoint's (nothing to copy), or
 		// another's, resident, to copy over (faster than new pages).
@@ -115,6 +133,7 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 	}
 	s.clientMu.Lock()
 	s.machine = m
+	s.privateRAM = v.private
 	s.clientMu.Unlock()
 	defer func() {
 		// All or nothing: a QEMU whose guest never came up is not left
@@ -142,11 +161,25 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 		}
 		snap, err := snapshotter(m)
 		if err == nil {
-			err = snap.LoadDevices(lctx, dev)
+			if restore.RAMInStream {
+				err = loadAll(lctx, m, dev)
+			} else {
+				err = snap.LoadDevices(lctx, dev)
+			}
 		}
 		dev.Close()
 		if err != nil {
 			return fmt.Errorf("load the checkpoint's device state: %w", err)
+		}
+		if ram := snap.RAM(); restore.RAMInStream && ram != nil {
+			// The stream touched every page of the RAM file: give the
+			// zero ones back before the guest runs.
+			t := time.Now()
+			freed, err := checkpoint.FreeZeroRuns(ram)
+			v.ramCopy += fmt.Sprintf(", %d MiB of zeros freed in %.0f ms", freed>>20, msSince(t))
+			if err != nil {
+				s.log.Warn("free the zero pages of a RAM file loaded from a stream", "err", err)
+			}
 		}
 		if err := snap.Resume(lctx); err != nil {
 			return err
@@ -182,7 +215,12 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 		entropy := make([]byte, 64)
 		_, _ = rand.Read(entropy)
 		tConnected := time.Now()
-		if err := client.Restored(lctx, entropy, time.Now(), sandbox.Hostname(s.sb.Config.Name)); err != nil {
+		// A machine saved elsewhere (a boot template, the checkpoint a
+		// fork starts from) becomes another machine here: one of many
+		// copies, each with a boot id of its own.
+		id := s.identity()
+		id.NewBootID = restore.Root != nil
+		if err := client.Restored(lctx, entropy, time.Now(), id); err != nil {
 			return fmt.Errorf("restored guest: %w", err)
 		}
 		// qemu_and_ram_ms: QEMU's start with the RAM copy; a QEMU
@@ -190,11 +228,33 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 		// old machine to go.
 		s.log.Info("restored", "checkpoint", restore.ID, "qemu_and_ram_ms", msBetween(v.t0, v.tRun), "waiting_ms", msBetween(v.tRun, tUp),
 			"ram_copy", v.ramCopy, "devices_ms", msBetween(tUp, tLoaded), "agent_ms", msBetween(tLoaded, tConnected), "reseed_ms", msSince(tConnected))
-	} else if err := client.SetTime(lctx, time.Now(), s.bootHostname()); err != nil {
+	} else if err := client.SetTime(lctx, time.Now(), s.bootIdentity()); err != nil {
 		s.log.Warn("set guest clock and hostname", "err", err)
 	}
 	s.setClient(client)
+	s.setStatus(func(st *api.Status) { st.RAMShared = v.private })
 	return nil
+}
+
+// loadAll loads a device state that carries the RAM too.
+func loadAll(ctx context.Context, m vmm.Machine, dev *os.File) error {
+	l, ok := m.(vmm.FullLoader)
+	if !ok {
+		return fmt.Errorf("a checkpoint with its RAM in the device state: %w", vmm.ErrNotSupported)
+	}
+	return l.LoadAll(ctx, dev)
+}
+
+// EnvForkRAM, set to copy, has forks copy their checkpoint's RAM into
+// memory of their own instead of mapping it copy-on-write: more memory,
+// but their checkpoints copy RAM files again instead of streaming it.
+const EnvForkRAM = "KOSA8_FORK_RAM"
+
+// canMapRAM tells whether a restore may map its RAM copy-on-write: the
+// driver can, and the user did not say otherwise.
+func (s *supervisor) canMapRAM() bool {
+	t, ok := s.drv.(vmm.RAMTemplater)
+	return ok && t.CanMapRAMTemplate() && os.Getenv(EnvForkRAM) != "copy"
 }
 
 // openRestore opens a restore's RAM or device state: in the checkpoint's
@@ -208,23 +268,29 @@ func (s *supervisor) openRestore(m *checkpoint.Meta, name string) (*os.File, err
 	return os.Open(filepath.Join(s.sb.Checkpoints().Path(m.ID), name))
 }
 
-// bootHostname is the name a booted guest is given at once: none (the
-// agent's own, "kosa8") for a boot a template is made of, named after
-// the copy (nameGuest), so no template holds a sandbox's name.
-func (s *supervisor) bootHostname() string {
-	if s.unnamed {
-		return ""
-	}
-	return sandbox.Hostname(s.sb.Config.Name)
+// identity is the sandbox's in its guest: hostname and machine-id.
+func (s *supervisor) identity() guest.Identity {
+	return guest.Identity{Hostname: sandbox.Hostname(s.sb.Config.Name), MachineID: s.sb.MachineID()}
 }
 
-// nameGuest gives the guest the sandbox's hostname (after a template's
+// bootIdentity is the identity a booted guest is given at once: none (the
+// agent's own hostname, "kosa8", and the image's machine-id) for a boot a
+// template is made of, named after the copy (nameGuest), so no template
+// holds a sandbox's name or machine-id.
+func (s *supervisor) bootIdentity() guest.Identity {
+	if s.unnamed {
+		return guest.Identity{}
+	}
+	return s.identity()
+}
+
+// nameGuest gives the guest the sandbox's identity (after a template's
 // copy of an unnamed boot).
 func (s *supervisor) nameGuest(ctx context.Context) error {
 	s.unnamed = false
 	cctx, cancel := withTimeout(ctx, guestCallTimeout)
 	defer cancel()
-	return s.currentClient().SetTime(cctx, time.Now(), s.bootHostname())
+	return s.currentClient().SetTime(cctx, time.Now(), s.bootIdentity())
 }
 
 // disks are the sandbox's active disk layers, as QEMU takes them.
@@ -233,7 +299,7 @@ func (s *supervisor) disks() []vmspec.Disk { return specDisks(s.sb, s.sb.ActiveD
 // specDisks are layers (disk id to layer) as QEMU takes them, root first.
 func specDisks(sb *sandbox.Sandbox, layers map[string]checkpoint.Disk) []vmspec.Disk {
 	var out []vmspec.Disk
-	for _, id := range []string{"root", "ws"} {
+	for _, id := range []string{"root", "ws", "docker"} {
 		if d, ok := layers[id]; ok {
 			out = append(out, vmspec.Disk{ID: id, Path: sb.Path(d.Path), Format: d.Format})
 		}

@@ -32,7 +32,7 @@ const (
 	// EnvNetOverrides maps names to host addresses: "a.test=127.0.0.1,b.test=127.0.0.1".
 	EnvNetOverrides = "KOSA8_NET_OVERRIDES"
 	// EnvNetResolver sends the host-side lookups to one DNS server: "127.0.0.1:5353".
-	EnvNetResolver = "KOSA8_NET_RESOLVER"
+	EnvNetResolver = sandbox.EnvNetResolver
 )
 
 func parseOverrides(s string) (map[string]netip.Addr, error) {
@@ -75,6 +75,8 @@ type network struct {
 	gw    *egress.Gateway
 	stack *netstack.Stack // the current link's stack (guarded by mu)
 	stop  context.CancelFunc
+	// lookup resolves pins as the gateway resolves names.
+	lookup sandbox.Lookup
 
 	mu       sync.Mutex
 	forwards map[uint16]*forward
@@ -135,7 +137,10 @@ func startNetwork(sb *sandbox.Sandbox, configDir string, log *slog.Logger) (*net
 		cfg.Resolver = res
 	}
 	gw := egress.New(cfg)
-	n := &network{sb: sb, ca: ca, log: log, audit: al, names: names, gw: gw, forwards: map[uint16]*forward{}}
+	n := &network{sb: sb, ca: ca, log: log, audit: al, names: names, gw: gw, forwards: map[uint16]*forward{}, lookup: net.DefaultResolver.LookupNetIP}
+	if res != nil {
+		n.lookup = res.LookupNetIP
+	}
 	al.Add(audit.Event{Kind: "policy", Decision: "start", Reason: "rules: " + strings.Join(ruleTexts(pol), " ")})
 	return n, nil
 }
@@ -169,6 +174,15 @@ func (n *network) attachLink(hostEnd *os.File) error {
 		cancel()
 		st.Close()
 		return err
+	}
+	if n.sb.Config.Docker != nil {
+		// The guest's dockerd pulls through it: a refused registry is
+		// then told why (egress.ProxyPort).
+		if err := n.gw.ServeProxy(ctx, st); err != nil {
+			cancel()
+			st.Close()
+			return err
+		}
 	}
 	n.mu.Lock()
 	n.stack, n.stop = st, cancel
@@ -209,9 +223,14 @@ func (n *network) close() {
 	n.audit.Close()
 }
 
-// allow adds rules and applies them to new connections at once.
-func (n *network) allow(rules []string, broad bool) (*netpolicy.Policy, error) {
-	return n.changePolicy("allow", rules, func(p *netpolicy.Policy) error { return sandbox.AddAllowRules(p, rules, broad) })
+// allow adds rules and applies them to new connections at once. A pin
+// is resolved first, with the gateway's resolver, outside the lock.
+func (n *network) allow(ctx context.Context, rules []string, broad bool) (*netpolicy.Policy, error) {
+	rules, err := sandbox.ResolveRules(ctx, rules, broad, n.lookup)
+	if err != nil {
+		return nil, err
+	}
+	return n.changePolicy("allow", rules, func(p *netpolicy.Policy) error { return sandbox.AddAllowRules(ctx, p, rules, broad, n.lookup) })
 }
 
 // deny adds deny rules for targets (hosts, wildcards, ranges, with ports

@@ -87,8 +87,10 @@ func TestAPIRefusedStreamOnAFakeMachine(t *testing.T) {
 		}
 	}
 
-	if rc := lookUp(t, s.net, "refused.test"); rc != dns.RcodeNameError {
-		t.Fatalf("the network answered a refused name with %s, want NXDOMAIN", dns.RcodeToString[rc])
+	// A refused name is answered (with the refusal page's address) and
+	// recorded as refused.
+	if rc := lookUp(t, s.net, "refused.test"); rc != dns.RcodeSuccess {
+		t.Fatalf("the network answered a refused name with %s, want the refusal page", dns.RcodeToString[rc])
 	}
 	if b := next(); b.Host != "refused.test" || b.Port != 0 || b.Rule != "refused.test" || b.Count != 1 || b.Last.IsZero() {
 		t.Errorf("streamed %+v, want refused.test's lookup, once, with its time", b)

@@ -49,6 +49,7 @@ func withWorkspace(t *testing.T, s *supervisor, review bool, files map[string]st
 		}
 	})
 	host.Skip = w.engine.Excluded
+	w.readGuest = (&wsync.HostSide{Root: gr}).Read
 	if err := w.engine.Sync(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/agent"
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/egress"
@@ -69,6 +71,10 @@ type supervisor struct {
 	rewindMem   *checkpoint.RewindRAM
 	clientMu    sync.Mutex
 	clientCh    chan struct{} // closed when s.client is replaced
+	// privateRAM: the machine's RAM is mapped copy-on-write from a
+	// checkpoint (a fork's start): its checkpoints carry it in the
+	// device stream (guarded by clientMu, with machine).
+	privateRAM bool
 
 	// qemuFirmware: the microvm firmware's file name ("" for QEMU's default).
 	qemuFirmware string
@@ -77,9 +83,17 @@ type supervisor struct {
 	// (its disks are as sandbox.Create made them): a boot template may
 	// stand in for its boot, or be made from it (template.go).
 	firstBoot bool
-	unnamed   bool           // a boot a template is made of: named after the copy
-	cache     string         // KOSA8_CACHE: the images, and the templates beside them
-	bg        sync.WaitGroup // work that outlives a step (a template's publication)
+	// cleanStop is how the last run ended (sandbox.TakeCleanStop): it
+	// decides the workspace's first pass.
+	cleanStop sandbox.CleanStop
+	// poweredOff: the guest powered off when asked (its filesystems
+	// synced), not killed.
+	poweredOff bool
+	unnamed    bool           // a boot a template is made of: named after the copy
+	cache      string         // KOSA8_CACHE: the images, and the templates beside them
+	home       string         // KOSA8_HOME: the folders' locks
+	forkUp     bool           // a fork's machine was restored from its source's checkpoint by this supervisor
+	bg         sync.WaitGroup // work that outlives a step (a template's publication)
 
 	mu     sync.Mutex
 	status api.Status
@@ -160,6 +174,11 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 	start := time.Now()
 	parent := sb.Status().Checkpoint // the checkpoint tree carries across restarts
 	s.firstBoot = sb.NeverStarted()
+	// Taken (and removed, durably) before anything runs: a crash of this
+	// run must leave no mark of a clean stop behind.
+	if s.cleanStop, err = sb.TakeCleanStop(); err != nil {
+		log.Warn("read how the last run stopped: its workspace is merged as after a crash", "err", err)
+	}
 	defer waitBackground(&s.bg, time.Minute, log)
 	s.setStatus(func(st *api.Status) {
 		*st = api.Status{State: api.Starting, SupervisorPID: os.Getpid(), Started: start.UTC(), Checkpoint: parent}
@@ -169,7 +188,11 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 		return err
 	}
 	defer s.net.close()
-	go s.prepareSpare()
+	if sb.Config.Fork == nil {
+		// A fork makes its spares at its first checkpoint: most never
+		// take one, and N forks would hold 2N of them.
+		go s.prepareSpare()
+	}
 	if every := time.Duration(sb.Config.CheckpointEvery); every > 0 {
 		actx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -178,6 +201,13 @@ func Supervise(ctx context.Context, m *sandbox.Manager, name string, o Options) 
 	st := s.getStatus()
 	ready(launch.ReadyMessage{OK: true, Status: &st})
 	log.Info("running", "accel", s.accel, "boot_ms", st.BootMillis, "qemu_pid", st.QEMUPID)
+	forkDone := make(chan struct{})
+	fctx, stopFork := context.WithCancel(ctx)
+	if s.forkUp {
+		go func() { defer close(forkDone); s.runForkCommand(fctx) }()
+	} else {
+		close(forkDone)
+	}
 
 	var req stopRequest
 	var exitErr error
@@ -229,6 +259,12 @@ wait:
 		default:
 		}
 	}
+	if sb.Config.Fork != nil && !exited && !req.kill {
+		// What the fork changed, for 'kosa8 fork ls' once it is stopped.
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s.recordChanges(cctx)
+		cancel()
+	}
 	s.setStatus(func(st *api.Status) { st.State = api.Stopping })
 	stopped := exited
 	kill := req.kill
@@ -247,6 +283,8 @@ wait:
 		stopped = true
 	}
 	var syncDone chan struct{}
+	var cleanSync atomic.Bool // the last pass brought both sides in step and saved it
+	syncEnded := true
 	if s.ws != nil {
 		syncDone = make(chan struct{})
 		last := !stopped
@@ -255,7 +293,7 @@ wait:
 			if last {
 				// A last pass, so nothing the guest just wrote is left behind.
 				wctx, cancel := context.WithTimeout(context.Background(), syncStopTimeout)
-				s.ws.stop(wctx)
+				cleanSync.Store(s.ws.stop(wctx))
 				cancel()
 			} else {
 				s.ws.detach()
@@ -278,6 +316,27 @@ wait:
 		case <-syncDone:
 		case <-time.After(10 * time.Second):
 			log.Error("the workspace sync did not end after the VM did")
+			syncEnded = false
+		}
+	}
+	if s.ws != nil {
+		// What the next start may trust of the workspace's record: the
+		// machine a pause saved, with the record saved beside it; or, after
+		// a last pass saved durably and a guest that powered off, the
+		// record itself. Anything else makes it merge, deleting nothing.
+		var mark *sandbox.CleanStop
+		switch {
+		case req.pausedAt != "":
+			mark = &sandbox.CleanStop{Paused: req.pausedAt}
+		case syncEnded && cleanSync.Load() && s.poweredOff:
+			mark = &sandbox.CleanStop{Stopped: true}
+		}
+		if mark != nil {
+			if err := sb.MarkCleanStop(*mark); err != nil {
+				log.Warn("record the clean stop: the next start merges the workspace as after a crash", "err", err)
+			}
+		} else {
+			log.Info("the workspace did not stop cleanly: the next start merges it, deleting nothing", "last_pass_saved", syncEnded && cleanSync.Load(), "powered_off", s.poweredOff)
 		}
 	}
 	pending := 0
@@ -285,15 +344,19 @@ wait:
 		ws := s.ws.engine.Status()
 		pending = len(ws.Pending) + len(ws.Held)
 	}
+	// --rm removes the sandbox when it stops, but not the agent's
+	// unreviewed work, which lives on its disk: with changes pending it
+	// stays, stopped and still --rm, and goes at the first stop with none
+	// left (once every change is applied or discarded). A pause is not a
+	// stop: a paused sandbox stays too.
+	remove := sb.Config.Ephemeral && pending == 0 && req.pausedAt == ""
 	if sb.Config.Ephemeral && pending > 0 {
-		// The agent's unreviewed work lives on this sandbox's disk: --rm
-		// must not throw it away. It stays, stopped, until applied or
-		// discarded and removed.
-		sb.Config.Ephemeral = false
-		if err := sb.SaveConfig(); err != nil {
-			log.Error("keep the sandbox for its pending changes", "err", err)
-		}
 		log.Info("kept for review", "pending", pending)
+	}
+	stopFork() // its stream is gone with the machine: it records why
+	select {
+	case <-forkDone:
+	case <-time.After(5 * time.Second):
 	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = srv.Shutdown(shutCtx)
@@ -312,7 +375,7 @@ wait:
 		st.Pending = pending
 	})
 	log.Info("stopped", "err", exitErr)
-	if sb.Config.Ephemeral {
+	if remove {
 		lock.Close()
 		return m.Remove(name)
 	}
@@ -395,24 +458,36 @@ func (s *supervisor) launchFirst(ctx context.Context, restore *checkpoint.Meta, 
 		return fmt.Errorf("booting under %s failed: %w\nkosa8 was asked for %s (KOSA8_ACCEL or --accel); to run under emulation instead, set KOSA8_ACCEL=tcg", tried, err, tried)
 	}
 	s.log.Warn("hardware acceleration failed to boot the sandbox: trying tcg", "accel", tried, "err", err)
+	// Recorded before the TCG boot, which takes a while, so that doctor
+	// and other starts meanwhile do not take the accelerator for usable;
+	// taken back if TCG fails too (the accelerator is then not shown to
+	// be the cause).
+	reason := fmt.Sprintf("%s failed to boot a sandbox: %v", tried, err)
+	failed := s.drv
+	r, recorder := failed.(vmm.FailureRecorder)
+	if recorder {
+		if rerr := r.RecordFailure(tried, reason); rerr != nil {
+			s.log.Warn("record the accelerator's failure", "err", rerr)
+		}
+	}
 	tcg := s.driverOpts
 	tcg.Accel = vmm.TCG
-	failed := s.drv
+	forget := func() {
+		if f, ok := failed.(vmm.FailureForgetter); recorder && ok {
+			_ = f.ForgetFailure(tried)
+		}
+	}
 	drv, derr := s.newDriver(tcg)
 	if derr != nil {
+		forget()
 		return errors.Join(err, derr)
 	}
 	s.drv, s.accel = drv, vmm.TCG
 	s.log.Warn(vmm.IsolationWarning)
 	s.resetConsoleLog()
 	if terr := s.launch(ctx, restore); terr != nil {
+		forget()
 		return fmt.Errorf("booting under %s failed (%v), and under tcg too: %w", tried, err, terr)
-	}
-	reason := fmt.Sprintf("%s failed to boot a sandbox: %v", tried, err)
-	if r, ok := failed.(vmm.FailureRecorder); ok {
-		if rerr := r.RecordFailure(tried, reason); rerr != nil {
-			s.log.Warn("record the accelerator's failure", "err", rerr)
-		}
 	}
 	s.setStatus(func(st *api.Status) { st.AccelFallback = reason })
 	return nil
@@ -456,6 +531,24 @@ func (s *supervisor) installCA(ctx context.Context) error {
 	return c.WriteFile(ctx, sandbox.GuestCABundle, 0o644, "root", bytes.NewReader(append(b, extra...)))
 }
 
+// networkNoteFiles hold the network note in the guest (see
+// agent.NetworkNote): the login banner, and the file the presets' memory
+// files are made from.
+var networkNoteFiles = []string{"/etc/motd", "/etc/kosa8/network.md"}
+
+// nameNetworkNote writes the network note with this sandbox's name in
+// place of the image's NAME, so that the commands it tells an agent to
+// pass on are the ones the user runs. A failure only costs the name: it
+// is logged, not fatal.
+func (s *supervisor) nameNetworkNote(ctx context.Context) {
+	note := agent.NetworkNoteFor(s.sb.Config.Name)
+	for _, p := range networkNoteFiles {
+		if err := s.currentClient().WriteFile(ctx, p, 0o644, "root", strings.NewReader(note)); err != nil {
+			s.log.Warn("name the sandbox in the guest's network note", "file", p, "err", err)
+		}
+	}
+}
+
 // guestPortName must match the agent's agent.DefaultPortName.
 const guestPortName = "org.kosa8.agent"
 
@@ -493,6 +586,7 @@ func (s *supervisor) shutdown(kill bool) error {
 			err = m.Wait(ctx)
 			cancel()
 			if !errors.Is(err, context.DeadlineExceeded) {
+				s.poweredOff = err == nil
 				return err
 			}
 			s.log.Warn("guest did not power off in time: killing QEMU")

@@ -39,8 +39,10 @@ import (
 // templateBytes are).
 
 // templateVersion changes with what a template holds or how its key is
-// made.
-const templateVersion = 1
+// made. 2: the root filesystem has metadata_csum_seed (set by the agent
+// before it mounts the root), so a sandbox started from the template can
+// take a UUID of its own.
+const templateVersion = 2
 
 // templateStartTimeout bounds a start from a template under TCG (under
 // KVM or HVF, accelBootTimeout does).

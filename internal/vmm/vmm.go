@@ -85,6 +85,12 @@ type FailureRecorder interface {
 	RecordFailure(a Accel, reason string) error
 }
 
+// FailureForgetter takes back a failure recorded a moment earlier (the
+// fallback failed too: the accelerator was not shown to be the cause).
+type FailureForgetter interface {
+	ForgetFailure(a Accel) error
+}
+
 // StartOptions carry what the host side of a machine provides.
 type StartOptions struct {
 	// Net, when set, is the host end's peer for the NIC: a connected stream
@@ -104,6 +110,23 @@ type StartOptions struct {
 	// or to be filled by PrepareRAM over whatever it holds. Start takes it
 	// over, closing it if the start fails.
 	RAM *os.File
+	// RAMTemplate, when set, is a file holding guest RAM to start from (a
+	// checkpoint's, read by a restore), mapped copy-on-write: what the
+	// guest writes stays in the VMM's private memory and never reaches
+	// the file, which the VMM opens read-only, so machines started from
+	// one file share its pages until they write them. The machine's RAM()
+	// is nil then, and a checkpoint of it carries its RAM in the device
+	// stream (FullSaver, FullLoader): the host cannot copy private memory.
+	// Only for a driver that is a RAMTemplater and says it can. Start
+	// takes it over, closing it once the VMM has exited or if the start
+	// fails.
+	RAMTemplate *os.File
+}
+
+// RAMTemplater is a driver that can map a RAMTemplate (QEMU 8.2 and later
+// on Linux: a read-only file mapped private and writable).
+type RAMTemplater interface {
+	CanMapRAMTemplate() bool
 }
 
 // RAMFileMaker is a driver whose guest RAM is a file the host may make
@@ -125,14 +148,24 @@ type Snapshotter interface {
 	SnapshotDisk(ctx context.Context, id, overlay string) error
 	SaveDevices(ctx context.Context, w *os.File) error
 	LoadDevices(ctx context.Context, r *os.File) error
+	// RAM is the guest's RAM file, which the host copies; nil when the
+	// guest's RAM is private to the VMM (StartOptions.RAMTemplate).
 	RAM() *os.File
 }
 
 // FullSaver is a machine that can save itself whole, RAM included, into
 // one stream (QEMU's plain migration): the baseline that checkpoints,
-// which leave RAM out, are measured against. The machine must be paused.
+// which leave RAM out, are measured against, and how a machine whose RAM
+// is private (StartOptions.RAMTemplate) is checkpointed. The machine must
+// be paused.
 type FullSaver interface {
 	SaveAll(ctx context.Context, w *os.File) error
+}
+
+// FullLoader is a machine started Incoming that can load a FullSaver's
+// stream, RAM included.
+type FullLoader interface {
+	LoadAll(ctx context.Context, r *os.File) error
 }
 
 // RunStater is a machine whose VMM says whether the guest runs. A VMM that

@@ -588,8 +588,9 @@ class Sandbox:
         return self._api.call("POST", "/v1/rewind", {"id": checkpoint_id})
 
     def checkpoints(self):
-        """The checkpoints, oldest first, with their sizes on disk."""
-        return self.client.cli_json("checkpoints", self.name)
+        """The checkpoints, oldest first, with their sizes on disk (the
+        totals: `kosa8 checkpoints NAME --json`'s "totals")."""
+        return self.client.cli_json("checkpoints", self.name)["checkpoints"]
 
     def delete_checkpoint(self, checkpoint_id):
         if self.running():

@@ -107,9 +107,23 @@ func TestAccelFallbackWhenQEMUDies(t *testing.T) {
 	if !strings.HasSuffix(d.stdout, "\n") {
 		t.Errorf("doctor's output does not end with a newline: %q", d.stdout)
 	}
+	// QEMU's message of several lines stays inside doctor's layout: every
+	// line but a check's first is indented, and no sentence ends twice.
+	for _, line := range strings.Split(strings.TrimSuffix(d.stdout, "\n"), "\n") {
+		if !strings.HasPrefix(line, " ") && !strings.HasPrefix(line, "ok ") && !strings.HasPrefix(line, "warn ") && !strings.HasPrefix(line, "FAIL ") && !strings.HasPrefix(line, "wait ") {
+			t.Errorf("doctor's layout broken by %q", line)
+		}
+	}
+	if strings.Contains(d.stdout, "..") && !strings.Contains(d.stdout, "../") {
+		t.Errorf("doctor says %q", d.stdout)
+	}
 	r = runKept(t, env, "die2", "echo", "again")
 	if r.code != 0 || !strings.Contains(r.stdout, "again") {
 		t.Fatalf("second run:\n%s", r)
+	}
+	// Said in full once: now one short line.
+	if strings.Contains(r.stderr, "MSR 0x10a") || strings.Count(r.stderr, "kosa8: warning:") != 1 || !strings.Contains(r.stderr, "kvm failed to boot a sandbox here earlier") {
+		t.Errorf("the second run's warning is not one short line:\n%s", r.stderr)
 	}
 	if n := kvmAttempts(t, home, "die2"); n != 0 {
 		t.Errorf("the second run tried kvm again (%d attempts)", n)

@@ -8,12 +8,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kosa8/kosa8/internal/agent"
 	"github.com/kosa8/kosa8/internal/egress"
 )
 
@@ -233,7 +237,7 @@ grep -c 'kosa8 net blocked' ~/.claude/CLAUDE.md
 grep -c 'allow-listed' /etc/motd
 mkdir -p ~/.claude && echo kept > ~/.claude/e2e-marker
 echo '{"claudeAiOauth":{"accessToken":"sk-ant-oat-e2e"}}' > ~/.claude/.credentials.json
-`
+` + enginesScript("claude")
 	start := time.Now()
 	r := p.run("", "run", "--rm", "--agent", "claude", "--allow", fmt.Sprintf("api.anthropic.com:%d", api.port),
 		"-e", "ANTHROPIC_BASE_URL="+base, "--", "bash", "-c", script)
@@ -250,6 +254,7 @@ echo '{"claudeAiOauth":{"accessToken":"sk-ant-oat-e2e"}}' > ~/.claude/.credentia
 	if !strings.Contains(r.stdout, "KEY=kosa8-ph-") || strings.Contains(r.stdout, anthropicKey) {
 		t.Fatalf("the guest should hold only the placeholder:\n%s", r.stdout)
 	}
+	checkEngines(t, "claude", r.stdout)
 	if !strings.Contains(r.stdout, "PRESET-ENV=1") {
 		t.Fatalf("the preset's environment (DISABLE_TELEMETRY=1) did not reach the agent:\n%s", r.stdout)
 	}
@@ -267,6 +272,84 @@ echo '{"claudeAiOauth":{"accessToken":"sk-ant-oat-e2e"}}' > ~/.claude/.credentia
 	}
 	if strings.Contains(r.stderr, "building image") {
 		t.Fatalf("the derived image was built again:\n%s", r.stderr)
+	}
+}
+
+// TestAgentKeptSettingsAttack: root in the guest plants, in the agent's
+// kept folder, a file the agent's user cannot read, a hard link to
+// /etc/shadow, a folder it cannot enter and a 2 GiB sparse file. The save
+// skips each, names them in one line, and keeps the rest; the kosa8
+// process's memory stays bounded (a 2 GiB sparse file made it reach
+// 806 MB, and one unreadable file made the whole save fail). It shares
+// the claude image TestAgentClaude builds (built here when run alone).
+func TestAgentKeptSettingsAttack(t *testing.T) {
+	if why := npmReachable(); why != "" {
+		t.Skipf("the npm registry is not reachable from this machine (%s): the agent cannot be installed", why)
+	}
+	p := &agentProject{t: t, dir: t.TempDir(), env: []string{"KOSA8_SECRET_BACKEND=file"}}
+	// --replace: the run's secret store is shared, and TestAgentClaude
+	// stored the same key before this test.
+	if r := p.run(anthropicKey+"\n", "secret", "add", "--replace", "ANTHROPIC_API_KEY", "--host", "api.anthropic.com", "--header", "x-api-key"); r.code != 0 {
+		t.Fatalf("secret add: %s", r)
+	}
+	script := `set -e
+mkdir -p ~/.claude/projects
+echo kept > ~/.claude/settings.json
+echo history > ~/.claude/projects/session.jsonl
+echo '{"kept":1}' > ~/.claude.json
+sudo ln /etc/shadow ~/.claude/hard-shadow
+sudo sh -c "echo root-secret > $HOME/.claude/root-only && chmod 600 $HOME/.claude/root-only"
+sudo sh -c "mkdir $HOME/.claude/root-dir && echo x > $HOME/.claude/root-dir/f && chmod 700 $HOME/.claude/root-dir"
+truncate -s 2G ~/.claude/sparse-2g
+`
+	start := time.Now()
+	r := p.run("", "run", "--rm", "--agent", "claude", "--", "bash", "-c", script)
+	t.Logf("planting run: %s, kosa8's peak RSS %d MiB", time.Since(start).Round(time.Second), r.maxRSS>>20)
+	if r.code != 0 {
+		t.Fatalf("run:\n%s", r)
+	}
+	var line string
+	for _, l := range strings.Split(r.stderr, "\n") {
+		if strings.Contains(l, "kept claude's settings except") {
+			line = l
+		}
+	}
+	for _, want := range []string{"except 4 files", "~/.claude/hard-shadow (unreadable)", "~/.claude/root-only (unreadable)",
+		"~/.claude/root-dir (unreadable folder)", "~/.claude/sparse-2g (2.0 GiB, over the limit)", "move it out of ~/.claude"} {
+		if !strings.Contains(line, want) {
+			t.Fatalf("the save's line lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	if strings.Contains(r.stderr, "not kept (") {
+		t.Fatalf("the save failed:\n%s", r.stderr)
+	}
+	// Bounded: kosa8's own peak was 17-18 MiB in both runs here (3 Dec
+	// 2026, TCG); the 2 GiB file took it to 806 MB before.
+	if r.maxRSS > 128<<20 {
+		t.Fatalf("kosa8 reached %d MiB of resident memory saving the settings", r.maxRSS>>20)
+	}
+	archives, _ := filepath.Glob(filepath.Join(home, "agent-homes", "*-claude.tar"))
+	for _, a := range archives {
+		if fi, err := os.Stat(a); err == nil && fi.Size() > 64<<20 {
+			t.Fatalf("kept archive %s is %d bytes", a, fi.Size())
+		}
+	}
+	start = time.Now()
+	r = p.run("", "run", "--rm", "--agent", "claude", "--", "bash", "-c",
+		"cat ~/.claude/settings.json ~/.claude/projects/session.jsonl ~/.claude.json; ls -A ~/.claude")
+	t.Logf("second run: %s, kosa8's peak RSS %d MiB", time.Since(start).Round(time.Second), r.maxRSS>>20)
+	if r.code != 0 {
+		t.Fatalf("second run:\n%s", r)
+	}
+	for _, want := range []string{"kept\nhistory\n{\"kept\":1}\n", "settings.json", "projects"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("the rest was not kept (want %q):\n%s", want, r)
+		}
+	}
+	for _, gone := range []string{"hard-shadow", "root-only", "root-dir", "sparse-2g", "root-secret"} {
+		if strings.Contains(r.stdout, gone) {
+			t.Fatalf("%s was kept:\n%s", gone, r.stdout)
+		}
 	}
 }
 
@@ -341,7 +424,7 @@ func runAgentAgainstFake(t *testing.T, preset, secret, key, apiHost, header, bas
 	}
 	base := fmt.Sprintf("https://%s:%d%s", apiHost, api.port, basePath)
 	r := p.run("", "run", "--rm", "--agent", preset, "--allow", fmt.Sprintf("%s:%d", apiHost, api.port),
-		"-e", baseEnv+"="+base, "--", "bash", "-c", script+"\necho \"KEY=$"+secret+"\"")
+		"-e", baseEnv+"="+base, "--", "bash", "-c", script+"\necho \"KEY=$"+secret+"\"\n"+enginesScript(preset))
 	if r.code != 0 || !strings.Contains(r.stdout, agentAnswer) {
 		t.Fatalf("%s did not print the fake's completion:\n%s\nAPI saw:\n%s", preset, r, api.log())
 	}
@@ -350,6 +433,52 @@ func runAgentAgainstFake(t *testing.T, preset, secret, key, apiHost, header, bas
 	}
 	if !strings.Contains(r.stdout, "KEY=kosa8-ph-") || strings.Contains(r.stdout, key) {
 		t.Fatalf("the guest should hold only the placeholder:\n%s", r.stdout)
+	}
+	checkEngines(t, preset, r.stdout)
+}
+
+// enginesScript prints the Node the agent runs on and its installed
+// package's engines.node.
+func enginesScript(preset string) string {
+	p, err := agent.Get(preset)
+	if err != nil || p.Install.NPM == "" {
+		return ""
+	}
+	return `echo "NODE-VERSION=$(node --version)"
+echo "ENGINES-NODE=$(node -p 'require("/usr/local/lib/node_modules/` + p.Install.NPM + `/package.json").engines?.node || ""')"
+`
+}
+
+var (
+	nodeVersionRE = regexp.MustCompile(`NODE-VERSION=v([0-9]+)\.`)
+	enginesRE     = regexp.MustCompile(`ENGINES-NODE=(.*)`)
+)
+
+// checkEngines compares the guest's node --version with the engines.node
+// of the agent's installed package (">=N..."): the image must meet what
+// the package asks, not install it with EBADENGINE.
+func checkEngines(t *testing.T, preset, out string) {
+	t.Helper()
+	p, _ := agent.Get(preset)
+	if p == nil || p.Install.NPM == "" {
+		return
+	}
+	nv, ev := nodeVersionRE.FindStringSubmatch(out), enginesRE.FindStringSubmatch(out)
+	if nv == nil || ev == nil {
+		t.Fatalf("%s: no node version or engines in the output:\n%s", preset, out)
+	}
+	have, _ := strconv.Atoi(nv[1])
+	eng := strings.TrimSpace(ev[1])
+	need := agent.Runtime{Node: eng}.NodeMajor()
+	t.Logf("%s: node v%d in the image, the package asks %q (the preset states %q)", preset, have, eng, p.Runtime.Node)
+	if eng != "" && need == 0 {
+		t.Errorf("%s: engines.node %q is not a range kosa8 reads: state it in the preset by hand", preset, eng)
+	}
+	if have < need {
+		t.Errorf("%s: the image's Node %d does not meet the package's engines.node %q", preset, have, eng)
+	}
+	if p.Runtime.NodeMajor() < need {
+		t.Errorf("%s: the preset states node %q, and the package now asks %q: update presets/%s.toml", preset, p.Runtime.Node, eng, preset)
 	}
 }
 

@@ -31,10 +31,11 @@ func (p *agentProject) run(stdin string, args ...string) result {
 
 // TestImageSetupConfined: a setup line in a project's [image] runs in a
 // build sandbox that reaches only the package sources; reaching anything
-// else fails the build, naming the host.
+// else fails the build, naming the host. (A refused name resolves to
+// kosa8's refusal page, which answers 403: curl -f fails on it.)
 func TestImageSetupConfined(t *testing.T) {
 	p := &agentProject{t: t, dir: t.TempDir()}
-	toml := "[image]\nsetup = [\"curl -sS -m 20 -o /dev/null https://example.com/\"]\n"
+	toml := "[image]\nsetup = [\"curl -fsS -m 20 -o /dev/null https://example.com/\"]\n"
 	if err := os.WriteFile(filepath.Join(p.dir, "kosa8.toml"), []byte(toml), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func TestImageSetupConfined(t *testing.T) {
 	if r.code == 0 {
 		t.Fatalf("a setup line reaching example.com built an image:\n%s", r)
 	}
-	for _, want := range []string{"step 1 failed", "curl -sS -m 20", "it tried to reach example.com"} {
+	for _, want := range []string{"step 1 failed", "curl -fsS -m 20", "it tried to reach example.com"} {
 		if !strings.Contains(r.stderr, want) {
 			t.Fatalf("error lacks %q:\n%s", want, r)
 		}

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,7 +44,7 @@ func TestCheckpointDiskFull(t *testing.T) {
 		t.Fatalf("partial checkpoint files left: %v", leftovers)
 	}
 	var list []cpMeta
-	json.Unmarshal([]byte(must(t, "checkpoints", name, "--json").stdout), &list)
+	checkpointsJSON(t, name, &list)
 	if len(list) != 1 || list[0].ID != a.ID {
 		t.Fatalf("checkpoints after the failed one: %+v, want only %s", list, a.ID)
 	}

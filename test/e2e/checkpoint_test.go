@@ -132,7 +132,7 @@ func TestCheckpointAndRewind(t *testing.T) {
 	// The state before the rewind was kept; rewind to it (newer), then back
 	// to the first (older) again.
 	var list []cpMeta
-	json.Unmarshal([]byte(must(t, "checkpoints", name, "--json").stdout), &list)
+	checkpointsJSON(t, name, &list)
 	var pre cpMeta
 	for _, c := range list {
 		if c.Kind == "pre-rewind" {
@@ -212,7 +212,7 @@ func TestKillDuringCheckpoint(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	var list []cpMeta
-	json.Unmarshal([]byte(must(t, "checkpoints", name, "--json").stdout), &list)
+	checkpointsJSON(t, name, &list)
 	found := false
 	for _, c := range list {
 		if c.ID == c1.ID {
@@ -315,7 +315,7 @@ func TestStartFromCheckpoint(t *testing.T) {
 		ID        string `json:"id"`
 		DisksOnly bool   `json:"disks_only"`
 	}
-	json.Unmarshal([]byte(must(t, "checkpoints", name, "--json").stdout), &list)
+	checkpointsJSON(t, name, &list)
 	disks := ""
 	for _, c := range list {
 		if c.DisksOnly {
@@ -530,5 +530,19 @@ func coldOnly(t *testing.T, name, id string) {
 	}
 	if err := os.WriteFile(metaPath, b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkpointsJSON reads the list of 'kosa8 checkpoints NAME --json' into v.
+func checkpointsJSON(t *testing.T, name string, v any) {
+	t.Helper()
+	var out struct {
+		Checkpoints json.RawMessage `json:"checkpoints"`
+	}
+	if err := json.Unmarshal([]byte(must(t, "checkpoints", name, "--json").stdout), &out); err != nil {
+		t.Fatalf("checkpoints --json: %v", err)
+	}
+	if err := json.Unmarshal(out.Checkpoints, v); err != nil {
+		t.Fatalf("checkpoints --json's list: %v", err)
 	}
 }

@@ -209,7 +209,10 @@ func TestClosedPipeEndsCommand(t *testing.T) {
 
 // TestReviewSurvivesRmAndStop: 'run --rm --review' keeps the agent's work:
 // the sandbox stays, stopped, and says so; diff, discard and apply work on
-// it while stopped; held files can be read and discarded; rm asks.
+// it while stopped; held files can be read and discarded; rm asks. The
+// review boots it once: after the first command it is paused, and the
+// next ones resume it. --rm takes effect once every change is applied or
+// discarded: the last of them removes it.
 func TestReviewSurvivesRmAndStop(t *testing.T) {
 	ws, err := os.MkdirTemp(home, "keep-")
 	if err != nil {
@@ -237,40 +240,66 @@ func TestReviewSurvivesRmAndStop(t *testing.T) {
 	if r := run(t, "", "rm", name); r.code != 125 || !strings.Contains(r.stderr, "not applied") {
 		t.Fatalf("rm of a sandbox with pending changes:\n%s", r)
 	}
+	// Each review command: how it reached the sandbox, and how long it took.
+	boots := 0
+	review := func(args ...string) result {
+		t.Helper()
+		start := time.Now()
+		r := must(t, args...)
+		t.Logf("kosa8 %s: %s", strings.Join(args, " "), time.Since(start).Round(100*time.Millisecond))
+		if strings.Contains(r.stderr, "kosa8: starting "+name+" to reach its workspace") {
+			boots++
+		} else if !strings.Contains(r.stderr, "kosa8: resuming "+name+" to reach its workspace") {
+			t.Fatalf("kosa8 %v neither booted nor resumed %s:\n%s", args, name, r)
+		}
+		return r
+	}
 	// A held file can be read before it is approved.
-	d := must(t, "diff", name, ".envrc").stdout
+	d := review("diff", name, ".envrc").stdout
 	if !strings.Contains(d, "A .envrc  (held:") || !strings.Contains(d, "+export AGENT=1") {
 		t.Fatalf("diff of a held file:\n%s", d)
 	}
-	d = must(t, "diff", name).stdout
+	if e := ls(t)[name]; e.State != "paused" {
+		t.Fatalf("after a review command with changes left the sandbox is %s, want paused", e.State)
+	}
+	d = review("diff", name).stdout
 	for _, want := range []string{"M app.py", "+print(2)", "A added.txt", "A junk.txt"} {
 		if !strings.Contains(d, want) {
 			t.Fatalf("diff of the stopped sandbox lacks %q:\n%s", want, d)
 		}
 	}
 	// approve shows what it writes before writing it.
-	a := must(t, "approve", name, "kosa8.toml")
+	a := review("approve", name, "kosa8.toml")
 	if !strings.Contains(a.stdout, "+# approved") || !strings.HasSuffix(a.stdout, "\nkosa8.toml\n") {
 		t.Fatalf("approve did not show the diff first:\n%s", a)
 	}
 	if b, _ := os.ReadFile(filepath.Join(ws, "kosa8.toml")); !strings.Contains(string(b), "approved") {
 		t.Fatal("approve did not write the held file")
 	}
-	must(t, "discard", name, ".envrc", "junk.txt")
-	must(t, "apply", name, "app.py", "added.txt")
+	review("discard", name, ".envrc", "junk.txt")
+	if e := ls(t)[name]; e.State != "paused" {
+		t.Fatalf("with changes left the sandbox is %s, want paused", e.State)
+	}
+	last := review("apply", name, "app.py", "added.txt")
 	if b, _ := os.ReadFile(filepath.Join(ws, "app.py")); string(b) != "print(2)\n" {
 		t.Fatal("apply on a stopped sandbox did not write")
+	}
+	if boots != 1 {
+		t.Fatalf("the review booted the sandbox %d times, want once", boots)
 	}
 	for _, p := range []string{".envrc", "junk.txt"} {
 		if _, err := os.Stat(filepath.Join(ws, p)); err == nil {
 			t.Fatalf("discarded %s reached the host", p)
 		}
 	}
-	if e := ls(t)[name]; e.State != "stopped" {
-		t.Fatalf("after apply the sandbox is %s, want stopped again", e.State)
+	// Nothing left to review: --rm takes effect, the applied work stays on
+	// the host.
+	if !strings.Contains(last.stderr, "nothing left to review in "+name+": removed (--rm)") {
+		t.Fatalf("the last apply did not say the sandbox was removed:\n%s", last)
 	}
-	// Nothing left: a plain rm works, the applied work stays on the host.
-	must(t, "rm", name)
+	if e, ok := ls(t)[name]; ok {
+		t.Fatalf("with every change applied or discarded the --rm sandbox is still there: %+v", e)
+	}
 	if b, _ := os.ReadFile(filepath.Join(ws, "added.txt")); string(b) != "new\n" {
 		t.Fatal("applied file lost")
 	}

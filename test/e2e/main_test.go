@@ -14,6 +14,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -182,6 +183,7 @@ func kosa8Cmd(ctx context.Context, args ...string) *exec.Cmd {
 type result struct {
 	stdout, stderr string
 	code           int
+	maxRSS         int64 // bytes: the kosa8 process's own peak resident memory (its VmHWM, polled)
 }
 
 func (r result) String() string {
@@ -223,7 +225,30 @@ func (in invocation) run(t *testing.T, args ...string) result {
 	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
+	// The process's own peak memory, read while it runs: its rusage at
+	// exit counts the supervisors and QEMUs it reaped, guest RAM included.
+	var peak atomic.Int64
+	polled := make(chan struct{})
+	stopPoll := make(chan struct{})
+	err := cmd.Start()
+	if err == nil {
+		go func() {
+			defer close(polled)
+			for {
+				if v := vmHWM(cmd.Process.Pid); v > peak.Load() {
+					peak.Store(v)
+				}
+				select {
+				case <-stopPoll:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}()
+		err = cmd.Wait()
+		close(stopPoll)
+		<-polled
+	}
 	if ctx.Err() != nil {
 		// kosa8 hung: ask every supervisor of this run where it is
 		// (Go prints its goroutines into the sandbox's log on SIGQUIT,
@@ -237,7 +262,24 @@ func (in invocation) run(t *testing.T, args ...string) result {
 	} else if err != nil {
 		t.Fatalf("kosa8 %v: %v", args, err)
 	}
-	return result{out.String(), errb.String(), code}
+	return result{stdout: out.String(), stderr: errb.String(), code: code, maxRSS: peak.Load()}
+}
+
+// vmHWM is a process's peak resident memory so far, in bytes (0 when it
+// cannot be read).
+func vmHWM(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // run runs kosa8 with args and stdin, within two minutes.

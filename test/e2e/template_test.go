@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,9 +30,11 @@ func TestNewSandboxesStartFromATemplate(t *testing.T) {
 		return r
 	}
 	names := []string{"tpl-first", "tpl-b", "tpl-c"}
+	wss := map[string]string{}
 	fromTemplate := 0
 	for i, n := range names {
 		ws := t.TempDir()
+		wss[n] = ws
 		if err := os.WriteFile(filepath.Join(ws, "mine"), []byte(n), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -75,6 +78,32 @@ func TestNewSandboxesStartFromATemplate(t *testing.T) {
 	if b, c := random("tpl-b"), random("tpl-c"); b == c || len(b) < 64 {
 		t.Fatalf("two sandboxes from one template read the same random bytes: %q", b)
 	}
+	// What is reseeded or renamed per sandbox (issue 28): the kernel's
+	// boot_id, /etc/machine-id and the UUIDs of the root and workspace
+	// filesystems differ in each (the template's are the image's, and the
+	// first boot's workspace disk's, in every copy until renamed). What
+	// a copy keeps of its template (KASLR base, stack canaries) is in
+	// docs/templates.md.
+	idOf := func(n string) string {
+		return strings.Join(strings.Fields(k("exec", n, "--", "sh", "-c", identityScript, "sh", wss[n]).stdout), " ")
+	}
+	ids := map[string]string{}
+	for _, n := range names {
+		id := idOf(n)
+		f := strings.Fields(id)
+		if len(f) != 4 || len(f[0]) != 36 || len(f[1]) != 32 {
+			t.Fatalf("identity of %s: %q", n, id)
+		}
+		for m, other := range ids {
+			of := strings.Fields(other)
+			for i, what := range []string{"boot_id", "machine-id", "root filesystem UUID", "workspace filesystem UUID"} {
+				if f[i] == of[i] {
+					t.Errorf("%s and %s have one %s: %s", n, m, what, f[i])
+				}
+			}
+		}
+		ids[n] = id
+	}
 	if r := runEnv(t, env, time.Minute, "exec", "tpl-c", "--", "cat", "/etc/tpl-marker"); r.code == 0 {
 		t.Errorf("a file tpl-b wrote to its root is in tpl-c (from the same template): %q", r.stdout)
 	}
@@ -85,8 +114,20 @@ func TestNewSandboxesStartFromATemplate(t *testing.T) {
 	if got := k("exec", "tpl-b", "--", "cat", "/etc/tpl-marker").stdout; got != "only-in-b\n" {
 		t.Errorf("tpl-b's root after a stop and start: %q", got)
 	}
+	// The machine-id and the filesystems' UUIDs are the sandbox's, kept
+	// across a stop and a start; boot_id is the boot's.
+	before, after := strings.Fields(ids["tpl-b"]), strings.Fields(idOf("tpl-b"))
+	if before[0] == after[0] || !slices.Equal(before[1:], after[1:]) {
+		t.Errorf("tpl-b's boot_id, machine-id, root and workspace UUIDs before a stop and start: %v, after: %v", before, after)
+	}
 	k("stop", "tpl-b")
 	if out, err := exec.Command("qemu-img", "check", "-q", filepath.Join(ls(t)["tpl-b"].Dir, "root.qcow2")).CombinedOutput(); err != nil {
 		t.Errorf("qemu-img check of tpl-b's root disk: %v\n%s", err, out)
 	}
 }
+
+// identityScript prints the guest's boot_id, its machine-id and the
+// filesystem ids of / and of the folder $1: for ext4 the id statfs
+// reports is made from the filesystem's UUID (ext4_statfs: its two
+// halves xored), so it changes when the UUID does.
+const identityScript = `cat /proc/sys/kernel/random/boot_id /etc/machine-id && stat -f -c %i / "$1"`

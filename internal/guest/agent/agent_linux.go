@@ -40,6 +40,10 @@ type Agent struct {
 	procs    map[string]*proc
 	hashes   *wsHashes
 	cgroupFD int // the workload cgroup, 0 when none
+	// dockerMu makes one engine start at a time (docker_linux.go).
+	dockerMu sync.Mutex
+	// machineID is the sandbox's, as the host last named it ("" until).
+	machineID string
 }
 
 // Config configures an Agent.
@@ -162,6 +166,8 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 			return
 		}
 		a.respond(s, guest.Response{})
+	case guest.OpDocker:
+		a.handleDocker(ctx, s, &req)
 	case guest.OpWSPut:
 		a.handleWSPut(s, &req)
 	case guest.OpWSWatch:
@@ -173,6 +179,10 @@ func (a *Agent) Handle(ctx context.Context, s net.Conn) {
 			return
 		}
 		if err := takeHostname(req.Hostname); err != nil {
+			a.respondError(s, err)
+			return
+		}
+		if err := a.takeMachineID(req.MachineID); err != nil {
 			a.respondError(s, err)
 			return
 		}

@@ -120,6 +120,11 @@ func Boot(log *slog.Logger) (Params, error) {
 		if err != nil {
 			return p, fmt.Errorf("root disk: %w", err)
 		}
+		// So that the mounted root can take the sandbox's own UUID when
+		// the host names it (one image, and one template, serve many).
+		if err := ensureCsumSeed(dev); err != nil {
+			log.Warn("root filesystem: its UUID stays the image's", "err", err)
+		}
 		if err := mount(dev, "/newroot", "ext4", unix.MS_NOATIME, ""); err != nil {
 			return p, err
 		}

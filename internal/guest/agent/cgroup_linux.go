@@ -32,29 +32,41 @@ func (a *Agent) SetupWorkloads() error {
 	return nil
 }
 
-// freeze stops (or resumes) every workload process and waits until the
-// kernel says they are.
+// freeze stops (or resumes) every workload process, and the container
+// engine's subtree when there is one, and waits until the kernel says they
+// are.
 func (a *Agent) freeze(on bool) error {
 	if a.cgroupFD <= 0 {
 		return nil // not PID 1 (tests): nothing to freeze
+	}
+	groups := []string{WorkloadCgroup}
+	if _, err := os.Stat(DockerCgroup + "/cgroup.freeze"); err == nil {
+		groups = append(groups, DockerCgroup)
 	}
 	v := "0"
 	if on {
 		v = "1"
 	}
-	if err := os.WriteFile(WorkloadCgroup+"/cgroup.freeze", []byte(v), 0o644); err != nil {
-		return fmt.Errorf("freeze workloads: %w", err)
+	for _, g := range groups {
+		if err := os.WriteFile(g+"/cgroup.freeze", []byte(v), 0o644); err != nil {
+			return fmt.Errorf("freeze workloads (%s): %w", g, err)
+		}
 	}
 	want := "frozen " + v
 	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		b, err := os.ReadFile(WorkloadCgroup + "/cgroup.events")
-		if err == nil && strings.Contains(string(b), want) {
-			return nil
+	for _, g := range groups {
+		for {
+			b, err := os.ReadFile(g + "/cgroup.events")
+			if err == nil && strings.Contains(string(b), want) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("workloads (%s) did not reach %q", g, want)
+			}
+			time.Sleep(2 * time.Millisecond)
 		}
-		time.Sleep(2 * time.Millisecond)
 	}
-	return fmt.Errorf("workloads did not reach %q", want)
+	return nil
 }
 
 // restored runs after the VM was restored from a checkpoint: fresh host
@@ -75,6 +87,15 @@ func (a *Agent) restored(req *guest.Request) error {
 	}
 	if err := takeHostname(req.Hostname); err != nil {
 		return err
+	}
+	if err := a.takeMachineID(req.MachineID); err != nil {
+		return err
+	}
+	if req.NewBootID && os.Getpid() == 1 { // the guest's init only: tests run the agent as a plain process
+		if err := renewBootID(); err != nil {
+			return fmt.Errorf("a new boot id: %w", err)
+		}
+		a.log.Info("restored as another machine: a new boot id")
 	}
 	a.log.Info("restored: RNG reseeded, clock stepped")
 	return a.freeze(false)

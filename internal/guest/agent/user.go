@@ -171,7 +171,13 @@ func (db userDB) ensureUser(name string, uid, gid int) (string, error) {
 			}
 		}
 		home = "/home/" + name
-		line := fmt.Sprintf("%s:x:%d:%d:kosa8 user:%s:/bin/bash", name, uid, gid, home)
+		// bash where the image has it (kosa8's own do); an OCI image may
+		// have only sh.
+		shell := "/bin/bash"
+		if _, err := os.Stat(filepath.Join(filepath.Dir(db.etc), "bin", "bash")); err != nil {
+			shell = "/bin/sh"
+		}
+		line := fmt.Sprintf("%s:x:%d:%d:kosa8 user:%s:%s", name, uid, gid, home, shell)
 		if err := db.appendLine("passwd", line); err != nil {
 			return "", err
 		}

@@ -106,6 +106,10 @@ func (e *AccelError) Error() string {
 	}
 }
 
+// BootID names this boot of the host ("" where it cannot be told): what
+// is kept "until the host reboots" is kept with it.
+func BootID() string { return bootID() }
+
 // failureFile is where a boot failure under a is recorded in dir.
 func failureFile(dir string, a vmm.Accel) string {
 	return filepath.Join(dir, "accel-"+string(a)+"-failed.json")

@@ -16,6 +16,11 @@ type Options struct {
 	// RAMPath is the file guest RAM lives in (memory-backend-file,share=on).
 	// On Linux it names a descriptor of a file on tmpfs: /proc/self/fd/N.
 	RAMPath string
+	// RAMTemplate: RAMPath is a file to start from, opened read-only and
+	// mapped copy-on-write (share=off,readonly=on,rom=off: QEMU 8.2 and
+	// later), its pages shared with every other machine mapping it until
+	// the guest writes them (vmm.StartOptions.RAMTemplate).
+	RAMTemplate bool
 	// File descriptors QEMU inherits: connected stream sockets.
 	QMPFd, AgentFd int
 	NetFd          int // 0: no NIC
@@ -36,6 +41,16 @@ type Options struct {
 	DataDirs []string
 	// Firmware, when set, is the x86 microvm firmware (-bios).
 	Firmware string
+}
+
+// ramSharing is how the RAM file is mapped: shared (the host copies it
+// for checkpoints), or a template mapped private and writable, opened
+// read-only so that no write of this QEMU reaches it.
+func ramSharing(template bool) string {
+	if template {
+		return ",share=off,readonly=on,rom=off"
+	}
+	return ",share=on"
 }
 
 // seccompPolicy is QEMU's own sandbox: it may start no helper program
@@ -207,7 +222,7 @@ func Args(s *vmspec.Spec, o Options) ([]string, error) {
 		"-cpu", cpu,
 		"-smp", strconv.Itoa(s.CPUs),
 		"-m", mem,
-		"-object", "memory-backend-file,id=ram,size="+mem+",mem-path="+o.RAMPath+",share=on",
+		"-object", "memory-backend-file,id=ram,size="+mem+",mem-path="+o.RAMPath+ramSharing(o.RAMTemplate),
 		"-kernel", s.Kernel,
 		"-initrd", s.Initrd,
 		"-append", kernelCmdline(s, o),

@@ -429,3 +429,37 @@ func TestSupportedRange(t *testing.T) {
 		}
 	}
 }
+
+// A fork maps its checkpoint's RAM file copy-on-write: opened read-only
+// (no write of this QEMU reaches the file other forks map), mapped
+// private and writable; every other device is as a normal start's, so
+// the checkpoint's device state loads into it.
+func TestArgsRAMTemplate(t *testing.T) {
+	o := opts(vmm.TCG)
+	normal, err := Args(spec(vmspec.AMD64), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.RAMTemplate = true
+	tpl, err := Args(spec(vmspec.AMD64), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, tpl, "-object", 0); got != "memory-backend-file,id=ram,size=1024M,mem-path=/proc/self/fd/3,share=off,readonly=on,rom=off" {
+		t.Errorf("template RAM: %s", got)
+	}
+	var diff []string
+	for i := range tpl {
+		if i >= len(normal) || tpl[i] != normal[i] {
+			diff = append(diff, tpl[i])
+		}
+	}
+	if len(tpl) != len(normal) || len(diff) != 1 {
+		t.Errorf("a template start differs from a normal one in %q, want the memory backend alone", diff)
+	}
+	for _, v := range []Version{{7, 2, 22}, {8, 1, 0}} {
+		if (&Driver{inst: Install{Version: v}}).CanMapRAMTemplate() {
+			t.Errorf("QEMU %s (no rom property) said to map a RAM template", v)
+		}
+	}
+}

@@ -101,7 +101,7 @@ func runsAsOwnUID(c *Confinement) bool { return c != nil && os.Geteuid() == 0 }
 // planConfinement decides how QEMU for spec is confined and prepares the
 // Landlock ruleset; twin (0 or 1) is the start's uid slot (twins.go). A
 // nil c: not confined.
-func planConfinement(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel, twin int) (*confinePlan, error) {
+func planConfinement(c *Confinement, binary string, ram *os.File, ramReadOnly bool, spec *vmspec.Spec, accel vmm.Accel, twin int) (*confinePlan, error) {
 	if c == nil {
 		return nil, nil
 	}
@@ -138,14 +138,14 @@ func planConfinement(c *Confinement, binary string, ram *os.File, spec *vmspec.S
 	if p.abi <= 0 {
 		return p, nil
 	}
-	if err := p.buildRuleset(c, binary, ram, spec, accel); err != nil {
+	if err := p.buildRuleset(c, binary, ram, ramReadOnly, spec, accel); err != nil {
 		p.close()
 		return nil, fmt.Errorf("confine QEMU (Landlock): %w", err)
 	}
 	return p, nil
 }
 
-func (p *confinePlan) buildRuleset(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel) error {
+func (p *confinePlan) buildRuleset(c *Confinement, binary string, ram *os.File, ramReadOnly bool, spec *vmspec.Spec, accel vmm.Accel) error {
 	handled := llHandled(p.abi)
 	attr := unix.LandlockRulesetAttr{Handled_access_fs: handled}
 	if p.abi >= 4 {
@@ -232,8 +232,13 @@ func (p *confinePlan) buildRuleset(c *Confinement, binary string, ram *os.File, 
 	// The RAM file, which QEMU opens again through /proc/self/fd: that
 	// file alone, by its inode (it is unlinked), not the folder it was
 	// made in, which every sandbox of the user shares: there another's
-	// new RAM file has a guessable name until it is unlinked.
-	if err := add(fdPath(ram), llWrite, true, false); err != nil {
+	// new RAM file has a guessable name until it is unlinked. A template
+	// (a checkpoint's RAM that forks map copy-on-write) is read only.
+	ramAccess := uint64(llWrite)
+	if ramReadOnly {
+		ramAccess = llRead
+	}
+	if err := add(fdPath(ram), ramAccess, true, false); err != nil {
 		return err
 	}
 	if err := add("/dev/null", llWrite, true, false); err != nil {
@@ -253,13 +258,17 @@ func (p *confinePlan) buildRuleset(c *Confinement, binary string, ram *os.File, 
 	return nil
 }
 
-// prepare hands QEMU what it writes, when it runs as its own uid.
-func (p *confinePlan) prepare(ram *os.File) error {
+// prepare hands QEMU what it writes, when it runs as its own uid: not a
+// RAM file it only reads (a template: a checkpoint's, which other
+// machines map too), which it reads through CAP_DAC_READ_SEARCH.
+func (p *confinePlan) prepare(ram *os.File, ramReadOnly bool) error {
 	if p == nil || p.uid < 0 {
 		return nil
 	}
-	if err := ram.Chown(p.uid, p.gid); err != nil {
-		return fmt.Errorf("hand the RAM file to QEMU's uid: %w", err)
+	if !ramReadOnly {
+		if err := ram.Chown(p.uid, p.gid); err != nil {
+			return fmt.Errorf("hand the RAM file to QEMU's uid: %w", err)
+		}
 	}
 	for _, path := range p.rwFiles {
 		if err := p.handOver(path); err != nil {

@@ -108,12 +108,12 @@ func TestConfinementLimitsFiles(t *testing.T) {
 	if err := os.WriteFile(neighbour, []byte("another sandbox's RAM"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := planConfinement(c, "/bin/sh", ram, spec, vmm.TCG, 0)
+	p, err := planConfinement(c, "/bin/sh", ram, false, spec, vmm.TCG, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.close()
-	if err := p.prepare(ram); err != nil {
+	if err := p.prepare(ram, false); err != nil {
 		t.Fatal(err)
 	}
 	// A checkpoint's new layer, handed over as SnapshotDisk does, and the
@@ -206,7 +206,7 @@ func TestConfinedQEMUCannotOpenOutside(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ram.Close()
-		p, err := planConfinement(c, bin, ram, spec, vmm.TCG, 0)
+		p, err := planConfinement(c, bin, ram, false, spec, vmm.TCG, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,12 +249,12 @@ func TestNextQEMUOutOfTheOldOnesReach(t *testing.T) {
 		if err := os.WriteFile(layer, []byte("layer"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		p, err := planConfinement(c, "/bin/sh", ram, &s, vmm.TCG, twin)
+		p, err := planConfinement(c, "/bin/sh", ram, false, &s, vmm.TCG, twin)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(p.close)
-		if err := p.prepare(ram); err != nil {
+		if err := p.prepare(ram, false); err != nil {
 			t.Fatal(err)
 		}
 		return p

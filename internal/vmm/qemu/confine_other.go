@@ -17,13 +17,13 @@ type confinePlan struct{}
 // runsAsOwnUID: never here.
 func runsAsOwnUID(*Confinement) bool { return false }
 
-func planConfinement(c *Confinement, binary string, ram *os.File, spec *vmspec.Spec, accel vmm.Accel, _ int) (*confinePlan, error) {
+func planConfinement(c *Confinement, binary string, ram *os.File, _ bool, spec *vmspec.Spec, accel vmm.Accel, _ int) (*confinePlan, error) {
 	return nil, nil
 }
 
-func (p *confinePlan) enterThread() error              { return nil }
-func (p *confinePlan) prepare(ram *os.File) error      { return nil }
-func (p *confinePlan) apply(attr *syscall.SysProcAttr) {}
-func (p *confinePlan) close()                          {}
-func (p *confinePlan) handOver(path string) error      { return nil }
-func (p *confinePlan) String() string                  { return "none" }
+func (p *confinePlan) enterThread() error                 { return nil }
+func (p *confinePlan) prepare(ram *os.File, _ bool) error { return nil }
+func (p *confinePlan) apply(attr *syscall.SysProcAttr)    {}
+func (p *confinePlan) close()                             {}
+func (p *confinePlan) handOver(path string) error         { return nil }
+func (p *confinePlan) String() string                     { return "none" }

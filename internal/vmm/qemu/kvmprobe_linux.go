@@ -55,12 +55,21 @@ func ProbeKVM() error {
 	return probeGuest(kvm)
 }
 
+// Any but KVM_RUN is tried again when a signal interrupts it (the Go
+// runtime's preemption signal made KVM_CREATE_VM fail with EINTR on a
+// loaded host, and the probe then reported KVM unusable); KVM_RUN's EINTR
+// is the probe's own timeout (runGuarded).
 func ioctl(fd int, req, arg uintptr) (uintptr, error) {
-	r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, arg)
-	if errno != 0 {
-		return r, errno
+	for tries := 0; ; tries++ {
+		r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, arg)
+		if errno == unix.EINTR && req != kvmRun && tries < 100 {
+			continue
+		}
+		if errno != 0 {
+			return r, errno
+		}
+		return r, nil
 	}
-	return r, nil
 }
 
 // kvmUserspaceMemoryRegion is struct kvm_userspace_memory_region.

@@ -37,6 +37,11 @@ func (d *Driver) RecordFailure(a vmm.Accel, reason string) error {
 	return RecordFailure(d.cfg.RecordDir, a, reason)
 }
 
+// ForgetFailure takes a recorded failure back (vmm.FailureForgetter).
+func (d *Driver) ForgetFailure(a vmm.Accel) error {
+	return ClearFailure(d.cfg.RecordDir, a)
+}
+
 var (
 	_ vmm.Driver          = (*Driver)(nil)
 	_ vmm.Informer        = (*Driver)(nil)

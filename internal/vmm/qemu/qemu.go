@@ -287,6 +287,17 @@ func (d *Driver) NewRAMFile(spec *vmspec.Spec) (*os.File, error) {
 	return createRAMFile(d.ramDir, spec.Name, int64(spec.MemoryMiB)<<20)
 }
 
+var _ vmm.RAMTemplater = (*Driver)(nil)
+
+// CanMapRAMTemplate says whether this QEMU maps a read-only RAM file
+// copy-on-write (vmm.RAMTemplater): the rom property of
+// memory-backend-file came with QEMU 8.2 (before it, readonly=on made the
+// guest's RAM a ROM), and only a Linux RAM file is reopened through a
+// descriptor QEMU inherits.
+func (d *Driver) CanMapRAMTemplate() bool {
+	return runtime.GOOS == "linux" && d.inst.Version.AtLeast(8, 2)
+}
+
 // checkRAMFile refuses a RAM file handed to Start that is not guest RAM
 // of this size.
 func checkRAMFile(f *os.File, size int64) error {
@@ -311,7 +322,21 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		return nil, err
 	}
 	ram := opts.RAM
-	if ram != nil {
+	template := opts.RAMTemplate != nil
+	if template {
+		if ram != nil {
+			ram.Close()
+		}
+		ram = opts.RAMTemplate
+		if !d.CanMapRAMTemplate() {
+			ram.Close()
+			return fail(fmt.Errorf("a RAM file mapped copy-on-write needs QEMU 8.2 or later on Linux (this is %s): %w", d.inst.Version, vmm.ErrNotSupported))
+		}
+		if err := checkRAMFile(ram, int64(spec.MemoryMiB)<<20); err != nil {
+			ram.Close()
+			return fail(err)
+		}
+	} else if ram != nil {
 		if err := checkRAMFile(ram, int64(spec.MemoryMiB)<<20); err != nil {
 			ram.Close()
 			return fail(err)
@@ -325,7 +350,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	// A RAM file made here is removed here (macOS names it); one handed
 	// in is only closed.
 	closeRAM := func() { ram.Close() }
-	if opts.RAM == nil {
+	if opts.RAM == nil && !template {
 		closeRAM = func() { closeRAMFile(ram) }
 	}
 	cleanup = append(cleanup, closeRAM)
@@ -341,12 +366,12 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 			releaseTwin()
 		}
 	})
-	plan, err := planConfinement(d.confine, d.binary, ram, spec, d.accel, twin)
+	plan, err := planConfinement(d.confine, d.binary, ram, template, spec, d.accel, twin)
 	if err != nil {
 		return fail(err)
 	}
 	defer plan.close() // the child holds its domain; the ruleset is not needed after the fork
-	if err := plan.prepare(ram); err != nil {
+	if err := plan.prepare(ram, template); err != nil {
 		return fail(err)
 	}
 	qmpHost, qmpQemu, err := vmm.SocketPair("qmp")
@@ -376,7 +401,7 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	} else {
 		prepared <- opts.PrepareRAM(ram)
 	}
-	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), QMPFd: 4, AgentFd: 5,
+	o := Options{Accel: d.accel, RAMPath: ramPath(3, ram), RAMTemplate: template, QMPFd: 4, AgentFd: 5,
 		Version: d.inst.Version, DataDirs: d.inst.DataDirs, Firmware: d.inst.Firmware}
 	if opts.Incoming {
 		o.Incoming = "defer"
@@ -406,6 +431,9 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 		return fail(err)
 	}
 	m := &Machine{done: make(chan struct{}), ram: ram, stderr: newTail(8 << 10), version: d.inst.Version, confined: plan.String(), plan: plan}
+	if template {
+		m.ram = nil // the guest's RAM is QEMU's private memory: nothing the host can copy
+	}
 	consoleDone := make(chan struct{})
 	if consoleHost == nil {
 		close(consoleDone)

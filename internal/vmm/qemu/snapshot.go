@@ -172,6 +172,12 @@ func (m *Machine) SaveAll(ctx context.Context, w *os.File) error {
 	return m.migrateFD(ctx, "migrate", w, false)
 }
 
+// LoadAll reads a stream SaveAll wrote, RAM included, into a machine
+// started Incoming (vmm.FullLoader).
+func (m *Machine) LoadAll(ctx context.Context, r *os.File) error {
+	return m.migrateFD(ctx, "migrate-incoming", r, false)
+}
+
 // fdPath names f for reopening: its descriptor where the system has
 // /proc/self/fd, else the name it was opened by.
 func fdPath(f *os.File) string {

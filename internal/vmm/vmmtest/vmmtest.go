@@ -39,6 +39,9 @@ type Driver struct {
 	StartErr error
 	// NoRAMAhead makes NewRAMFile fail.
 	NoRAMAhead bool
+	// NoRAMTemplate: the driver cannot map a RAM template (as QEMU
+	// before 8.2).
+	NoRAMTemplate bool
 
 	mu         sync.Mutex
 	machines   []*Machine
@@ -64,6 +67,20 @@ func (d *Driver) RecordFailure(a vmm.Accel, reason string) error {
 	return nil
 }
 
+// ForgetFailure drops the failures recorded for a (vmm.FailureForgetter).
+func (d *Driver) ForgetFailure(a vmm.Accel) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	keep := d.failures[:0]
+	for _, f := range d.failures {
+		if !strings.HasPrefix(f, string(a)+": ") {
+			keep = append(keep, f)
+		}
+	}
+	d.failures = keep
+	return nil
+}
+
 // Failures are what RecordFailure was told, in order.
 func (d *Driver) Failures() []string {
 	d.mu.Lock()
@@ -79,7 +96,12 @@ var (
 	_ vmm.Snapshotter     = (*Machine)(nil)
 	_ vmm.RunStater       = (*Machine)(nil)
 	_ vmm.FullSaver       = (*Machine)(nil)
+	_ vmm.FullLoader      = (*Machine)(nil)
+	_ vmm.RAMTemplater    = (*Driver)(nil)
 )
+
+// CanMapRAMTemplate implements vmm.RAMTemplater (unless NoRAMTemplate).
+func (d *Driver) CanMapRAMTemplate() bool { return !d.NoRAMTemplate }
 
 // NewDriver is a vmm.NewDriver that hands out d and records the options
 // it was asked for.
@@ -133,7 +155,29 @@ func (d *Driver) Start(ctx context.Context, spec *vmspec.Spec, opts vmm.StartOpt
 	}
 	var m *Machine
 	var err error
-	if opts.RAM != nil {
+	if opts.RAMTemplate != nil {
+		// Private memory: a copy of the template's, the template only
+		// read (the guest's writes stay in the copy, as in QEMU's
+		// private mapping), and no RAM file for the host.
+		defer opts.RAMTemplate.Close()
+		if opts.RAM != nil {
+			opts.RAM.Close()
+		}
+		if d.NoRAMTemplate {
+			return nil, fmt.Errorf("vmmtest: a RAM template: %w", vmm.ErrNotSupported)
+		}
+		if fi, err := opts.RAMTemplate.Stat(); err != nil || fi.Size() != int64(spec.MemoryMiB)<<20 {
+			return nil, fmt.Errorf("vmmtest: RAM template of the wrong size (%v)", err)
+		}
+		if m, err = NewMachine(int64(spec.MemoryMiB) << 20); err != nil {
+			return nil, err
+		}
+		if err := copyNonZero(m.ram, opts.RAMTemplate, int64(spec.MemoryMiB)<<20); err != nil {
+			m.Kill()
+			return nil, err
+		}
+		m.Private = true
+	} else if opts.RAM != nil {
 		if fi, err := opts.RAM.Stat(); err != nil || fi.Size() != int64(spec.MemoryMiB)<<20 {
 			opts.RAM.Close()
 			return nil, fmt.Errorf("vmmtest: prepared RAM file of the wrong size (%v)", err)
@@ -186,8 +230,9 @@ func (c Call) String() string {
 // Machine is a fake running VM.
 type Machine struct {
 	// Prepared: Start was handed the RAM file (StartOptions.RAM); Copied:
-	// it filled the RAM file (StartOptions.PrepareRAM).
-	Prepared, Copied bool
+	// it filled the RAM file (StartOptions.PrepareRAM); Private: its RAM
+	// is a copy of a template (StartOptions.RAMTemplate), RAM() nil.
+	Prepared, Copied, Private bool
 
 	spec  *vmspec.Spec
 	ram   *os.File
@@ -515,4 +560,62 @@ func (m *Machine) SaveAll(ctx context.Context, w *os.File) error {
 	return err
 }
 
-func (m *Machine) RAM() *os.File { return m.ram }
+// RAM is the guest's RAM file, nil for a machine started on a template
+// (its memory is private: Memory reads it).
+func (m *Machine) RAM() *os.File {
+	if m.Private {
+		return nil
+	}
+	return m.ram
+}
+
+// copyNonZero copies size bytes of src into dst (sparse, of that size),
+// writing only the 1 MiB pieces that hold data.
+func copyNonZero(dst, src *os.File, size int64) error {
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		n, err := src.ReadAt(buf, off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		for _, b := range buf[:n] {
+			if b != 0 {
+				if _, err := dst.WriteAt(buf[:n], off); err != nil {
+					return err
+				}
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// Memory is the guest's memory, private or not, for a test to read or
+// write as the guest would.
+func (m *Machine) Memory() *os.File { return m.ram }
+
+// LoadAll reads what SaveAll wrote, RAM included, into the machine's
+// memory. The machine stays paused.
+func (m *Machine) LoadAll(ctx context.Context, r *os.File) error {
+	if err := m.record("LoadAll", ""); err != nil {
+		return err
+	}
+	br := bufio.NewReader(r)
+	head, err := br.ReadString('\n')
+	if err == nil {
+		var all string
+		if all, err = br.ReadString('\n'); err == nil && all != "all\n" {
+			err = fmt.Errorf("a device state without RAM (%q)", all)
+		}
+	}
+	if err != nil || head != devicesMagic {
+		return fmt.Errorf("vmmtest: not a whole-machine state: %q (%v)", head, err)
+	}
+	if _, err := io.Copy(io.NewOffsetWriter(m.ram, 0), br); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.state = "paused"
+	m.mu.Unlock()
+	return nil
+}
