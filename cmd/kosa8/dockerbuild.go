@@ -81,6 +81,9 @@ type dockerBuild struct {
 	// dockerfile is the file's content when it was read already (a dev
 	// container's, read through the project folder's root).
 	dockerfile []byte
+	// from says who named the Dockerfile: a repository's (a dev
+	// container's) FROM images are pulled as pullImage pulls those.
+	from imageFrom
 }
 
 // tagRE is what -t accepts: a reference's characters without a digest,
@@ -218,9 +221,12 @@ func buildDockerfile(ctx context.Context, m *sandbox.Manager, b dockerBuild) (*o
 	var bases []*oci.Record
 	local := map[string]string{}
 	for i, ref := range pl.Images {
-		rec := cache.FindBuilt(ref, oci.PlatformString(b.arch))
+		var rec *oci.Record
+		if b.from == fromUser {
+			rec = cache.FindBuilt(ref, oci.PlatformString(b.arch))
+		}
 		if rec == nil {
-			if rec, err = pullImage(ctx, m, ref, b.arch); err != nil {
+			if rec, err = pullImage(ctx, m, ref, b.arch, b.from); err != nil {
 				return nil, fmt.Errorf("%w\n(the Dockerfile's stages start from %s: images are pulled on this host, then handed to the builder)", err, strings.Join(pl.Images, ", "))
 			}
 		}

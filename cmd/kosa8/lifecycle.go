@@ -52,6 +52,7 @@ type createFlags struct {
 	force      bool
 	image      string       // --image: an OCI image (oci.go)
 	devBuild   *dockerBuild // a dev container's build.dockerfile, built before the sandbox is made
+	imageFrom  imageFrom    // who named image (oci.go)
 	docker     bool
 	dockerDisk string
 	ag         agentFlags // --agent, --no-host-ca, [agent] and [image] (agents.go)
@@ -248,7 +249,7 @@ func createSandbox(ctx context.Context, m *sandbox.Manager, f *createFlags) (*sa
 		f.image = rec.Name
 	}
 	if f.image != "" {
-		img, err := ociImage(ctx, m, f.image, vmspec.Arch(cfg.Arch))
+		img, err := ociImage(ctx, m, f.image, vmspec.Arch(cfg.Arch), f.imageFrom)
 		if err != nil {
 			return nil, err
 		}

@@ -33,23 +33,45 @@ import (
 // OCI images: pulled on the host (outside every sandbox's allow-list) into
 // the cache by digest; see internal/oci and docs/images.md.
 
+// imageFrom says who named an image: the user (a flag, kosa8.toml) or a
+// repository's own file (a dev container definition and its Dockerfile),
+// which is not trusted.
+type imageFrom int
+
+const (
+	fromUser imageFrom = iota
+	// fromRepository: pulled anonymously (the user's registry credentials
+	// would let the repository pull the user's private images into a
+	// sandbox it drives), from a registry only (never a host path), and
+	// never a local image built under that name.
+	fromRepository
+)
+
 // pullImage pulls src for arch with a progress display. An image built
 // here under that name ('kosa8 image build -t') is taken as it is, as
-// docker takes a local image before a registry's.
-func pullImage(ctx context.Context, m *sandbox.Manager, src string, arch vmspec.Arch) (*oci.Record, error) {
-	if rec := oci.NewCache(m.Paths.Cache).FindBuilt(src, oci.PlatformString(arch)); rec != nil {
+// docker takes a local image before a registry's, unless a repository
+// named it.
+func pullImage(ctx context.Context, m *sandbox.Manager, src string, arch vmspec.Arch, from imageFrom) (*oci.Record, error) {
+	opts := oci.PullOptions{Arch: arch}
+	if from == fromRepository {
+		if oci.IsPath(src) {
+			return nil, fmt.Errorf("%q is a path: an image named by the repository's own files must be a registry reference", sanitize(src, false))
+		}
+		opts.Keychain = oci.AnonymousKeychain
+	} else if rec := oci.NewCache(m.Paths.Cache).FindBuilt(src, oci.PlatformString(arch)); rec != nil {
 		return rec, nil
 	}
 	p := newProgress(os.Stderr)
 	defer p.Done()
 	p.Step("pulling " + src + " (on the host, outside the sandbox's allow-list)")
 	last := time.Now()
-	rec, err := oci.Pull(ctx, oci.NewCache(m.Paths.Cache), src, oci.PullOptions{Arch: arch, Progress: func(done, total int64) {
+	opts.Progress = func(done, total int64) {
 		if time.Since(last) > 2*time.Second || done == total {
 			last = time.Now()
 			p.Step(fmt.Sprintf("pulling %s: %s of %s", src, humanBytes(done), humanBytes(total)))
 		}
-	}})
+	}
+	rec, err := oci.Pull(ctx, oci.NewCache(m.Paths.Cache), src, opts)
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", src, err)
 	}
@@ -77,7 +99,7 @@ is used only for registries on loopback and those in ` + oci.InsecureEnv + `.`,
 			if err != nil {
 				return err
 			}
-			rec, err := pullImage(cmd.Context(), m, args[0], arch)
+			rec, err := pullImage(cmd.Context(), m, args[0], arch, fromUser)
 			if err != nil {
 				return err
 			}
@@ -127,12 +149,12 @@ func imageRmCmd() *cobra.Command {
 // ociImage pulls src and converts it into a root filesystem (once per
 // manifest digest), with progress; it says what kosa8 added to the image
 // and what the image lacks.
-func ociImage(ctx context.Context, m *sandbox.Manager, src string, arch vmspec.Arch) (*image.Image, error) {
+func ociImage(ctx context.Context, m *sandbox.Manager, src string, arch vmspec.Arch, from imageFrom) (*image.Image, error) {
 	base, err := baseImage(m, arch)
 	if err != nil {
 		return nil, fmt.Errorf("an OCI image is unpacked in a VM of kosa8's base image, and %w", err)
 	}
-	rec, err := pullImage(ctx, m, src, arch)
+	rec, err := pullImage(ctx, m, src, arch, from)
 	if err != nil {
 		return nil, err
 	}
@@ -426,12 +448,13 @@ func (f *createFlags) projectImage(wd string, proj *config.Project) error {
 		return err
 	}
 	switch {
-	case dc.Image != "" && (strings.HasPrefix(dc.Image, "/") || strings.HasPrefix(dc.Image, ".") || strings.HasSuffix(dc.Image, ".tar")):
+	case dc.Image != "" && (strings.HasPrefix(dc.Image, "/") || strings.HasPrefix(dc.Image, ".") || oci.IsPath(dc.Image)):
 		return fmt.Errorf("%s names the image %q, a path: kosa8 takes only a registry reference from a dev container file (it is the repository's, not trusted); name a local image in kosa8.toml's [image] from, or pass --image",
 			dc.Path, sanitize(dc.Image, false))
 	case dc.Image != "":
-		fmt.Fprintf(os.Stderr, "kosa8: using the image %s named by %s (pulled on this host; --image or kosa8.toml's [image] from take precedence)\n", sanitize(dc.Image, false), dc.Path)
+		fmt.Fprintf(os.Stderr, "kosa8: using the image %s named by %s (pulled on this host without your registry credentials; --image or kosa8.toml's [image] from take precedence)\n", sanitize(dc.Image, false), dc.Path)
 		f.image = dc.Image
+		f.imageFrom = fromRepository
 	case dc.Dockerfile != "":
 		b, err := f.devContainerBuild(wd, dc, proj)
 		if err != nil {
@@ -511,7 +534,7 @@ func (f *createFlags) devContainerBuild(wd string, dc *config.DevContainer, proj
 	return &dockerBuild{
 		file: filepath.Join(wd, dfRel), contextDir: rc.String(), dockerfile: src,
 		tag: "devcontainer-" + base + "-" + hex.EncodeToString(h[:4]), args: dc.Args, target: dc.Target, arch: arch,
-		preset: f.preset, allow: f.allow, allowBroad: f.allowBroad, proj: proj,
+		preset: f.preset, allow: f.allow, allowBroad: f.allowBroad, proj: proj, from: fromRepository,
 	}, nil
 }
 

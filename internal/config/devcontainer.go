@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // DevContainer is what kosa8 reads of a project's dev container
@@ -30,19 +32,35 @@ type DevContainer struct {
 const maxDevContainer = 1 << 20
 
 // LoadDevContainer reads dir's dev container definition, or returns nil
-// when there is none.
+// when there is none. The file is the repository's (an agent may have
+// written it): it is opened through dir's root (a link out of dir is
+// refused), only as a regular file, and read up to maxDevContainer.
 func LoadDevContainer(dir string) (*DevContainer, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
 	for _, rel := range []string{filepath.Join(".devcontainer", "devcontainer.json"), ".devcontainer.json"} {
 		p := filepath.Join(dir, rel)
-		b, err := os.ReadFile(p)
+		fi, err := root.Stat(rel)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
+			return nil, fmt.Errorf("%s: %w (a dev container file must lie inside the project folder)", p, err)
+		}
+		if !fi.Mode().IsRegular() {
+			return nil, fmt.Errorf("%s is not a regular file (%s)", p, fi.Mode().Type())
+		}
+		f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
 			return nil, err
 		}
-		if len(b) > maxDevContainer {
-			return nil, fmt.Errorf("%s is larger than %d KiB", p, maxDevContainer>>10)
+		b, err := readBounded(f, maxDevContainer)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
 		}
 		d, err := ParseDevContainer(b)
 		if err != nil {
@@ -52,6 +70,25 @@ func LoadDevContainer(dir string) (*DevContainer, error) {
 		return d, nil
 	}
 	return nil, nil
+}
+
+// readBounded reads f, a regular file of at most max bytes.
+func readBounded(f *os.File, max int64) ([]byte, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("larger than %d KiB", max>>10)
+	}
+	return b, nil
 }
 
 // ParseDevContainer reads a devcontainer.json: JSON with comments and

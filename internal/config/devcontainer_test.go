@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 )
 
@@ -47,4 +48,48 @@ func FuzzParseDevContainer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = ParseDevContainer(b)
 	})
+}
+
+// TestLoadDevContainerIsBounded: the file is the repository's; a link out
+// of the project, a device, a FIFO and a huge file are refused without
+// being read whole (or blocking on the FIFO).
+func TestLoadDevContainerIsBounded(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "secret.json")
+	if err := os.WriteFile(outside, []byte(`{"image":"from-outside"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]func(p string) error{
+		"link out of the project": func(p string) error { return os.Symlink(outside, p) },
+		"link to a device":        func(p string) error { return os.Symlink("/dev/zero", p) },
+		"FIFO":                    func(p string) error { return syscall.Mkfifo(p, 0o600) },
+		"2 MiB file": func(p string) error {
+			f, err := os.Create(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			return f.Truncate(2 << 20)
+		},
+	}
+	for name, mk := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := mk(filepath.Join(dir, ".devcontainer.json")); err != nil {
+				t.Fatal(err)
+			}
+			d, err := LoadDevContainer(dir)
+			if err == nil {
+				t.Fatalf("loaded %+v, want an error", d)
+			}
+		})
+	}
+	// A link inside the project is followed.
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "dc.json"), []byte(`{"image":"debian:12", // c
+	}`), 0o600)
+	os.Symlink("dc.json", filepath.Join(dir, ".devcontainer.json"))
+	d, err := LoadDevContainer(dir)
+	if err != nil || d == nil || d.Image != "debian:12" {
+		t.Fatalf("a link inside the project: %+v, %v", d, err)
+	}
 }

@@ -8,12 +8,14 @@ import (
 	"compress/zlib"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -171,6 +173,9 @@ func (g *Gateway) checkRequest(r *http.Request, up *upstream, inject bool) error
 				continue
 			}
 			r.Header.Set(c.Header, c.HeaderValue)
+			if c.OverBasic {
+				dropOfflineToken(r.URL)
+			}
 			g.auditRepeat(audit.Event{Kind: "broker", Name: up.name, Decision: "allow", Rule: "secret " + c.Name, Reason: "credential set in " + c.Header})
 		}
 		if len(up.creds) > 0 {
@@ -181,6 +186,23 @@ func (g *Gateway) checkRequest(r *http.Request, up *upstream, inject bool) error
 		}
 	}
 	return nil
+}
+
+// dropOfflineToken removes a token request's offline_token (Docker's
+// client asks for one when it logs in): the refresh token it would bring
+// is a lasting credential, made from the real login, that the guest would
+// keep. Without it the registry hands out short-lived tokens only, and the
+// client logs in again (through the broker) when they expire.
+func dropOfflineToken(u *url.URL) {
+	if u.RawQuery == "" {
+		return
+	}
+	q := u.Query()
+	if !q.Has("offline_token") {
+		return
+	}
+	q.Del("offline_token")
+	u.RawQuery = q.Encode()
 }
 
 // isBasic reports an HTTP Basic authorization header.
@@ -196,6 +218,23 @@ func (g *Gateway) placeholderFormsOf(creds []*Credential) [][]byte {
 		out = append(out, secretForms([]byte(c.Placeholder))...)
 	}
 	return out
+}
+
+// basicLogin is the user of an HTTP Basic header value carrying value.
+func basicLogin(header string, value []byte) (string, bool) {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(header), " ")
+	if !ok || !strings.EqualFold(scheme, "Basic") {
+		return "", false
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(tok))
+	if err != nil {
+		return "", false
+	}
+	user, pw, ok := strings.Cut(string(b), ":")
+	if !ok || pw != string(value) {
+		return "", false
+	}
+	return user, true
 }
 
 // maskResponse replaces the credentials' values (in every form) with their
@@ -216,6 +255,16 @@ func (g *Gateway) maskResponse(resp *http.Response, creds []*Credential) error {
 		for _, f := range secretForms(c.Value) {
 			pats = append(pats, f)
 			reps = append(reps, []byte(c.Placeholder))
+		}
+		// A Basic login travels as base64 of USER:VALUE, whose encoding
+		// shares no bytes with VALUE's own (a server echoing the
+		// Authorization header would hand the guest the real login): it
+		// is masked whole, to the base64 of USER:PLACEHOLDER.
+		if user, ok := basicLogin(c.HeaderValue, c.Value); ok {
+			login := base64.StdEncoding.EncodeToString([]byte(user + ":" + string(c.Value)))
+			masked := base64.StdEncoding.EncodeToString([]byte(user + ":" + c.Placeholder))
+			pats = append(pats, []byte(login), []byte(strings.TrimRight(login, "=")))
+			reps = append(reps, []byte(masked), []byte(strings.TrimRight(masked, "=")))
 		}
 	}
 	// Keep longest first across credentials too.

@@ -76,6 +76,16 @@ func newBrokerEnv(t *testing.T, rules []string) *brokerEnv {
 		s.mu.Unlock()
 		io.WriteString(w, "ok")
 	})
+	mux.HandleFunc("/token-echo", func(w http.ResponseWriter, r *http.Request) {
+		// A registry's token endpoint that reflects what it was sent (an
+		// error page, a debug echo).
+		s.mu.Lock()
+		s.reqs = append(s.reqs, "token-echo query="+r.URL.RawQuery)
+		s.mu.Unlock()
+		w.Header().Set("X-Echo", r.Header.Get("Authorization"))
+		fmt.Fprintf(w, "you sent %s and %s", r.Header.Get("Authorization"),
+			strings.TrimRight(strings.TrimPrefix(r.Header.Get("Authorization"), "Basic "), "="))
+	})
 	mux.HandleFunc("/echo-gzip", func(w http.ResponseWriter, r *http.Request) {
 		s.add(r, nil)
 		w.Header().Set("Content-Encoding", "gzip")
@@ -556,5 +566,40 @@ func TestBrokerRegistryLoginOverBasicOnly(t *testing.T) {
 	want := "token authorization=" + real + "\ntoken authorization=Bearer abc.def\ntoken authorization="
 	if got != want {
 		t.Fatalf("the registry saw:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestBrokerMasksABasicLoginAndAsksNoRefreshToken: a registry's token
+// endpoint echoes the Authorization header the broker set (base64 of
+// USER:REAL, which masking the bare value misses); the guest sees the
+// base64 of USER:PLACEHOLDER instead. The broker also drops Docker's
+// offline_token, so no lasting refresh token is issued into the guest.
+func TestBrokerMasksABasicLoginAndAsksNoRefreshToken(t *testing.T) {
+	e := newBrokerEnv(t, nil)
+	hosts, _ := netpolicy.Parse([]string{"api.test"}, netpolicy.ParseOptions{})
+	const realPW = "registry-REAL-password-31"
+	real := "Basic " + base64.StdEncoding.EncodeToString([]byte("tester:"+realPW))
+	e.g.cfg.Credentials = []Credential{{Name: "REG", Hosts: hosts, Header: "Authorization", HeaderValue: real,
+		Value: []byte(realPW), Placeholder: placeholder, OverBasic: true}}
+	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
+	}
+	c := e.client(t, "api.test", false)
+	guestBasic := "Basic " + base64.StdEncoding.EncodeToString([]byte("tester:"+placeholder))
+	code, body := get(t, c, "https://api.test/token-echo?scope=repository%3Ax%3Apull&service=reg&offline_token=true&client_id=docker", map[string]string{"Authorization": guestBasic})
+	if code != 200 {
+		t.Fatalf("%d %s", code, body)
+	}
+	login := strings.TrimPrefix(real, "Basic ")
+	if strings.Contains(body, login) || strings.Contains(body, strings.TrimRight(login, "=")) || strings.Contains(body, realPW) {
+		t.Fatalf("the guest got the real login: %s", body)
+	}
+	want := guestBasic + "you sent " + guestBasic + " and " + strings.TrimRight(strings.TrimPrefix(guestBasic, "Basic "), "=")
+	if body != want {
+		t.Fatalf("body %q, want %q", body, want)
+	}
+	if got := e.seen.all(); strings.Contains(got, "offline_token") || !strings.Contains(got, "client_id=docker") {
+		t.Fatalf("the registry saw %q: want offline_token dropped and the rest kept", got)
 	}
 }

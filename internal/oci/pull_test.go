@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -488,4 +489,69 @@ func pushTestImage(t *testing.T, ref string, img v1.Image) string {
 	}
 	d, _ := img.Digest()
 	return d.String()
+}
+
+// TestRegistryCannotSendThePullToLoopback: a registry that is not on
+// loopback redirects a blob fetch to a server on this host's loopback (as
+// it would to a local admin port, or to a cloud's metadata service on a
+// link-local address); the pull fails and the loopback server sees nothing.
+func TestRegistryCannotSendThePullToLoopback(t *testing.T) {
+	ip := nonLoopbackAddr(t)
+	var hit atomic.Int32
+	inside := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hit.Add(1)
+		w.Write([]byte("secret"))
+	}))
+	defer inside.Close()
+
+	img := testImage("amd64", "redirect")
+	good, blobs := manifestFor(t, img)
+	reg := &fakeRegistry{manifest: good, manifestType: oci.MediaOCIManifest, blobs: blobs,
+		handle: func(w http.ResponseWriter, r *http.Request, d string) bool {
+			http.Redirect(w, r, inside.URL+"/latest/meta-data/"+d, http.StatusTemporaryRedirect)
+			return true
+		}}
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Skipf("no listener on %s: %v", ip, err)
+	}
+	srv := httptest.NewUnstartedServer(reg)
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	host := ln.Addr().String()
+
+	_, err = oci.Pull(context.Background(), oci.NewCache(t.TempDir()), host+"/x/y:1",
+		oci.PullOptions{Arch: vmspec.AMD64, Insecure: []string{host}})
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("pull through a redirect to loopback: %v, want it refused", err)
+	}
+	if n := hit.Load(); n != 0 {
+		t.Fatalf("the loopback server got %d request(s)", n)
+	}
+	// The same redirect from a registry on loopback is followed (a test
+	// registry, a local mirror).
+	local := httptest.NewServer(reg)
+	defer local.Close()
+	_, _ = oci.Pull(context.Background(), oci.NewCache(t.TempDir()), strings.TrimPrefix(local.URL, "http://")+"/x/y:1", oci.PullOptions{Arch: vmspec.AMD64})
+	if hit.Load() == 0 {
+		t.Fatal("a loopback registry's redirect to loopback was not followed: the guard is too wide")
+	}
+}
+
+// nonLoopbackAddr is an address of this host's that is not loopback nor
+// link-local, or the test skips.
+func nonLoopbackAddr(t *testing.T) string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Skipf("interface addresses: %v", err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
+			return n.IP.String()
+		}
+	}
+	t.Skip("this host has no IPv4 address besides loopback and link-local")
+	return ""
 }

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -22,6 +24,17 @@ import (
 // ours, so that every document and blob goes through one bounded, checked
 // path (PutBlob, readLimited) and no blob is fetched from a layer's foreign
 // URLs.
+
+// AnonymousKeychain gives no credentials for any registry: pulls of images
+// the user did not name (a repository's dev container) go without the
+// user's.
+var AnonymousKeychain authn.Keychain = anonymousKeychain{}
+
+type anonymousKeychain struct{}
+
+func (anonymousKeychain) Resolve(authn.Resource) (authn.Authenticator, error) {
+	return authn.Anonymous, nil
+}
 
 // registrySource reads an image from a registry.
 type registrySource struct {
@@ -72,7 +85,15 @@ func registryClient(ctx context.Context, repo name.Repository, o *PullOptions, s
 	}
 	base := o.Transport
 	if base == nil {
-		base = remote.DefaultTransport.(*http.Transport).Clone()
+		t := remote.DefaultTransport.(*http.Transport).Clone()
+		// A registry may send a blob fetch elsewhere (a CDN); it may not
+		// send it, nor its token exchange, to this host's loopback or to
+		// link-local addresses (a cloud's metadata service), unless the
+		// registry itself is on loopback.
+		d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second,
+			Control: localGuard(loopbackHost(hostOnly(repo.Registry.RegistryStr())), proxyAddrs(ctx, repo.Registry.RegistryStr()))}
+		t.DialContext = d.DialContext
+		base = t
 	}
 	guard := &plainHTTPGuard{next: base, insecure: o.insecure()}
 	rt, err := transport.NewWithContext(ctx, repo.Registry, auth, guard, []string{repo.Scope(scope)})
@@ -110,6 +131,66 @@ func (g *plainHTTPGuard) allowed(u *url.URL) bool {
 		}
 	}
 	return false
+}
+
+// hostOnly is host:port's host.
+func hostOnly(hp string) string {
+	if h, _, err := net.SplitHostPort(hp); err == nil {
+		return h
+	}
+	return hp
+}
+
+// localGuard refuses connections to link-local and unspecified addresses,
+// and to loopback unless loopbackOK, after name resolution (a name that
+// resolves to 127.0.0.1 is refused as 127.0.0.1 is). Through an HTTP proxy
+// the check applies to the proxy, which the user chose.
+func localGuard(loopbackOK bool, proxies map[string]bool) func(network, address string, c syscall.RawConn) error {
+	return func(network, address string, _ syscall.RawConn) error {
+		host, _, err := net.SplitHostPort(address)
+		if err != nil {
+			return err
+		}
+		if proxies[address] {
+			return nil // the user's proxy (HTTPS_PROXY), on loopback perhaps
+		}
+		ip := net.ParseIP(host)
+		if ip == nil {
+			return fmt.Errorf("registry connection to %q: not an address", address)
+		}
+		switch {
+		case ip.IsLoopback() && !loopbackOK:
+			return fmt.Errorf("registry connection to %s refused: only a registry on loopback may send kosa8 to loopback", address)
+		case ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast():
+			return fmt.Errorf("registry connection to %s refused: a link-local, multicast or unspecified address", address)
+		}
+		return nil
+	}
+}
+
+// proxyAddrs are the addresses of the proxy the environment names for
+// registry (host:port with each address its name resolves to).
+func proxyAddrs(ctx context.Context, registry string) map[string]bool {
+	u, err := http.ProxyFromEnvironment(&http.Request{URL: &url.URL{Scheme: "https", Host: registry}})
+	if err != nil || u == nil {
+		return nil
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"https": "443", "socks5": "1080"}[u.Scheme]
+		if port == "" {
+			port = "80"
+		}
+	}
+	addrs, err := net.DefaultResolver.LookupHost(ctx, u.Hostname())
+	if err != nil {
+		return nil
+	}
+	m := map[string]bool{}
+	for _, a := range addrs {
+		m[net.JoinHostPort(a, port)] = true
+	}
+	return m
 }
 
 func loopbackHost(h string) bool {
