@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 
+	"github.com/kosa8/kosa8/internal/wsync"
 	"github.com/kosa8/kosa8/sdk"
 )
 
@@ -136,26 +136,29 @@ func versionOf(ctx context.Context, s *sdk.Sandbox, root, p string, changed map[
 }
 
 // readHostFile reads a regular file of the host folder, at most
-// maxDiffBytes, never through a link (of the file itself; the folder's
-// links were never made by a sandbox in review mode).
+// maxDiffBytes, through wsync.Root as every host read is: never through a
+// link anywhere on its path (a link of the user's folder, config ->
+// ~/.config/app, would show a file outside the folder beside the
+// sandbox's), never blocking on a FIFO.
 func readHostFile(root, p string) ([]byte, error) {
-	full := filepath.Join(root, p)
-	fi, err := os.Lstat(full)
+	r, err := wsync.OpenRoot(root)
 	if err != nil {
 		return nil, err
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file")
-	}
-	if fi.Size() > maxDiffBytes {
-		return nil, fmt.Errorf("too large to show")
-	}
-	f, err := openNoFollow(full)
+	defer r.Close()
+	f, err := r.Open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, maxDiffBytes))
+	b, err := io.ReadAll(io.LimitReader(f, maxDiffBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxDiffBytes {
+		return nil, fmt.Errorf("too large to show")
+	}
+	return b, nil
 }
 
 // showTwo prints a unified diff of two texts under their labels.
@@ -194,16 +197,13 @@ func writeTemp(s string) (string, error) {
 	return f.Name(), nil
 }
 
-// openNoFollow opens a file to read, never through a link, and never
-// blocking on a FIFO.
-func openNoFollow(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
+// hostVersion is the host folder's version of p for a diff: nil when it has
+// none, an error when it cannot be shown (a link on the way, not a regular
+// file, too large).
+func hostVersion(root, p string) ([]byte, error) {
+	b, err := readHostFile(root, p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
 	}
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("%s: not a regular file", path)
-	}
-	return f, nil
+	return b, err
 }

@@ -2,8 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,5 +85,36 @@ func TestDiffBoundsTheSandboxCopy(t *testing.T) {
 	}
 	if n := sent.Load(); n >= stream || !killed.Load() {
 		t.Fatalf("the guest streamed %d MiB into kosa8 diff (killed: %v); it should have been stopped past 1 MiB", n>>20, killed.Load())
+	}
+}
+
+// A path the guest lists as changed may run through a link of the user's
+// folder (config -> ~/.config/app, made by the user, or data -> /etc): the
+// host's version 'kosa8 diff' shows beside the sandbox's must be read
+// without following any link on the way, as every host read is, never
+// the file outside the folder that the link leads to.
+func TestDiffReadsTheHostVersionThroughNoLink(t *testing.T) {
+	ws, outside := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "id_ed25519"), []byte("PRIVATE KEY\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(ws, "keys")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "notes.txt"), []byte("mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := readHostFile(ws, "keys/id_ed25519"); err == nil {
+		t.Fatalf("read the file a link of the folder leads to: %q", b)
+	}
+	b, err := hostVersion(ws, "keys/id_ed25519")
+	if err == nil || strings.Contains(string(b), "PRIVATE") {
+		t.Fatalf("hostVersion through a link = %q, %v", b, err)
+	}
+	if b, err := readHostFile(ws, "notes.txt"); err != nil || string(b) != "mine\n" {
+		t.Fatalf("readHostFile(notes.txt) = %q, %v", b, err)
+	}
+	if _, err := readHostFile(ws, "gone.txt"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("readHostFile of a missing file: %v, want not exist", err)
 	}
 }

@@ -457,18 +457,24 @@ func showDiff(ctx context.Context, s *sdk.Sandbox, root, rel string) error {
 	if guestCopy.full {
 		return fmt.Errorf("the sandbox's copy is now larger than %s", humanBytes(maxDiffBytes))
 	}
-	tmp, err := os.CreateTemp("", "kosa8-diff-*")
+	// The host's version is read here, never through a link on its way
+	// (a link of the user's folder would lead diff to a file outside it).
+	older, err := hostVersion(root, rel)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "  (the host's version is not shown: %v)\n", err)
+		older = nil
+	}
+	host, err := writeTemp(string(older))
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name())
-	tmp.Write(guestCopy.Bytes())
-	tmp.Close()
-	host := filepath.Join(root, rel)
-	if fi, err := os.Lstat(host); err != nil || !fi.Mode().IsRegular() {
-		host = os.DevNull // never read through a link
+	defer os.Remove(host)
+	tmp, err := writeTemp(guestCopy.String())
+	if err != nil {
+		return err
 	}
-	out, _ := exec.CommandContext(ctx, "diff", "-u", "--label", "host/"+rel, "--label", "sandbox/"+rel, host, tmp.Name()).Output()
+	defer os.Remove(tmp)
+	out, _ := exec.CommandContext(ctx, "diff", "-u", "--label", "host/"+rel, "--label", "sandbox/"+rel, host, tmp).Output()
 	os.Stdout.Write(out)
 	return nil
 }
