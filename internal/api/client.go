@@ -7,14 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/guest"
+	"github.com/kosa8/kosa8/internal/wsync"
 )
 
 // Client talks to a sandbox's supervisor.
@@ -236,6 +239,15 @@ func (c *Client) Sync(ctx context.Context, now bool) (*SyncStatus, error) {
 func (c *Client) SyncChange(ctx context.Context, what string, paths []string) ([]string, error) {
 	var out SyncResponse
 	err := c.do(ctx, "POST", "/v1/sync/"+what, SyncRequest{Paths: paths}, &out)
+	return out.Done, err
+}
+
+// ApproveSeen approves held paths, each only as the version seen (see
+// SyncRequest.Seen).
+func (c *Client) ApproveSeen(ctx context.Context, seen map[string]*wsync.Entry) ([]string, error) {
+	var out SyncResponse
+	paths := slices.Sorted(maps.Keys(seen))
+	err := c.do(ctx, "POST", "/v1/sync/approve", SyncRequest{Paths: paths, Seen: seen}, &out)
 	return out.Done, err
 }
 

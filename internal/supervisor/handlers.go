@@ -276,13 +276,13 @@ func (s *supervisor) handleSyncChange(w http.ResponseWriter, r *http.Request, wh
 	var err error
 	switch what {
 	case "apply":
-		done, err = s.ws.engine.Apply(r.Context(), req.Paths, false)
+		done, err = s.ws.engine.ApplySeen(r.Context(), req.Paths, false, req.Seen)
 	case "approve":
 		if len(req.Paths) == 0 {
 			err = errors.New("approve needs the paths to approve, one by one")
 			break
 		}
-		done, err = s.ws.engine.Apply(r.Context(), req.Paths, true)
+		done, err = s.ws.engine.ApplySeen(r.Context(), req.Paths, true, req.Seen)
 	case "discard":
 		done, err = s.ws.engine.Discard(r.Context(), req.Paths)
 	}

