@@ -274,3 +274,23 @@ func FuzzDockerfile(f *testing.F) {
 		}
 	})
 }
+
+// A repository's Dockerfile (a dev container's build) is planned on the
+// host. Its ARG defaults expand earlier ARGs, each bounded as written but
+// not as expanded: ARG B=$A$A$A... (700 times in 2 KiB) makes B 700 times
+// A, C of B 700 times again, and four such lines ask for terabytes. An
+// expansion is bounded as its source is.
+func TestPlanBoundsExpandedArgs(t *testing.T) {
+	src := "ARG A=" + strings.Repeat("x", 500) + "\n" +
+		"ARG B=" + strings.Repeat("$A", 1000) + "\n" +
+		"ARG C=" + strings.Repeat("$B", 1000) + "\n" +
+		"ARG D=" + strings.Repeat("$C", 1000) + "\n" +
+		"FROM debian:13\n"
+	f, err := Parse([]byte(src))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if _, err := f.Plan(nil, "", amd64); err == nil || !errors.Is(err, ErrSyntax) {
+		t.Fatalf("Plan of ARGs that expand to terabytes: %v, want a refusal", err)
+	}
+}

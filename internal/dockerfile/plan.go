@@ -372,13 +372,18 @@ func unquote(s string) string {
 }
 
 // expand replaces $NAME, ${NAME}, ${NAME:-word} and ${NAME:+word} (and the
-// forms without the colon) with build arguments; esc escapes a $.
+// forms without the colon) with build arguments; esc escapes a $. The
+// result is bounded as s is: an ARG made of an earlier one many times over,
+// and the next of it, would otherwise grow without end.
 func expand(s string, lookup func(string) (string, bool), esc byte) (string, error) {
 	if len(s) > maxRefLen*4 {
 		return "", fmt.Errorf("longer than %d bytes", maxRefLen*4)
 	}
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
+		if b.Len() > maxRefLen*4 {
+			return "", fmt.Errorf("longer than %d bytes once expanded", maxRefLen*4)
+		}
 		c := s[i]
 		switch {
 		case c == esc && i+1 < len(s) && s[i+1] == '$':
@@ -435,6 +440,9 @@ func expand(s string, lookup func(string) (string, bool), esc byte) (string, err
 			b.WriteString(v)
 			i = k - 1
 		}
+	}
+	if b.Len() > maxRefLen*4 {
+		return "", fmt.Errorf("longer than %d bytes once expanded", maxRefLen*4)
 	}
 	return b.String(), nil
 }
