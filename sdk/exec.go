@@ -291,17 +291,22 @@ func (s *Sandbox) Output(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // capBuffer keeps at most max bytes: the first ones, or with tail the
-// last ones. over records that more came.
+// last ones. over records that more came; stop, if set, is called then
+// (to end a command whose output is of no use past max).
 type capBuffer struct {
 	buf  bytes.Buffer
 	max  int
 	tail bool
 	over bool
+	stop func()
 }
 
 func (c *capBuffer) Write(p []byte) (int, error) {
 	n := len(p)
 	if c.buf.Len()+len(p) > c.max {
+		if !c.over && c.stop != nil {
+			c.stop()
+		}
 		c.over = true
 		if !c.tail {
 			p = p[:max(0, c.max-c.buf.Len())]

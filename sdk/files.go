@@ -47,7 +47,17 @@ func guestPath(p string) (string, error) {
 func (s *Sandbox) fileCmd(ctx context.Context, what string, cmd Cmd, out *capBuffer) error {
 	stderr := &capBuffer{max: 4 << 10, tail: true}
 	cmd.Stdout, cmd.Stderr = out, stderr
-	res, err := s.Exec(ctx, cmd)
+	// Past its bound the output is of no use: the command is ended, not
+	// read on for as long as the guest sends (a file it made endless).
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if out != nil {
+		out.stop = cancel
+	}
+	res, err := s.Exec(cctx, cmd)
+	if out != nil && out.over && ctx.Err() == nil {
+		return fmt.Errorf("%s: larger than %d MiB: use Exec with a Stdout writer", what, out.max>>20)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}

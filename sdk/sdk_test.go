@@ -231,6 +231,10 @@ func (f *fakeSupervisor) exec(w http.ResponseWriter, r *http.Request) {
 					// The client pumps (so it follows the command) from here.
 					f.sleeping <- struct{}{}
 				case "tty":
+				case "cat":
+					if req.Argv[2] != "/dev/zero" { // that one is followed until a signal
+						return
+					}
 				default:
 					return
 				}
@@ -246,6 +250,23 @@ func (f *fakeSupervisor) exec(w http.ResponseWriter, r *http.Request) {
 		guest.WriteFrame(conn, guest.FrameStderr, []byte("to stderr\n"))
 		exit(3, "")
 	case "cat":
+		if req.Argv[2] == "/dev/zero" {
+			// An endless file: streamed until the client signals.
+			chunk := make([]byte, 64<<10)
+			for sent := 0; sent < 1<<30; sent += len(chunk) {
+				select {
+				case s := <-sig:
+					exit(128+int(s), "SIGKILL")
+					return
+				default:
+				}
+				if err := guest.WriteFrame(conn, guest.FrameStdout, chunk); err != nil {
+					return
+				}
+			}
+			exit(0, "")
+			return
+		}
 		f.mu.Lock()
 		b, ok := f.files[req.Argv[2]]
 		f.mu.Unlock()
@@ -433,6 +454,32 @@ func TestFilesRoundTrip(t *testing.T) {
 	}
 	if f.argvs[1][1] != "--" {
 		t.Fatalf("cat without --: %v", f.argvs[1])
+	}
+}
+
+// A hostile guest answers a read with an endless stream (a link to
+// /dev/zero, a FIFO it keeps writing): ReadFile (MCP's read_file) must stop
+// the command once past its bound, not read on for as long as the guest
+// sends.
+func TestReadFileStopsAnEndlessFile(t *testing.T) {
+	_, sb, f := newRunning(t, "x")
+	done := make(chan error, 1)
+	go func() {
+		_, err := sb.ReadFile(context.Background(), "/dev/zero")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "larger than") {
+			t.Fatalf("ReadFile of an endless file: %v, want too large", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("ReadFile of an endless file did not end")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.sigs) == 0 {
+		t.Fatal("the endless cat was not signalled")
 	}
 }
 
