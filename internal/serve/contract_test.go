@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -309,5 +310,48 @@ func TestKosa8APIBesideTheContract(t *testing.T) {
 	}
 	if strings.Join(got, ",") != "GET /v1/net" {
 		t.Fatalf("kosa8's API was asked %v", got)
+	}
+}
+
+// A caller with the token may forward ports on loopback (the pod's other
+// containers), never on all interfaces: that listener on the pod's IP
+// would take no credential at all.
+func TestNoPortForwardOnAllInterfaces(t *testing.T) {
+	s, _ := newServer(t)
+	var got []string
+	s.API = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = append(got, r.Method+" "+r.URL.Path+" "+string(b))
+		w.WriteHeader(http.StatusOK)
+	})
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+	post := func(p, body string) int {
+		req, _ := http.NewRequest("POST", hs.URL+p, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, b := range []string{`{"host_port":8080,"guest_port":80,"all_interfaces":true}`, `{"host_port":8080,"guest_port":80,"ALL_INTERFACES":true}`,
+		`{"all_interfaces":false,"all_interfaces":true,"host_port":1,"guest_port":1}`} {
+		for _, p := range []string{"/kosa8/v1/ports", "/kosa8/v1/./ports", "/kosa8/v1/x/../ports"} {
+			if c := post(p, b); c == http.StatusOK {
+				t.Errorf("POST %s %s = %d", p, b, c)
+			}
+		}
+	}
+	if len(got) != 0 {
+		t.Fatalf("kosa8's API was asked %v", got)
+	}
+	const ok = `{"host_port":8080,"guest_port":80}`
+	if c := post("/kosa8/v1/ports", ok); c != http.StatusOK {
+		t.Fatalf("a loopback forward = %d", c)
+	}
+	if len(got) != 1 || got[0] != "POST /v1/ports "+ok {
+		t.Fatalf("kosa8's API was asked %q", got)
 	}
 }

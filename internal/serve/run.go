@@ -93,7 +93,9 @@ func Run(ctx context.Context, c *sdk.Client, o Options) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", o.Listen, err)
 	}
-	hs := &http.Server{Handler: srv.Handler(), TLSConfig: o.TLS, ReadHeaderTimeout: 30 * time.Second}
+	// An idle connection (one that sent no credential, too) is closed after
+	// two minutes; a request itself may take long (an upload, an execute).
+	hs := &http.Server{Handler: srv.Handler(), TLSConfig: o.TLS, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	served := make(chan error, 1)
 	go func() {
 		if o.TLS != nil {

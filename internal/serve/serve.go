@@ -30,6 +30,7 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,12 +40,14 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/access"
+	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/termsafe"
 )
 
@@ -121,6 +124,24 @@ func (s *Server) Handler() http.Handler {
 			if strings.HasPrefix(r.URL.Path, "/kosa8/v1/debug/") {
 				writeJSON(w, http.StatusForbidden, message("kosa8's debug routes are not served over the network"))
 				return
+			}
+			if r.Method == http.MethodPost && path.Clean(r.URL.Path) == "/kosa8/v1/ports" {
+				// A forward on all interfaces would open a listener on
+				// the pod's IP that asks no credential: only loopback
+				// ones (for the pod's other containers) are served.
+				var pf api.PortForward
+				b, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+				if err != nil || json.Unmarshal(b, &pf) != nil {
+					writeJSON(w, http.StatusBadRequest, message("a port forward is JSON: {\"host_port\":N,\"guest_port\":M}"))
+					return
+				}
+				if pf.AllInterfaces {
+					s.logf(r, "refused: a port forward on all interfaces")
+					writeJSON(w, http.StatusForbidden, message("a port forward on all interfaces is not served over the network (it would take no credential): forward on loopback, and expose the port through the pod's Service"))
+					return
+				}
+				r.Body = io.NopCloser(bytes.NewReader(b))
+				r.ContentLength = int64(len(b))
 			}
 			http.StripPrefix("/kosa8", s.API).ServeHTTP(w, r)
 		}))
