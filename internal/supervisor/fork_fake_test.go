@@ -14,6 +14,7 @@ import (
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
 	"github.com/kosa8/kosa8/internal/sandbox"
+	"github.com/kosa8/kosa8/internal/vmm"
 	"github.com/kosa8/kosa8/internal/vmm/vmmtest"
 )
 
@@ -414,5 +415,41 @@ func TestForksTakeNoFolderLock(t *testing.T) {
 	if w, err := open("other", false); err == nil {
 		w.closeFiles()
 		t.Error("a second sandbox synced the folder both ways beside the first")
+	}
+}
+
+// A fork of a --docker sandbox hands its VMM the source's engine disk (the
+// lowest layer of its own, as its root and workspace disks), not a path in
+// its own folder where no such file is: Landlock would leave QEMU unable to
+// read the layer its engine disk builds on.
+func TestForkOfADockerSandboxReadsTheSourcesEngineDisk(t *testing.T) {
+	r := newForkRig(t)
+	src := r.src.s
+	if err := os.WriteFile(src.sb.Path(sandbox.DockerDisk), make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src.sb.Config.Docker = &sandbox.DockerConfig{DiskGiB: 2}
+	if err := src.sb.SaveConfig(); err != nil {
+		t.Fatal(err)
+	}
+	meta := r.fork(t, 1)
+	if _, err := r.m.CreateFork(context.Background(), src.sb, meta, sandbox.ForkOptions{Index: 1}); err != nil {
+		t.Fatal(err)
+	}
+	j, drv, _, err := startFork(t, r, "fake.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.o.NewDriver = func(vmm.DriverOptions) (vmm.Driver, error) { return drv, nil }
+	if err := j.driver(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(j.s.driverOpts.ReadOnly, src.sb.Path(sandbox.DockerDisk)) {
+		t.Errorf("the fork's VMM may read %v: not the source's engine disk", j.s.driverOpts.ReadOnly)
+	}
+	for _, p := range j.s.driverOpts.ReadOnly {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("the fork's VMM is given %s to read: %v", p, err)
+		}
 	}
 }

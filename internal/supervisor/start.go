@@ -184,7 +184,7 @@ func (j *startJob) driver(context.Context) error {
 		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, filepath.Join(base, sandbox.WorkspaceDisk))
 	}
 	if cfg.Docker != nil {
-		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, s.sb.Path(sandbox.DockerDisk))
+		s.driverOpts.ReadOnly = append(s.driverOpts.ReadOnly, filepath.Join(base, sandbox.DockerDisk))
 	}
 	drv, err := s.newDriver(s.driverOpts)
 	if err != nil {
