@@ -269,9 +269,18 @@ func (s *supervisor) changeSummary(ctx context.Context) (*api.ChangeSummary, err
 	}
 	st := s.ws.engine.Status()
 	sum := &api.ChangeSummary{Files: []api.FileChange{}, Taken: time.Now().UTC()}
+	counted := 0
 	add := func(c wsync.Change, held string) {
 		fc := api.FileChange{Path: c.Path, Kind: c.Kind, Held: held}
-		fc.Added, fc.Removed, fc.Note = s.countLines(ctx, c)
+		if counted < maxCountedChanges {
+			// Each count reads up to two files of MaxSummaryFile: a
+			// guest with a million changed files would have the host
+			// read and compare them all at each summary.
+			counted++
+			fc.Added, fc.Removed, fc.Note = s.countLines(ctx, c)
+		} else {
+			fc.Note = fmt.Sprintf("not counted: lines are counted in the first %d changed files only", maxCountedChanges)
+		}
 		sum.Added += fc.Added
 		sum.Removed += fc.Removed
 		sum.Files = append(sum.Files, fc)
@@ -284,6 +293,9 @@ func (s *supervisor) changeSummary(ctx context.Context) (*api.ChangeSummary, err
 	}
 	return sum, nil
 }
+
+// maxCountedChanges bounds the changes whose lines a summary counts.
+const maxCountedChanges = 2000
 
 // countLines counts the lines change c adds and removes, or says why not.
 func (s *supervisor) countLines(ctx context.Context, c wsync.Change) (added, removed int, note string) {

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -350,6 +351,40 @@ func TestChangeSummary(t *testing.T) {
 	}
 	if readFile(hostDir, "a.txt") != "1\n2\n3\n" {
 		t.Error("the summary changed the host folder")
+	}
+}
+
+// A guest with more changed files than a summary counts lines in: the
+// summary lists them all, counts the first maxCountedChanges, and says so
+// of the rest instead of reading every file on both sides.
+func TestChangeSummaryCountsABoundedNumber(t *testing.T) {
+	s, _, _ := fakeSupervisor(t)
+	_, guestDir := withWorkspace(t, s, true, nil)
+	n := maxCountedChanges + 25
+	for i := 0; i < n; i++ {
+		writeFile(t, guestDir, fmt.Sprintf("f%05d.txt", i), "a\nb\n")
+	}
+	if err := s.ws.engine.Sync(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := s.changeSummary(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted, uncounted := 0, 0
+	for _, f := range sum.Files {
+		switch {
+		case f.Added == 2 && f.Note == "":
+			counted++
+		case f.Added == 0 && strings.HasPrefix(f.Note, "not counted"):
+			uncounted++
+		default:
+			t.Fatalf("%+v", f)
+		}
+	}
+	if len(sum.Files) != n || counted != maxCountedChanges || uncounted != n-maxCountedChanges || sum.Added != 2*maxCountedChanges {
+		t.Fatalf("%d files listed, %d counted, %d not, %d lines: want %d, %d, %d, %d",
+			len(sum.Files), counted, uncounted, sum.Added, n, maxCountedChanges, n-maxCountedChanges, 2*maxCountedChanges)
 	}
 }
 

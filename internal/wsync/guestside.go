@@ -21,7 +21,16 @@ type GuestSide struct {
 	C       *guest.Client
 	Root    string // the workspace's path in the guest
 	MaxFile int64
+	// MaxEntries bounds the paths a scan takes (0: DefaultMaxEntries): the
+	// guest answers a scan, and a hostile one could name paths without
+	// end, each held in the host's memory.
+	MaxEntries int
 }
+
+// DefaultMaxEntries is the most paths a workspace scan takes: far above a
+// real project's (a monorepo with its node_modules holds some 500,000),
+// and at most about 1 GiB of the supervisor's memory.
+const DefaultMaxEntries = 4_000_000
 
 func (g *GuestSide) full(p string) (string, error) {
 	if _, err := CleanRel(p); err != nil {
@@ -45,6 +54,10 @@ func (g *GuestSide) Scan(ctx context.Context, paths []string) (map[string]*Entry
 	stop := context.AfterFunc(ctx, func() { guest.Abort(s) })
 	defer stop()
 	out := map[string]*Entry{}
+	max := g.MaxEntries
+	if max <= 0 {
+		max = DefaultMaxEntries
+	}
 	for {
 		f, err := guest.ReadFrame(s)
 		if err != nil {
@@ -59,6 +72,9 @@ func (g *GuestSide) Scan(ctx context.Context, paths []string) (map[string]*Entry
 				return nil, fmt.Errorf("guest scan: %w", err)
 			}
 			for _, e := range batch {
+				if len(out) >= max {
+					return nil, fmt.Errorf("guest scan: the sandbox's workspace holds more than %d paths, the most kosa8 syncs: exclude some (kosa8.toml's [workspace] exclude, or --exclude)", max)
+				}
 				// The guest names the paths: check them like any input.
 				if _, err := CleanRel(e.Path); err != nil {
 					continue
