@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -216,6 +217,34 @@ func (s Store) ConvertOCI(ctx context.Context, base *Image, cache oci.Cache, rec
 	}
 	progress(fmt.Sprintf("converted %s in %s", rec.Name, time.Since(start).Round(time.Second)))
 	return s.Open(dst)
+}
+
+// maxConvertLog bounds a conversion's log.
+const maxConvertLog = 16 << 20
+
+// boundedLog writes to w until left bytes are written, then one line that
+// says the rest was dropped, then nothing; it never fails a write.
+type boundedLog struct {
+	mu   sync.Mutex
+	w    io.Writer
+	left int64
+	cut  bool
+}
+
+func (b *boundedLog) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case int64(len(p)) <= b.left:
+		b.left -= int64(len(p))
+		_, _ = b.w.Write(p)
+	case !b.cut:
+		b.cut = true
+		_, _ = b.w.Write(p[:b.left])
+		b.left = 0
+		_, _ = io.WriteString(b.w, "\nkosa8: the converter's log is cut here (it passed 16 MiB)\n")
+	}
+	return len(p), nil
 }
 
 var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -444,7 +473,9 @@ func runConverter(ctx context.Context, base *Image, work, layersDisk, rootfs str
 		return nil, nil, err
 	}
 	defer logf.Close()
-	logw = io.MultiWriter(logw, logf)
+	// What the converter VM prints is the guest's (an unpacker a layer
+	// subverted could print without end): bounded.
+	logw = &boundedLog{w: io.MultiWriter(logw, logf), left: maxConvertLog}
 	initrd, err := base.Initramfs(o.Agent)
 	if err != nil {
 		return nil, nil, err

@@ -171,3 +171,20 @@ func TestInstallArtifactChecks(t *testing.T) {
 		t.Errorf("a refused install left %v", left)
 	}
 }
+
+// The converter VM's output is the guest's: its log keeps the first
+// maxConvertLog bytes and a line saying the rest was cut, however much
+// the converter prints.
+func TestConvertLogIsBounded(t *testing.T) {
+	var buf strings.Builder
+	l := &boundedLog{w: &buf, left: 1000}
+	line := []byte(strings.Repeat("x", 99) + "\n")
+	for i := 0; i < 100_000; i++ {
+		if n, err := l.Write(line); n != len(line) || err != nil {
+			t.Fatalf("write %d: %d %v", i, n, err)
+		}
+	}
+	if got := buf.Len(); got > 1200 || !strings.HasSuffix(buf.String(), "it passed 16 MiB)\n") || !strings.HasPrefix(buf.String(), string(line)) {
+		t.Fatalf("log of %d bytes ending %q", got, buf.String()[max(0, got-80):])
+	}
+}
