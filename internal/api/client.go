@@ -245,9 +245,15 @@ func (c *Client) SyncChange(ctx context.Context, what string, paths []string) ([
 // ApproveSeen approves held paths, each only as the version seen (see
 // SyncRequest.Seen).
 func (c *Client) ApproveSeen(ctx context.Context, seen map[string]*wsync.Entry) ([]string, error) {
+	return c.SyncSeen(ctx, "approve", seen)
+}
+
+// SyncSeen applies (what "apply") or approves ("approve") the paths of
+// seen, each only as the version seen (see SyncRequest.Seen).
+func (c *Client) SyncSeen(ctx context.Context, what string, seen map[string]*wsync.Entry) ([]string, error) {
 	var out SyncResponse
 	paths := slices.Sorted(maps.Keys(seen))
-	err := c.do(ctx, "POST", "/v1/sync/approve", SyncRequest{Paths: paths, Seen: seen}, &out)
+	err := c.do(ctx, "POST", "/v1/sync/"+what, SyncRequest{Paths: paths, Seen: seen}, &out)
 	return out.Done, err
 }
 
