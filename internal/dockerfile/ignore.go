@@ -9,11 +9,13 @@ import (
 	"strings"
 )
 
-// Bounds on a .dockerignore file.
+// Bounds on a .dockerignore file: every path of the context is matched
+// against every pattern, on the host, and a repository's file (a dev
+// container's build) is not trusted. Real ones hold tens of patterns.
 const (
-	maxIgnoreSize     = 1 << 20
-	maxIgnorePatterns = 10_000
-	maxPatternLen     = 4096
+	maxIgnoreSize     = 256 << 10
+	maxIgnorePatterns = 1_000
+	maxPatternLen     = 1024
 )
 
 // Ignore is a .dockerignore file: patterns matched in order against a
