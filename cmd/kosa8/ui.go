@@ -33,7 +33,7 @@ type progress struct {
 	stepStart time.Time
 	done, of  int       // the step's count, when it has one (of > 0)
 	lastBeat  time.Time // the step's last line (non-terminal)
-	unsaid    bool      // non-terminal: the step's line waits for the progress to last quiet
+	unsaid    []string  // non-terminal: steps said while quiet, written once the progress lasts past it
 	quiet     time.Duration
 	log       io.Writer // also told each step, as "kosa8: progress: STEP"
 	stop      chan struct{}
@@ -91,10 +91,14 @@ func (p *progress) run() {
 		p.mu.Lock()
 		switch {
 		case p.step == "":
-		case !p.tty && p.unsaid:
+		case !p.tty && len(p.unsaid) > 0:
 			if time.Since(p.start) >= p.quiet {
-				p.unsaid = false
-				fmt.Fprintf(p.out, "%s\n", p.step)
+				// Each step said so far, not only the current one: a
+				// script's log shows what the wait went through.
+				for _, u := range p.unsaid {
+					fmt.Fprintf(p.out, "%s\n", u)
+				}
+				p.unsaid = nil
 			}
 		case p.tty:
 			fmt.Fprintf(p.out, "\r\033[K%c %s%s  %s", frames[i%len(frames)], p.step, p.countText(true), elapsed(time.Since(p.stepStart)))
@@ -151,8 +155,13 @@ func (p *progress) setStep(s string, logIt bool) {
 	p.step, p.stepStart, p.done, p.of = s, time.Now(), 0, 0
 	p.lastBeat = p.stepStart
 	if !p.tty {
-		p.unsaid = time.Since(p.start) < p.quiet
-		if !p.unsaid {
+		if time.Since(p.start) < p.quiet {
+			p.unsaid = append(p.unsaid, s)
+		} else {
+			for _, u := range p.unsaid {
+				fmt.Fprintf(p.out, "%s\n", u)
+			}
+			p.unsaid = nil
 			fmt.Fprintf(p.out, "%s\n", s)
 		}
 	}

@@ -286,7 +286,7 @@ func TestSlowWait(t *testing.T) {
 
 // Where there is no terminal (a script, a log), progress says nothing for
 // its first seconds: a command that ends or fails at once prints only its
-// result; one that goes on has its current step said then.
+// result; one that goes on has the steps it went through said then.
 func TestProgressQuietAtFirstWithoutTerminal(t *testing.T) {
 	var b syncBuffer
 	p := startProgress(&b, false, time.Hour)
@@ -301,7 +301,7 @@ func TestProgressQuietAtFirstWithoutTerminal(t *testing.T) {
 	time.Sleep(2600 * time.Millisecond)
 	p.Step("attaching the workspace")
 	p.Done()
-	if got, want := b.String(), "booting the VM\nattaching the workspace\n"; got != want {
+	if got, want := b.String(), "opening the image\nbooting the VM\nattaching the workspace\n"; got != want {
 		t.Fatalf("said %q, want %q", got, want)
 	}
 }
