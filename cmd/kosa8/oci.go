@@ -307,7 +307,8 @@ func pullBase(ctx context.Context, m *sandbox.Manager, ref string, arch vmspec.A
 		if err := oci.VerifySignature(ctx, ref, dg.DigestStr(), key, oci.PullOptions{Arch: arch}); err != nil {
 			return nil, err
 		}
-		p.Step("the base image is signed by " + keySrc)
+		// Said whatever the wait: what was trusted, and why.
+		p.Note("kosa8: the base image is signed by " + keySrc)
 	}
 	p.Step("pulling the base image " + ref + " (on the host)")
 	cache := oci.NewCache(m.Paths.Cache)

@@ -209,6 +209,11 @@ func (p *progress) Note(s string) {
 	if p.tty {
 		fmt.Fprint(p.out, "\r\033[K")
 	}
+	// After the steps said before it, in order.
+	for _, u := range p.unsaid {
+		fmt.Fprintf(p.out, "%s\n", u)
+	}
+	p.unsaid = nil
 	fmt.Fprintf(p.out, "%s\n", sanitize(s, false))
 }
 
