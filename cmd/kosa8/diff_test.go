@@ -145,17 +145,7 @@ func TestApproveSendsTheVersionShown(t *testing.T) {
 		approved.Store(req)
 		json.NewEncoder(w).Encode(api.SyncResponse{Done: req.Paths})
 	})
-	mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, r *http.Request) {
-		conn, brw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: kosa8-exec\r\nConnection: Upgrade\r\n\r\n")
-		brw.Flush()
-		guest.WriteFrame(conn, guest.FrameStdout, []byte(serve.Load().(string)))
-		guest.WriteJSON(conn, guest.FrameExit, guest.ExitStatus{Code: 0})
-	})
+	mux.HandleFunc("POST /v1/exec", fakeExecPrinting(func() string { return serve.Load().(string) }))
 	ws = t.TempDir()
 	fakeRunning(t, "ap", ws, mux)
 
@@ -196,17 +186,7 @@ func TestApplyExpectsWhatTheDiffShowed(t *testing.T) {
 		applied.Store(req)
 		json.NewEncoder(w).Encode(api.SyncResponse{Done: req.Paths})
 	})
-	mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, r *http.Request) {
-		conn, brw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: kosa8-exec\r\nConnection: Upgrade\r\n\r\n")
-		brw.Flush()
-		guest.WriteFrame(conn, guest.FrameStdout, []byte(listed))
-		guest.WriteJSON(conn, guest.FrameExit, guest.ExitStatus{Code: 0})
-	})
+	mux.HandleFunc("POST /v1/exec", fakeExecPrinting(func() string { return listed }))
 	ws = t.TempDir()
 	fakeRunning(t, "fx", ws, mux)
 
@@ -226,5 +206,21 @@ func TestApplyExpectsWhatTheDiffShowed(t *testing.T) {
 	req, _ := applied.Load().(api.SyncRequest)
 	if code != 0 || req.Seen["a.txt"] == nil || req.Seen["a.txt"].Hash != sumOf(listed) || len(req.Paths) != 1 {
 		t.Fatalf("apply of the changes shown: exit %d, stdout %q, stderr %q, request %+v", code, out, errs, req)
+	}
+}
+
+// fakeExecPrinting is a supervisor's exec route whose every command prints
+// out() and exits 0 (a guest's cat, as the diff reads a file).
+func fakeExecPrinting(out func() string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: kosa8-exec\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		guest.WriteFrame(conn, guest.FrameStdout, []byte(out()))
+		guest.WriteJSON(conn, guest.FrameExit, guest.ExitStatus{Code: 0})
 	}
 }

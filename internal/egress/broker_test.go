@@ -540,23 +540,35 @@ func TestBrokerWebSocketUpgrade(t *testing.T) {
 	}
 }
 
-// TestBrokerRegistryLoginOverBasicOnly: a registry secret (registry:USER)
-// replaces the guest's HTTP Basic login (user and placeholder) with the
-// real one, and leaves a bearer token (what the token exchange handed the
-// guest) and a request without a login as they are.
-func TestBrokerRegistryLoginOverBasicOnly(t *testing.T) {
+// realPW is the registry login's real password in the broker's tests.
+const realPW = "registry-REAL-password-31"
+
+// registryLogin is user tester's HTTP Basic header value with password pw.
+func registryLogin(pw string) string {
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte("tester:"+pw))
+}
+
+// newRegistryLoginEnv is a broker whose one secret is a registry login
+// (registry:tester) for api.test, and a client reaching api.test.
+func newRegistryLoginEnv(t *testing.T) (*brokerEnv, *http.Client) {
 	e := newBrokerEnv(t, nil)
 	hosts, _ := netpolicy.Parse([]string{"api.test"}, netpolicy.ParseOptions{})
-	const realPW = "registry-REAL-password-31"
-	real := "Basic " + base64.StdEncoding.EncodeToString([]byte("tester:"+realPW))
-	e.g.cfg.Credentials = []Credential{{Name: "REG", Hosts: hosts, Header: "Authorization", HeaderValue: real,
+	e.g.cfg.Credentials = []Credential{{Name: "REG", Hosts: hosts, Header: "Authorization", HeaderValue: registryLogin(realPW),
 		Value: []byte(realPW), Placeholder: placeholder, OverBasic: true}}
 	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
 	}
-	c := e.client(t, "api.test", false)
-	guestBasic := "Basic " + base64.StdEncoding.EncodeToString([]byte("tester:"+placeholder))
+	return e, e.client(t, "api.test", false)
+}
+
+// TestBrokerRegistryLoginOverBasicOnly: a registry secret (registry:USER)
+// replaces the guest's HTTP Basic login (user and placeholder) with the
+// real one, and leaves a bearer token (what the token exchange handed the
+// guest) and a request without a login as they are.
+func TestBrokerRegistryLoginOverBasicOnly(t *testing.T) {
+	e, c := newRegistryLoginEnv(t)
+	real, guestBasic := registryLogin(realPW), registryLogin(placeholder)
 	for _, h := range []map[string]string{{"Authorization": guestBasic}, {"Authorization": "Bearer abc.def"}, nil} {
 		if code, body := get(t, c, "https://api.test/token", h); code != 200 {
 			t.Fatalf("%v: %d %s", h, code, body)
@@ -575,18 +587,8 @@ func TestBrokerRegistryLoginOverBasicOnly(t *testing.T) {
 // base64 of USER:PLACEHOLDER instead. The broker also drops Docker's
 // offline_token, so no lasting refresh token is issued into the guest.
 func TestBrokerMasksABasicLoginAndAsksNoRefreshToken(t *testing.T) {
-	e := newBrokerEnv(t, nil)
-	hosts, _ := netpolicy.Parse([]string{"api.test"}, netpolicy.ParseOptions{})
-	const realPW = "registry-REAL-password-31"
-	real := "Basic " + base64.StdEncoding.EncodeToString([]byte("tester:"+realPW))
-	e.g.cfg.Credentials = []Credential{{Name: "REG", Hosts: hosts, Header: "Authorization", HeaderValue: real,
-		Value: []byte(realPW), Placeholder: placeholder, OverBasic: true}}
-	e.g.cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", e.port))
-	}
-	c := e.client(t, "api.test", false)
-	guestBasic := "Basic " + base64.StdEncoding.EncodeToString([]byte("tester:"+placeholder))
+	e, c := newRegistryLoginEnv(t)
+	real, guestBasic := registryLogin(realPW), registryLogin(placeholder)
 	code, body := get(t, c, "https://api.test/token-echo?scope=repository%3Ax%3Apull&service=reg&offline_token=true&client_id=docker", map[string]string{"Authorization": guestBasic})
 	if code != 200 {
 		t.Fatalf("%d %s", code, body)
