@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -135,12 +136,23 @@ type Store struct{ Dir string }
 // ErrNotFound: no checkpoint with that id.
 var ErrNotFound = errors.New("no such checkpoint")
 
+// mkdirIn makes dir if it is missing, never its parent: the parent is a
+// sandbox's folder, and one removed (renamed aside, then deleted) while a
+// late spare fill or checkpoint still ran must stay gone, not come back
+// as a folder 'kosa8 ls' cannot open.
+func mkdirIn(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return nil
+}
+
 // Path names a checkpoint's directory.
 func (s Store) Path(id string) string { return filepath.Join(s.Dir, id) }
 
 // Begin makes a temporary directory for a new checkpoint.
 func (s Store) Begin(id string) (string, error) {
-	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+	if err := mkdirIn(s.Dir); err != nil {
 		return "", err
 	}
 	tmp := filepath.Join(s.Dir, ".tmp-"+id)

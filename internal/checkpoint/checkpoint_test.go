@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -168,5 +169,30 @@ func TestLoadableAcrossQEMUBuilds(t *testing.T) {
 		if ok != tc.ok || !strings.Contains(why, tc.why) {
 			t.Errorf("%s: Loadable = %v, %q; want %v, %q", tc.name, ok, why, tc.ok, tc.why)
 		}
+	}
+}
+
+// A sandbox removed while a checkpoint or a spare fill of its supervisor
+// still runs stays removed: neither makes its folder again (it came back
+// as a folder without sandbox.json, which 'kosa8 ls' cannot open).
+func TestNoFolderMadeForARemovedSandbox(t *testing.T) {
+	sandboxDir := filepath.Join(t.TempDir(), "sandboxes", "gone")
+	dir := filepath.Join(sandboxDir, "checkpoints")
+	if _, err := (Store{Dir: dir}).Begin(NewID()); err == nil {
+		t.Error("a checkpoint began in a removed sandbox")
+	}
+	sp := &Spares{Dir: dir, Size: 1 << 20, Slots: 1}
+	sp.Refill()
+	time.Sleep(300 * time.Millisecond)
+	sp.Close()
+	if _, err := os.Lstat(sandboxDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the removed sandbox's folder is back: %v", err)
+	}
+	// Where the sandbox is, its checkpoints folder is made as before.
+	if err := os.MkdirAll(sandboxDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (Store{Dir: dir}).Begin(NewID()); err != nil {
+		t.Fatal(err)
 	}
 }

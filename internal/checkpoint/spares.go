@@ -269,7 +269,7 @@ func FreeBytes(dir string) (int64, error) {
 }
 
 func (p *Spares) fill(s *spare, stale bool, target, targetAt string, delta *Delta) (string, error) {
-	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
+	if err := mkdirIn(p.Dir); err != nil {
 		return "", err
 	}
 	f, err := os.OpenFile(s.path, os.O_CREATE|os.O_RDWR, 0o600)
