@@ -80,6 +80,10 @@ func ago(t time.Time) string {
 	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
 }
 
+// stateBroken is what ls says of a folder in the sandboxes folder that
+// does not open as a sandbox.
+const stateBroken api.State = "broken"
+
 func lsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -99,6 +103,11 @@ func lsCmd() *cobra.Command {
 			out := make([]listing, 0, len(sbs))
 			for _, sb := range sbs {
 				out = append(out, describe(sb))
+			}
+			// Folders that do not open are listed too, never hidden.
+			for _, b := range m.ListBroken() {
+				out = append(out, listing{Name: b.Name, State: stateBroken, Dir: b.Dir,
+					Status: api.Status{State: stateBroken, Error: fmt.Sprintf("%v: 'kosa8 rm -f %s' removes the folder", b.Err, b.Name)}})
 			}
 			if asJSON {
 				return printJSON(out)
@@ -120,7 +129,10 @@ func lsCmd() *cobra.Command {
 				if f := l.Config.Fork; f != nil {
 					state += " (fork of " + f.Source + ")"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dG\t%s\n", sanitize(l.Name, false), state, accel, l.Config.CPUs, l.Config.MemoryMiB, l.Config.DiskGiB, ago(l.Config.Created))
+				if l.State == stateBroken {
+					state += " (" + l.Status.Error + ")"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%dG\t%s\n", sanitize(l.Name, false), sanitize(state, false), accel, l.Config.CPUs, l.Config.MemoryMiB, l.Config.DiskGiB, ago(l.Config.Created))
 			}
 			return tw.Flush()
 		},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -497,6 +498,14 @@ func rmCmd() *cobra.Command {
 			for _, name := range args {
 				sb, err := m.Open(name)
 				if err != nil {
+					if force && slices.ContainsFunc(m.ListBroken(), func(b sandbox.Broken) bool { return b.Name == name }) {
+						// A folder that does not open ('kosa8 ls' says broken).
+						if err := m.RemoveBroken(name); err != nil {
+							return err
+						}
+						fmt.Println(name)
+						continue
+					}
 					return err
 				}
 				// Refused before anything stops: its forks' disks build on it.

@@ -375,3 +375,33 @@ func TestBlockedListsAddressesAndPins(t *testing.T) {
 		}
 	}
 }
+
+// A folder in the sandboxes folder that does not open (a removal cut
+// short, or one made again by a late writer) is listed as broken, never
+// hidden, and 'rm -f' removes it; a sandbox that opens is not broken.
+func TestBrokenFoldersListedAndRemoved(t *testing.T) {
+	m := newManager(t)
+	if _, err := m.Create(context.Background(), validConfig("good"), fakeImage(t)); err != nil {
+		t.Fatal(err)
+	}
+	half := filepath.Join(m.Paths.SandboxesDir(), "half")
+	if err := os.MkdirAll(filepath.Join(half, "checkpoints"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	b := m.ListBroken()
+	if len(b) != 1 || b[0].Name != "half" || b[0].Err == nil {
+		t.Fatalf("broken: %+v, want half alone", b)
+	}
+	if err := m.RemoveBroken("good"); err == nil {
+		t.Fatal("RemoveBroken removed a sandbox that opens")
+	}
+	if err := m.RemoveBroken("half"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(half); !errors.Is(err, os.ErrNotExist) || len(m.ListBroken()) != 0 {
+		t.Fatalf("half is still there: %v", err)
+	}
+	if _, err := m.Open("good"); err != nil {
+		t.Fatalf("the good sandbox: %v", err)
+	}
+}

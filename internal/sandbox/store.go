@@ -204,6 +204,56 @@ func (m *Manager) List() ([]*Sandbox, error) {
 	return out, nil
 }
 
+// Broken is a folder in the sandboxes folder that does not open as a
+// sandbox (no readable sandbox.json): left by a crash in the middle of a
+// removal, or by hand.
+type Broken struct {
+	Name string
+	Dir  string
+	Err  error
+}
+
+// ListBroken returns the folders List skips because they do not open.
+func (m *Manager) ListBroken() []Broken {
+	entries, err := os.ReadDir(m.Paths.SandboxesDir())
+	if err != nil {
+		return nil
+	}
+	var out []Broken
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if _, err := m.Open(e.Name()); err != nil {
+			out = append(out, Broken{Name: e.Name(), Dir: m.dir(e.Name()), Err: err})
+		}
+	}
+	return out
+}
+
+// RemoveBroken deletes a folder of ListBroken's (renamed aside first, as
+// Remove does); it refuses a sandbox that opens.
+func (m *Manager) RemoveBroken(name string) error {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	if _, err := m.Open(name); err == nil {
+		return fmt.Errorf("%s opens as a sandbox: 'kosa8 rm %s' removes it", name, name)
+	}
+	d := m.dir(name)
+	if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
+		return fmt.Errorf("%w named %q: 'kosa8 ls' lists them", ErrNotFound, name)
+	}
+	if supervisorAlive(d) {
+		return fmt.Errorf("%w: %s (a supervisor still holds its folder)", ErrRunning, name)
+	}
+	trash := filepath.Join(m.Paths.SandboxesDir(), ".trash-"+name+"-"+randomHex(4))
+	if err := os.Rename(d, trash); err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	return os.RemoveAll(trash)
+}
+
 // Status reads the sandbox's recorded state and checks it against its
 // supervisor's lock: a sandbox recorded as up whose supervisor is gone has
 // crashed, whatever the file says.

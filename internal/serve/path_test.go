@@ -58,7 +58,7 @@ func FuzzContractPath(f *testing.F) {
 			t.Fatalf("%q became %q", p, got)
 		}
 		rel, err := contractPath("", p)
-		if err != nil || !(rel == "." || strings.HasPrefix(rel, "./")) || strings.HasPrefix(rel, "./..") {
+		if err != nil || !(rel == "." || strings.HasPrefix(rel, "./")) || rel == "./.." || strings.HasPrefix(rel, "./../") {
 			t.Fatalf("%q became %q (%v) without a base", p, rel, err)
 		}
 	})
