@@ -130,9 +130,10 @@ test-crash: build
 # Containers inside (--docker): pull, run, compose, a Testcontainers-style
 # flow, a build, a checkpoint and a rewind with the stack running, and
 # privileged containers against the allow-list. Needs docker-registry
-# (apt) on the host; builds the docker image on first use (7-10 min under
-# TCG), then takes 8-11 min on the 2-core development VM. Not in CI: under
-# TCG every container start takes tens of seconds (docs/containers.md).
+# (apt) on the host; builds the docker image on first use (2 min under
+# TCG on a quiet 2-core machine, 7-10 loaded), then takes 4-11 min by load
+# (6 min in all, build included, on a quiet one). Not in CI: under TCG
+# every container start takes tens of seconds (docs/containers.md).
 test-docker: build
 	KOSA8_DOCKER_TESTS=1 KOSA8_E2E=1 KOSA8_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 60m -run 'TestDocker' -v ./test/e2e/...
 
