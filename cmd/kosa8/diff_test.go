@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -40,13 +42,11 @@ func TestDiffBoundsTheSandboxCopy(t *testing.T) {
 			http.Error(w, "bad exec", http.StatusBadRequest)
 			return
 		}
-		conn, brw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
+		conn, brw, ok := upgradeExec(w)
+		if !ok {
 			return
 		}
 		defer conn.Close()
-		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: kosa8-exec\r\nConnection: Upgrade\r\n\r\n")
-		brw.Flush()
 		go func() {
 			for {
 				fr, err := guest.ReadFrame(brw.Reader)
@@ -213,14 +213,24 @@ func TestApplyExpectsWhatTheDiffShowed(t *testing.T) {
 // out() and exits 0 (a guest's cat, as the diff reads a file).
 func fakeExecPrinting(out func() string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		conn, brw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
+		conn, _, ok := upgradeExec(w)
+		if !ok {
 			return
 		}
 		defer conn.Close()
-		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: kosa8-exec\r\nConnection: Upgrade\r\n\r\n")
-		brw.Flush()
 		guest.WriteFrame(conn, guest.FrameStdout, []byte(out()))
 		guest.WriteJSON(conn, guest.FrameExit, guest.ExitStatus{Code: 0})
 	}
+}
+
+// upgradeExec answers an exec request as the supervisor does: 101, then
+// the connection carries exec frames.
+func upgradeExec(w http.ResponseWriter) (net.Conn, *bufio.ReadWriter, bool) {
+	conn, brw, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		return nil, nil, false
+	}
+	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: kosa8-exec\r\nConnection: Upgrade\r\n\r\n")
+	brw.Flush()
+	return conn, brw, true
 }
