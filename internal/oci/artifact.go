@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -82,15 +81,7 @@ func PushArtifacts(ctx context.Context, c Cache, ref string, arts []Artifact, o 
 	if err != nil {
 		return "", err
 	}
-	kc := o.Keychain
-	if kc == nil {
-		kc = authn.DefaultKeychain
-	}
-	base := o.Transport
-	if base == nil {
-		base = remote.DefaultTransport
-	}
-	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(kc), remote.WithTransport(&plainHTTPGuard{next: base, insecure: o.insecure()})}
+	opts := o.remoteOptions(ctx, r.Context().Registry)
 	idx := v1.IndexManifest{SchemaVersion: 2, MediaType: types.OCIImageIndex}
 	for _, a := range arts {
 		cfgDigest, err := c.PutBytes(a.Config, "config")

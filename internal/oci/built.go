@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -205,15 +204,7 @@ func PushImage(ctx context.Context, c Cache, r *Record, ref string, o PullOption
 	if err != nil {
 		return "", err
 	}
-	kc := o.Keychain
-	if kc == nil {
-		kc = authn.DefaultKeychain
-	}
-	base := o.Transport
-	if base == nil {
-		base = remote.DefaultTransport
-	}
-	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(kc), remote.WithTransport(&plainHTTPGuard{next: base, insecure: o.insecure()})}
+	opts := o.remoteOptions(ctx, dst.Context().Registry)
 	mb, err := c.ReadBlob(r.Manifest, DefaultLimits.Manifest)
 	if err != nil {
 		return "", fmt.Errorf("the manifest of %s: %w", r.Name, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -19,16 +18,7 @@ func PushV1Image(ctx context.Context, ref string, img v1.Image, o PullOptions) (
 	if err != nil {
 		return "", err
 	}
-	kc := o.Keychain
-	if kc == nil {
-		kc = authn.DefaultKeychain
-	}
-	base := o.Transport
-	if base == nil {
-		base = remote.DefaultTransport
-	}
-	if err := remote.Write(r, img, remote.WithContext(ctx), remote.WithAuthFromKeychain(kc),
-		remote.WithTransport(&plainHTTPGuard{next: base, insecure: o.insecure()})); err != nil {
+	if err := remote.Write(r, img, o.remoteOptions(ctx, r.Context().Registry)...); err != nil {
 		return "", fmt.Errorf("push %s: %w", clip(ref), err)
 	}
 	d, err := img.Digest()

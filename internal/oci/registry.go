@@ -75,28 +75,11 @@ func ParseReference(src string, insecure []string) (name.Reference, error) {
 // registryClient is an HTTP client speaking to repo's registry with the
 // user's credentials for scope (pull or push).
 func registryClient(ctx context.Context, repo name.Repository, o *PullOptions, scope string) (*http.Client, error) {
-	kc := o.Keychain
-	if kc == nil {
-		kc = authn.DefaultKeychain
-	}
-	auth, err := authn.Resolve(ctx, kc, repo)
+	auth, err := authn.Resolve(ctx, o.keychain(), repo)
 	if err != nil {
 		return nil, fmt.Errorf("registry credentials for %s (docker/podman config): %w", repo.RegistryStr(), err)
 	}
-	base := o.Transport
-	if base == nil {
-		t := remote.DefaultTransport.(*http.Transport).Clone()
-		// A registry may send a blob fetch elsewhere (a CDN); it may not
-		// send it, nor its token exchange, to this host's loopback or to
-		// link-local addresses (a cloud's metadata service), unless the
-		// registry itself is on loopback.
-		d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second,
-			Control: localGuard(loopbackHost(hostOnly(repo.Registry.RegistryStr())), proxyAddrs(ctx, repo.Registry.RegistryStr()))}
-		t.DialContext = d.DialContext
-		base = t
-	}
-	guard := &plainHTTPGuard{next: base, insecure: o.insecure()}
-	rt, err := transport.NewWithContext(ctx, repo.Registry, auth, guard, []string{repo.Scope(scope)})
+	rt, err := transport.NewWithContext(ctx, repo.Registry, auth, o.guardedTransport(ctx, repo.Registry), []string{repo.Scope(scope)})
 	if err != nil {
 		return nil, fmt.Errorf("registry %s: %w", repo.RegistryStr(), err)
 	}
@@ -106,6 +89,38 @@ func registryClient(ctx context.Context, repo name.Repository, o *PullOptions, s
 		}
 		return nil
 	}}, nil
+}
+
+// keychain finds registry credentials: o.Keychain, else the user's.
+func (o *PullOptions) keychain() authn.Keychain {
+	if o.Keychain != nil {
+		return o.Keychain
+	}
+	return authn.DefaultKeychain
+}
+
+// remoteOptions are go-containerregistry's options for a push to reg:
+// the user's credentials over the guarded transport.
+func (o *PullOptions) remoteOptions(ctx context.Context, reg name.Registry) []remote.Option {
+	return []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(o.keychain()), remote.WithTransport(o.guardedTransport(ctx, reg))}
+}
+
+// guardedTransport is the transport every fetch from and push to reg goes
+// through: plain HTTP only where plainHTTPGuard allows it and, over Go's
+// default transport, no connection to this host's loopback (unless reg
+// itself is on loopback) nor to link-local addresses. A registry may send
+// a blob fetch elsewhere (a CDN); it may not send it, nor its token
+// exchange, to a local admin port or a cloud's metadata service.
+func (o *PullOptions) guardedTransport(ctx context.Context, reg name.Registry) http.RoundTripper {
+	base := o.Transport
+	if base == nil {
+		t := remote.DefaultTransport.(*http.Transport).Clone()
+		d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second,
+			Control: localGuard(loopbackHost(hostOnly(reg.RegistryStr())), proxyAddrs(ctx, reg.RegistryStr()))}
+		t.DialContext = d.DialContext
+		base = t
+	}
+	return &plainHTTPGuard{next: base, insecure: o.insecure()}
 }
 
 // plainHTTPGuard refuses plain HTTP except to loopback and to registries
