@@ -182,8 +182,7 @@ func (m *Manager) CreateFork(ctx context.Context, src *Sandbox, cp *checkpoint.M
 	if _, err := os.Lstat(final); err == nil {
 		return nil, fmt.Errorf("%w: %s (pick another name, or 'kosa8 rm %s')", ErrExists, cfg.Name, cfg.Name)
 	}
-	sweepStaging(root)
-	stage, err := os.MkdirTemp(root, ".staging-"+cfg.Name+"-")
+	stage, err := newStage(root, cfg.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -193,9 +192,6 @@ func (m *Manager) CreateFork(ctx context.Context, src *Sandbox, cp *checkpoint.M
 			os.RemoveAll(stage)
 		}
 	}()
-	if err := os.Chmod(stage, 0o700); err != nil {
-		return nil, err
-	}
 	cfg.Version = configVersion
 	cfg.Created = time.Now().UTC()
 	cfg.ID = randomHex(16) // a sandbox of its own: its own machine-id, its own API identity

@@ -98,8 +98,7 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 	if m.Disks == nil {
 		return nil, errors.New("internal error: sandbox.Manager has no disk layer driver (Disks)")
 	}
-	sweepStaging(root)
-	stage, err := os.MkdirTemp(root, ".staging-"+cfg.Name+"-")
+	stage, err := newStage(root, cfg.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -109,9 +108,6 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 			os.RemoveAll(stage)
 		}
 	}()
-	if err := os.Chmod(stage, 0o700); err != nil {
-		return nil, err
-	}
 	cfg.Version = configVersion
 	cfg.ID = randomHex(16) // never the caller's: each sandbox is a new one
 	cfg.Created = time.Now().UTC()
@@ -151,6 +147,22 @@ func (m *Manager) Create(ctx context.Context, cfg Config, img *image.Image) (*Sa
 	}
 	ok = true
 	return &Sandbox{Dir: final, Config: cfg, Disks: m.Disks}, nil
+}
+
+// newStage makes the folder (0700) a new sandbox called name is built in,
+// beside the others in root, after sweeping old ones a kill -9 left; the
+// caller renames it into place (renameNoReplace) or removes it.
+func newStage(root, name string) (string, error) {
+	sweepStaging(root)
+	stage, err := os.MkdirTemp(root, ".staging-"+name+"-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(stage, 0o700); err != nil {
+		os.RemoveAll(stage)
+		return "", err
+	}
+	return stage, nil
 }
 
 // sweepStaging removes staging and trash directories left by a kill -9,
