@@ -193,23 +193,6 @@ type pssUse struct{ pss, shmem int } // KiB
 // pss reads a process's proportional set size and its shared memory
 // (smaps_rollup).
 func pss(pid int) pssUse {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return pssUse{}
-	}
-	var u pssUse
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.Atoi(f[1])
-		switch f[0] {
-		case "Pss:":
-			u.pss = v
-		case "Pss_Shmem:":
-			u.shmem = v
-		}
-	}
-	return u
+	p, shmem := procKiB(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Pss:", "Pss_Shmem:")
+	return pssUse{p, shmem}
 }

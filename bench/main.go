@@ -442,25 +442,31 @@ func execRoundTrips(sb *sandbox.Sandbox, n int) []time.Duration {
 type rss struct{ total, shmem int }
 
 func rssKiB(pid int) rss {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	total, shmem := procKiB(fmt.Sprintf("/proc/%d/status", pid), "VmRSS:", "RssShmem:")
+	return rss{total, shmem}
+}
+
+// procKiB reads two "Key: N kB" fields of a /proc file (0 when absent).
+func procKiB(path, a, b string) (int, int) {
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return rss{}
+		return 0, 0
 	}
-	var r rss
-	for _, line := range strings.Split(string(b), "\n") {
+	var va, vb int
+	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue
 		}
 		v, _ := strconv.Atoi(f[1])
 		switch f[0] {
-		case "VmRSS:":
-			r.total = v
-		case "RssShmem:":
-			r.shmem = v
+		case a:
+			va = v
+		case b:
+			vb = v
 		}
 	}
-	return r
+	return va, vb
 }
 
 func median(d []time.Duration) time.Duration { return pct(d, 50) }
