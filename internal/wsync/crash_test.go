@@ -46,35 +46,14 @@ func (m *machine) step() {
 // volatileGuest is the guest's workspace: dir as its processes see it,
 // durable what its disk holds (copied from dir at each Sync).
 type volatileGuest struct {
-	*HostSide
-	m       *machine
-	dir     string
-	durable string
-	syncErr error // a disk that fails its flush
-	syncs   int   // Syncs asked for so far
+	*countedHost // its changes are steps, as the host's are
+	dir          string
+	durable      string
+	syncErr      error // a disk that fails its flush
+	syncs        int   // Syncs asked for so far
 	// onSync, if set, is asked at the n-th Sync (from 1): it may crash
 	// (panic) or fail it.
 	onSync func(n int) error
-}
-
-func (g *volatileGuest) Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string, was *Entry) (string, error) {
-	g.m.step()
-	return g.HostSide.Write(ctx, p, mode, r, hash, was)
-}
-
-func (g *volatileGuest) Mkdir(ctx context.Context, p string, mode fs.FileMode) error {
-	g.m.step()
-	return g.HostSide.Mkdir(ctx, p, mode)
-}
-
-func (g *volatileGuest) Symlink(ctx context.Context, p, target string, was *Entry) error {
-	g.m.step()
-	return g.HostSide.Symlink(ctx, p, target, was)
-}
-
-func (g *volatileGuest) Remove(ctx context.Context, p string, was *Entry) error {
-	g.m.step()
-	return g.HostSide.Remove(ctx, p, was)
 }
 
 func (g *volatileGuest) Sync(context.Context) error {
@@ -201,7 +180,7 @@ func (w *world) open() {
 		w.t.Fatal(err)
 	}
 	w.t.Cleanup(func() { hr.Close(); gr.Close() })
-	w.g = &volatileGuest{HostSide: &HostSide{Root: gr}, m: w.m, dir: w.gdir, durable: w.gdur}
+	w.g = &volatileGuest{countedHost: &countedHost{HostSide: &HostSide{Root: gr}, m: w.m}, dir: w.gdir, durable: w.gdur}
 	opts := Options{Review: w.review, Now: func() time.Time { return time.Date(2026, 12, 3, 4, 5, 6, 0, time.UTC) },
 		Journal: func(j map[string]*Entry) error {
 			w.m.step()
