@@ -96,7 +96,7 @@ func lsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sbs, err := m.List()
+			sbs, broken, err := m.ListAll()
 			if err != nil {
 				return err
 			}
@@ -105,7 +105,7 @@ func lsCmd() *cobra.Command {
 				out = append(out, describe(sb))
 			}
 			// Folders that do not open are listed too, never hidden.
-			for _, b := range m.ListBroken() {
+			for _, b := range broken {
 				out = append(out, listing{Name: b.Name, State: stateBroken, Dir: b.Dir,
 					Status: api.Status{State: stateBroken, Error: fmt.Sprintf("%v: 'kosa8 rm -f %s' removes the folder", b.Err, b.Name)}})
 			}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -498,15 +497,18 @@ func rmCmd() *cobra.Command {
 			for _, name := range args {
 				sb, err := m.Open(name)
 				if err != nil {
-					if force && slices.ContainsFunc(m.ListBroken(), func(b sandbox.Broken) bool { return b.Name == name }) {
-						// A folder that does not open ('kosa8 ls' says broken).
-						if err := m.RemoveBroken(name); err != nil {
+					if !force {
+						return err
+					}
+					// A folder that does not open ('kosa8 ls' says broken).
+					if rerr := m.RemoveBroken(name); rerr != nil {
+						if errors.Is(rerr, sandbox.ErrNotFound) {
 							return err
 						}
-						fmt.Println(name)
-						continue
+						return rerr
 					}
-					return err
+					fmt.Println(name)
+					continue
 				}
 				// Refused before anything stops: its forks' disks build on it.
 				if err := m.CheckNoForks(name); err != nil {

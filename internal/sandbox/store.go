@@ -196,24 +196,35 @@ func (m *Manager) Open(name string) (*Sandbox, error) {
 
 // List returns every sandbox, by name.
 func (m *Manager) List() ([]*Sandbox, error) {
+	sbs, _, err := m.ListAll()
+	return sbs, err
+}
+
+// ListAll returns every sandbox, by name, and the folders of the sandboxes
+// folder that do not open as one (List skips those).
+func (m *Manager) ListAll() ([]*Sandbox, []Broken, error) {
 	entries, err := os.ReadDir(m.Paths.SandboxesDir())
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []*Sandbox
+	var broken []Broken
 	for _, e := range entries {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		if sb, err := m.Open(e.Name()); err == nil {
-			out = append(out, sb)
+		sb, err := m.Open(e.Name())
+		if err != nil {
+			broken = append(broken, Broken{Name: e.Name(), Dir: m.dir(e.Name()), Err: err})
+			continue
 		}
+		out = append(out, sb)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Config.Name < out[j].Config.Name })
-	return out, nil
+	return out, broken, nil
 }
 
 // Broken is a folder in the sandboxes folder that does not open as a
@@ -227,20 +238,8 @@ type Broken struct {
 
 // ListBroken returns the folders List skips because they do not open.
 func (m *Manager) ListBroken() []Broken {
-	entries, err := os.ReadDir(m.Paths.SandboxesDir())
-	if err != nil {
-		return nil
-	}
-	var out []Broken
-	for _, e := range entries {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		if _, err := m.Open(e.Name()); err != nil {
-			out = append(out, Broken{Name: e.Name(), Dir: m.dir(e.Name()), Err: err})
-		}
-	}
-	return out
+	_, broken, _ := m.ListAll()
+	return broken
 }
 
 // RemoveBroken deletes a folder of ListBroken's (renamed aside first, as
