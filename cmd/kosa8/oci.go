@@ -326,7 +326,9 @@ func pullBase(ctx context.Context, m *sandbox.Manager, ref string, arch vmspec.A
 	if err != nil {
 		return nil, err
 	}
-	p.Step(fmt.Sprintf("base image pulled and installed in %s", time.Since(start).Round(time.Millisecond)))
+	// The result, said however quick the pull was (a step is quiet for its
+	// first 2 s without a terminal).
+	p.Note(fmt.Sprintf("kosa8: base image pulled and installed in %s", time.Since(start).Round(time.Millisecond)))
 	return img, nil
 }
 

@@ -46,8 +46,17 @@ var progressHeartbeat = 15 * time.Second
 
 // quietFor is how long progress says nothing where there is no terminal: a
 // script's short command (or one that fails at once) prints only its
-// result, and no wait over 3 s is silent.
+// result, and no wait over 3 s is silent. KOSA8_PROGRESS=all says every
+// step at once instead (a log that wants each step however short).
 var quietFor = 2 * time.Second
+
+// progressQuiet is quietFor, or 0 when KOSA8_PROGRESS=all.
+func progressQuiet() time.Duration {
+	if os.Getenv("KOSA8_PROGRESS") == "all" {
+		return 0
+	}
+	return quietFor
+}
 
 // newProgress shows progress on kosa8's own stderr (out is os.Stderr or
 // nil): the spinner's line rewriting needs the raw terminal, so each step's
@@ -58,7 +67,7 @@ func newProgress(out *os.File) *progress {
 	}
 	p := startProgress(out, isTerminal(out), progressHeartbeat)
 	p.mu.Lock()
-	p.quiet = quietFor
+	p.quiet = progressQuiet()
 	p.mu.Unlock()
 	return p
 }

@@ -305,3 +305,26 @@ func TestProgressQuietAtFirstWithoutTerminal(t *testing.T) {
 		t.Fatalf("said %q, want %q", got, want)
 	}
 }
+
+// KOSA8_PROGRESS=all: a log that asks for every step gets each at once,
+// however short the operation.
+func TestProgressAllSaysEveryStepAtOnce(t *testing.T) {
+	t.Setenv("KOSA8_PROGRESS", "all")
+	if q := progressQuiet(); q != 0 {
+		t.Fatalf("quiet %v with KOSA8_PROGRESS=all", q)
+	}
+	var b syncBuffer
+	p := startProgress(&b, false, time.Hour)
+	p.mu.Lock()
+	p.quiet = progressQuiet()
+	p.mu.Unlock()
+	p.Step("copying in: 1 files")
+	p.Done()
+	if got := b.String(); got != "copying in: 1 files\n" {
+		t.Fatalf("said %q", got)
+	}
+	t.Setenv("KOSA8_PROGRESS", "")
+	if q := progressQuiet(); q != quietFor {
+		t.Fatalf("quiet %v by default, want %v", q, quietFor)
+	}
+}
