@@ -91,7 +91,7 @@ func startVFS(dir string) (*vfsMachine, error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	drv, err := qemu.New(qemu.Config{Arch: vmspec.HostArch(), Accel: vmm.Accel(os.Getenv("KOSA8_ACCEL"))})
+	drv, err := qemu.New(qemu.Config{Arch: vmspec.HostArch(), Accel: hostAccel()})
 	if err != nil {
 		v.stop()
 		return nil, err

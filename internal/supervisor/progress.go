@@ -2,8 +2,11 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"io/fs"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kosa8/kosa8/internal/launch"
@@ -12,26 +15,24 @@ import (
 
 // countingGuest is the guest side of the sync with the files it writes
 // counted, during the first pass only: the engine sees the same GuestSide,
-// Put included.
+// Put included. Every call that the guest answers, file opened and chunk
+// read also tells moved: the first copy is bounded by its progress.
 type countingGuest struct {
 	*wsync.GuestSide
 	mu    sync.Mutex
 	total launch.CopyProgress
 	last  time.Time
 	tell  func(launch.CopyProgress) // at most every interval; nil: nobody listens
+	moved *stallGuard
 }
 
 const progressInterval = time.Second
 
 func (c *countingGuest) Put(ctx context.Context, items []wsync.PutItem) (map[string]error, error) {
-	c.mu.Lock()
-	active := c.tell != nil
-	c.mu.Unlock()
-	if !active {
-		return c.GuestSide.Put(ctx, items)
-	}
+	defer c.moved.touch()
 	// One Put carries a whole pass: count each file as it is opened to be
-	// streamed, so a large first copy reports as it goes.
+	// streamed, so a large first copy reports as it goes, and each chunk
+	// read of it as progress (one file of gigabytes is one open).
 	counted := make([]wsync.PutItem, len(items))
 	for i, it := range items {
 		counted[i] = it
@@ -41,10 +42,126 @@ func (c *countingGuest) Put(ctx context.Context, items []wsync.PutItem) (map[str
 		open, size := it.Open, it.Entry.Size
 		counted[i].Open = func() (io.ReadCloser, error) {
 			c.count(size)
-			return open()
+			r, err := open()
+			if err != nil {
+				return nil, err
+			}
+			return movingReader{r, c.moved}, nil
 		}
 	}
 	return c.GuestSide.Put(ctx, counted)
+}
+
+func (c *countingGuest) Scan(ctx context.Context, paths []string) (map[string]*wsync.Entry, error) {
+	defer c.moved.touch()
+	return c.GuestSide.Scan(ctx, paths)
+}
+
+func (c *countingGuest) Read(ctx context.Context, p string) (io.ReadCloser, error) {
+	defer c.moved.touch()
+	r, err := c.GuestSide.Read(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return movingReader{r, c.moved}, nil
+}
+
+func (c *countingGuest) Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string, was *wsync.Entry) (string, error) {
+	defer c.moved.touch()
+	if r != nil {
+		r = movingReader{io.NopCloser(r), c.moved}
+	}
+	return c.GuestSide.Write(ctx, p, mode, r, hash, was)
+}
+
+func (c *countingGuest) Mkdir(ctx context.Context, p string, mode fs.FileMode) error {
+	defer c.moved.touch()
+	return c.GuestSide.Mkdir(ctx, p, mode)
+}
+
+func (c *countingGuest) Symlink(ctx context.Context, p, target string, was *wsync.Entry) error {
+	defer c.moved.touch()
+	return c.GuestSide.Symlink(ctx, p, target, was)
+}
+
+func (c *countingGuest) Remove(ctx context.Context, p string, was *wsync.Entry) error {
+	defer c.moved.touch()
+	return c.GuestSide.Remove(ctx, p, was)
+}
+
+func (c *countingGuest) Sync(ctx context.Context) error {
+	defer c.moved.touch()
+	return c.GuestSide.Sync(ctx)
+}
+
+// movingReader tells g of each read: a stream that moves is progress.
+type movingReader struct {
+	io.ReadCloser
+	g *stallGuard
+}
+
+func (r movingReader) Read(b []byte) (int, error) {
+	n, err := r.ReadCloser.Read(b)
+	if n > 0 {
+		r.g.touch()
+	}
+	return n, err
+}
+
+// firstCopyStall is how long the workspace's first pass may go without
+// progress (a guest call answered, a file opened, a chunk of one read)
+// before the start gives up on it: the boot's time limit does not bound
+// the first copy, whose length follows the folder's size.
+var firstCopyStall = 2 * time.Minute
+
+// errStalled is the cause of a first pass that stopped moving.
+type errStalled struct {
+	what  string
+	limit time.Duration
+}
+
+func (e errStalled) Error() string {
+	return fmt.Sprintf("%s made no progress for %v (the guest stopped answering, or the host is overloaded): 'kosa8 logs NAME' shows the last steps; start it again to retry", e.what, e.limit)
+}
+
+// stallGuard ends a context once nothing has moved for its limit. A nil
+// guard is never touched and ends nothing.
+type stallGuard struct {
+	moved atomic.Int64 // unix nanoseconds of the last progress
+}
+
+func (g *stallGuard) touch() {
+	if g != nil {
+		g.moved.Store(time.Now().UnixNano())
+	}
+}
+
+func (g *stallGuard) idle() time.Duration {
+	return time.Since(time.Unix(0, g.moved.Load()))
+}
+
+// watchStall returns ctx, ended with errStalled once g has not been
+// touched for limit, and the stop that ends the watch.
+func watchStall(ctx context.Context, what string, limit time.Duration) (context.Context, *stallGuard, func()) {
+	g := &stallGuard{}
+	g.touch()
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		t := time.NewTicker(max(limit/20, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if g.idle() >= limit {
+					cancel(errStalled{what, limit})
+					return
+				}
+			}
+		}
+	}()
+	return ctx, g, func() { cancel(nil) }
 }
 
 func (c *countingGuest) count(size int64) {

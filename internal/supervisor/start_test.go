@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -185,4 +186,83 @@ func TestStartTellsItsPhases(t *testing.T) {
 	if fmt.Sprint(phases) != fmt.Sprint(want) {
 		t.Fatalf("phases:\n%v\nwant\n%v", phases, want)
 	}
+}
+
+// The boot's time limit bounds every step of a start but the workspace's
+// first copy, whose length follows the folder's size: a workspace step
+// longer than the whole limit completes, and the steps after it get what
+// was left of the limit; any other step past the limit fails.
+func TestBootLimitLeavesTheFirstCopyOut(t *testing.T) {
+	wait := func(d time.Duration) func(context.Context) error {
+		return func(ctx context.Context) error {
+			select {
+			case <-time.After(d):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	t.Run("long first copy", func(t *testing.T) {
+		j, _ := newStartJob(t)
+		j.o.BootTimeout = 300 * time.Millisecond
+		steps := []step{{"network", wait(50 * time.Millisecond)}, {"workspace", wait(600 * time.Millisecond)}, {"ports", wait(150 * time.Millisecond)}}
+		if err := j.run(context.Background(), steps); err != nil {
+			t.Fatalf("a first copy longer than the boot's limit failed the start: %v", err)
+		}
+	})
+	t.Run("other step past the limit", func(t *testing.T) {
+		j, _ := newStartJob(t)
+		j.o.BootTimeout = 300 * time.Millisecond
+		steps := []step{{"workspace", wait(400 * time.Millisecond)}, {"ports", wait(200 * time.Millisecond)}, {"api", wait(200 * time.Millisecond)}}
+		if err := j.run(context.Background(), steps); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("steps past the limit (less the first copy): %v, want the deadline", err)
+		}
+	})
+}
+
+// The first copy's bound is its progress: touched, the watch lets it run
+// past its limit; left alone, it ends the context with errStalled.
+func TestFirstCopyStall(t *testing.T) {
+	ctx, g, stop := watchStall(context.Background(), "the copy", 200*time.Millisecond)
+	defer stop()
+	for range 8 {
+		time.Sleep(50 * time.Millisecond)
+		g.touch()
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("a copy that moved was ended after 400 ms: %v", context.Cause(ctx))
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a copy that stopped moving was not ended")
+	}
+	var st errStalled
+	if !errors.As(context.Cause(ctx), &st) || !strings.Contains(st.Error(), "made no progress for 200ms") {
+		t.Fatalf("cause %v", context.Cause(ctx))
+	}
+	// A reader that moves is progress.
+	ctx2, g2, stop2 := watchStall(context.Background(), "the copy", 200*time.Millisecond)
+	defer stop2()
+	r := movingReader{io.NopCloser(&slowReader{n: 8, every: 50 * time.Millisecond}), g2}
+	if _, err := io.Copy(io.Discard, r); err != nil || ctx2.Err() != nil {
+		t.Fatalf("a slow stream that kept moving: %v, %v", err, context.Cause(ctx2))
+	}
+}
+
+// slowReader gives n bytes, one per every.
+type slowReader struct {
+	n     int
+	every time.Duration
+}
+
+func (r *slowReader) Read(b []byte) (int, error) {
+	if r.n == 0 {
+		return 0, io.EOF
+	}
+	time.Sleep(r.every)
+	r.n--
+	b[0] = 'x'
+	return 1, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -151,10 +152,20 @@ type syncState struct {
 // keeps them so.
 func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncState, first firstPass) error {
 	cfg := w.sb.Config.Workspace
+	// Not the boot's time limit (startJob.run): the first pass lasts as
+	// long as it makes progress.
+	ctx, moved, stop := watchStall(ctx, "the workspace's first copy", firstCopyStall)
+	defer stop()
+	stalled := func(err error) error {
+		if cause := context.Cause(ctx); errors.As(cause, new(errStalled)) {
+			return cause
+		}
+		return err
+	}
 	w.guest = &wsync.GuestSide{C: client, Root: cfg.Path, MaxFile: w.root.MaxFile}
 	w.readGuest = w.guest.Read
 	if err := w.guest.Mount(ctx); err != nil {
-		return err
+		return stalled(err)
 	}
 	opts := wsync.Options{Review: cfg.Review, Exclude: cfg.Exclude, Hold: wsync.HoldRules{Extra: cfg.Hold},
 		QuotaBytes: cfg.QuotaBytes, QuotaFiles: cfg.QuotaFiles,
@@ -177,7 +188,7 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 		w.saveManifest(m)
 	}
 	host := &wsync.HostSide{Root: w.root, OnSkip: func(p string, err error) { w.log.Info("not synced", "path", p, "err", err) }}
-	counted := &countingGuest{GuestSide: w.guest, tell: w.progress}
+	counted := &countingGuest{GuestSide: w.guest, tell: w.progress, moved: moved}
 	w.engine = wsync.NewEngine(host, counted, st.manifest, opts, save)
 	host.Skip = w.engine.Excluded
 	t := time.Now()
@@ -191,7 +202,7 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 		err = w.engine.Sync(ctx, nil)
 	}
 	if err != nil {
-		return fmt.Errorf("workspace sync: %w", err)
+		return fmt.Errorf("workspace sync: %w", stalled(err))
 	}
 	// A sandbox must not start on half a workspace: paths the first pass
 	// failed to copy (a stream cut on a loaded host) are tried again
@@ -208,7 +219,7 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 		}
 		w.log.Warn("workspace sync: paths failed; trying again", "failed", n, "first", why)
 		if err := w.engine.Sync(ctx, nil); err != nil {
-			return fmt.Errorf("workspace sync: %w", err)
+			return fmt.Errorf("workspace sync: %w", stalled(err))
 		}
 	}
 	counted.done()
