@@ -114,13 +114,22 @@ func (r movingReader) Read(b []byte) (int, error) {
 // the first copy, whose length follows the folder's size.
 var firstCopyStall = 2 * time.Minute
 
+// firstCopyMax bounds the first pass whatever its progress: a guest that
+// answers just often enough cannot hold a start (and its folder's lock)
+// for ever. 10,000 files took 31 s under TCG; an hour is about a million.
+var firstCopyMax = time.Hour
+
 // errStalled is the cause of a first pass that stopped moving.
 type errStalled struct {
 	what  string
 	limit time.Duration
+	total bool // the ceiling, not a stall
 }
 
 func (e errStalled) Error() string {
+	if e.total {
+		return fmt.Sprintf("%s took longer than %v: exclude what the sandbox does not need (exclude in kosa8.toml's [workspace]), or use a smaller folder", e.what, e.limit)
+	}
 	return fmt.Sprintf("%s made no progress for %v (the guest stopped answering, or the host is overloaded): 'kosa8 logs NAME' shows the last steps; start it again to retry", e.what, e.limit)
 }
 
@@ -141,10 +150,12 @@ func (g *stallGuard) idle() time.Duration {
 }
 
 // watchStall returns ctx, ended with errStalled once g has not been
-// touched for limit, and the stop that ends the watch.
-func watchStall(ctx context.Context, what string, limit time.Duration) (context.Context, *stallGuard, func()) {
+// touched for limit or ceiling has passed, and the stop that ends the
+// watch.
+func watchStall(ctx context.Context, what string, limit, ceiling time.Duration) (context.Context, *stallGuard, func()) {
 	g := &stallGuard{}
 	g.touch()
+	ctx, endAll := context.WithTimeoutCause(ctx, ceiling, errStalled{what, ceiling, true})
 	ctx, cancel := context.WithCancelCause(ctx)
 	go func() {
 		t := time.NewTicker(max(limit/20, 10*time.Millisecond))
@@ -155,13 +166,13 @@ func watchStall(ctx context.Context, what string, limit time.Duration) (context.
 				return
 			case <-t.C:
 				if g.idle() >= limit {
-					cancel(errStalled{what, limit})
+					cancel(errStalled{what, limit, false})
 					return
 				}
 			}
 		}
 	}()
-	return ctx, g, func() { cancel(nil) }
+	return ctx, g, func() { cancel(nil); endAll() }
 }
 
 func (c *countingGuest) count(size int64) {

@@ -60,9 +60,18 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 	// length follows the folder's size (10,000 files of 20 KB took 31 s
 	// under TCG; a loaded host's ran past the whole boot's limit, and no
 	// fixed limit fits every folder): that step is bounded by its
-	// progress instead (firstCopyStall), and the steps after it get what
-	// was left of the limit.
-	deadline := time.Now().Add(limit)
+	// progress instead (firstCopyStall, firstCopyMax). One context serves
+	// every step (a step may start work that a later one waits for); its
+	// deadline is the furthest the start can last, and a timer that stops
+	// during the first copy ends it once the limit is used up.
+	ctx, cancelAll := context.WithTimeout(ctx, limit+firstCopyMax)
+	defer cancelAll()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	overdue := fmt.Errorf("the start took longer than %v (not counting the workspace's first copy): %w", limit, context.DeadlineExceeded)
+	due := time.Now().Add(limit)
+	budget := time.AfterFunc(limit, func() { cancel(overdue) })
+	defer budget.Stop()
 	var times []any
 	defer func() { s.log.Info("boot steps", times...) }()
 	defer func() {
@@ -75,20 +84,26 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 			st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
 		})
 	}()
+	defer func() {
+		// A step ended by the limit says so, not only "context canceled".
+		if err != nil && errors.Is(context.Cause(ctx), overdue) && !errors.Is(err, overdue) {
+			err = fmt.Errorf("%w: %w", overdue, err)
+		}
+	}()
 	for i := range steps {
 		// Each step tells the waiting command where the start is.
 		st, n := steps[i], i+1
 		steps[i].run = func(ctx context.Context) error {
 			j.step, j.steps = n, len(steps)
 			j.phase(j.stepWords(st.name))
-			if st.name == "workspace" {
+			if st.name == "workspace" && budget.Stop() {
 				t := time.Now()
-				defer func() { deadline = deadline.Add(time.Since(t)) }()
-				return st.run(ctx)
+				defer func() {
+					due = due.Add(time.Since(t))
+					budget.Reset(time.Until(due))
+				}()
 			}
-			sctx, cancel := context.WithDeadline(ctx, deadline)
-			defer cancel()
-			return st.run(sctx)
+			return st.run(ctx)
 		}
 	}
 	return runSteps(ctx, s.log, "start", steps, func(name string, ms float64) { times = append(times, name+"_ms", ms) })

@@ -206,7 +206,19 @@ func TestBootLimitLeavesTheFirstCopyOut(t *testing.T) {
 	t.Run("long first copy", func(t *testing.T) {
 		j, _ := newStartJob(t)
 		j.o.BootTimeout = 300 * time.Millisecond
-		steps := []step{{"network", wait(50 * time.Millisecond)}, {"workspace", wait(600 * time.Millisecond)}, {"ports", wait(150 * time.Millisecond)}}
+		// A step may start work that a later one waits for: the context
+		// the first step got still serves the last.
+		var first context.Context
+		steps := []step{
+			{"network", func(ctx context.Context) error { first = ctx; return wait(50 * time.Millisecond)(ctx) }},
+			{"workspace", wait(600 * time.Millisecond)},
+			{"ports", func(ctx context.Context) error {
+				if first.Err() != nil {
+					return fmt.Errorf("the first step's context ended before the last step: %w", context.Cause(first))
+				}
+				return wait(150 * time.Millisecond)(ctx)
+			}},
+		}
 		if err := j.run(context.Background(), steps); err != nil {
 			t.Fatalf("a first copy longer than the boot's limit failed the start: %v", err)
 		}
@@ -215,8 +227,12 @@ func TestBootLimitLeavesTheFirstCopyOut(t *testing.T) {
 		j, _ := newStartJob(t)
 		j.o.BootTimeout = 300 * time.Millisecond
 		steps := []step{{"workspace", wait(400 * time.Millisecond)}, {"ports", wait(200 * time.Millisecond)}, {"api", wait(200 * time.Millisecond)}}
-		if err := j.run(context.Background(), steps); !errors.Is(err, context.DeadlineExceeded) {
+		err := j.run(context.Background(), steps)
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "the start took longer than 300ms") {
 			t.Fatalf("steps past the limit (less the first copy): %v, want the deadline", err)
+		}
+		if st := j.s.getStatus(); st.State != api.Crashed || !strings.Contains(st.Error, "took longer than") {
+			t.Fatalf("status after the limit: %s %q", st.State, st.Error)
 		}
 	})
 }
@@ -224,7 +240,7 @@ func TestBootLimitLeavesTheFirstCopyOut(t *testing.T) {
 // The first copy's bound is its progress: touched, the watch lets it run
 // past its limit; left alone, it ends the context with errStalled.
 func TestFirstCopyStall(t *testing.T) {
-	ctx, g, stop := watchStall(context.Background(), "the copy", 200*time.Millisecond)
+	ctx, g, stop := watchStall(context.Background(), "the copy", 200*time.Millisecond, time.Hour)
 	defer stop()
 	for range 8 {
 		time.Sleep(50 * time.Millisecond)
@@ -243,11 +259,25 @@ func TestFirstCopyStall(t *testing.T) {
 		t.Fatalf("cause %v", context.Cause(ctx))
 	}
 	// A reader that moves is progress.
-	ctx2, g2, stop2 := watchStall(context.Background(), "the copy", 200*time.Millisecond)
+	ctx2, g2, stop2 := watchStall(context.Background(), "the copy", 200*time.Millisecond, time.Hour)
 	defer stop2()
 	r := movingReader{io.NopCloser(&slowReader{n: 8, every: 50 * time.Millisecond}), g2}
 	if _, err := io.Copy(io.Discard, r); err != nil || ctx2.Err() != nil {
 		t.Fatalf("a slow stream that kept moving: %v, %v", err, context.Cause(ctx2))
+	}
+}
+
+// The ceiling ends a first copy that keeps moving, but too long.
+func TestFirstCopyCeiling(t *testing.T) {
+	ctx, g, stop := watchStall(context.Background(), "the copy", time.Hour, 300*time.Millisecond)
+	defer stop()
+	for ctx.Err() == nil {
+		g.touch()
+		time.Sleep(20 * time.Millisecond)
+	}
+	var st errStalled
+	if !errors.As(context.Cause(ctx), &st) || !st.total || !strings.Contains(st.Error(), "took longer than 300ms") {
+		t.Fatalf("cause %v", context.Cause(ctx))
 	}
 }
 

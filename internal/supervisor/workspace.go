@@ -154,7 +154,7 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 	cfg := w.sb.Config.Workspace
 	// Not the boot's time limit (startJob.run): the first pass lasts as
 	// long as it makes progress.
-	ctx, moved, stop := watchStall(ctx, "the workspace's first copy", firstCopyStall)
+	ctx, moved, stop := watchStall(ctx, "the workspace's first copy", firstCopyStall, firstCopyMax)
 	defer stop()
 	stalled := func(err error) error {
 		if cause := context.Cause(ctx); errors.As(cause, new(errStalled)) {
