@@ -42,6 +42,7 @@ func (c *countingGuest) Put(ctx context.Context, items []wsync.PutItem) (map[str
 		open, size := it.Open, it.Entry.Size
 		counted[i].Open = func() (io.ReadCloser, error) {
 			c.count(size)
+			c.moved.touch()
 			r, err := open()
 			if err != nil {
 				return nil, err
@@ -119,18 +120,20 @@ var firstCopyStall = 2 * time.Minute
 // for ever. 10,000 files took 31 s under TCG; an hour is about a million.
 var firstCopyMax = time.Hour
 
-// errStalled is the cause of a first pass that stopped moving.
+// errStalled is the cause of a first pass that stopped moving, or that
+// passed its ceiling.
 type errStalled struct {
 	what  string
 	limit time.Duration
-	total bool // the ceiling, not a stall
+	total bool   // the ceiling, not a stall
+	hint  string // what to do, for the user
 }
 
 func (e errStalled) Error() string {
 	if e.total {
-		return fmt.Sprintf("%s took longer than %v: exclude what the sandbox does not need (exclude in kosa8.toml's [workspace]), or use a smaller folder", e.what, e.limit)
+		return fmt.Sprintf("%s took longer than %v: exclude what the sandbox does not need (kosa8.toml's [workspace] exclude), or use a smaller folder", e.what, e.limit)
 	}
-	return fmt.Sprintf("%s made no progress for %v (the guest stopped answering, or the host is overloaded): 'kosa8 logs NAME' shows the last steps; start it again to retry", e.what, e.limit)
+	return fmt.Sprintf("%s made no progress for %v (the guest stopped answering, or the host is overloaded): %s", e.what, e.limit, e.hint)
 }
 
 // stallGuard ends a context once nothing has moved for its limit. A nil
@@ -152,10 +155,10 @@ func (g *stallGuard) idle() time.Duration {
 // watchStall returns ctx, ended with errStalled once g has not been
 // touched for limit or ceiling has passed, and the stop that ends the
 // watch.
-func watchStall(ctx context.Context, what string, limit, ceiling time.Duration) (context.Context, *stallGuard, func()) {
+func watchStall(ctx context.Context, what, hint string, limit, ceiling time.Duration) (context.Context, *stallGuard, func()) {
 	g := &stallGuard{}
 	g.touch()
-	ctx, endAll := context.WithTimeoutCause(ctx, ceiling, errStalled{what, ceiling, true})
+	ctx, endAll := context.WithTimeoutCause(ctx, ceiling, errStalled{what: what, limit: ceiling, total: true})
 	ctx, cancel := context.WithCancelCause(ctx)
 	go func() {
 		t := time.NewTicker(max(limit/20, 10*time.Millisecond))
@@ -166,7 +169,7 @@ func watchStall(ctx context.Context, what string, limit, ceiling time.Duration) 
 				return
 			case <-t.C:
 				if g.idle() >= limit {
-					cancel(errStalled{what, limit, false})
+					cancel(errStalled{what: what, limit: limit, hint: hint})
 					return
 				}
 			}

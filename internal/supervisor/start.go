@@ -64,11 +64,11 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 	// every step (a step may start work that a later one waits for); its
 	// deadline is the furthest the start can last, and a timer that stops
 	// during the first copy ends it once the limit is used up.
-	ctx, cancelAll := context.WithTimeout(ctx, limit+firstCopyMax)
+	ctx, cancelAll := context.WithTimeout(ctx, limit+firstCopyMax+time.Minute)
 	defer cancelAll()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	overdue := fmt.Errorf("the start took longer than %v (not counting the workspace's first copy): %w", limit, context.DeadlineExceeded)
+	overdue := errOverdue{limit}
 	due := time.Now().Add(limit)
 	budget := time.AfterFunc(limit, func() { cancel(overdue) })
 	defer budget.Stop()
@@ -86,7 +86,7 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 	}()
 	defer func() {
 		// A step ended by the limit says so, not only "context canceled".
-		if err != nil && errors.Is(context.Cause(ctx), overdue) && !errors.Is(err, overdue) {
+		if err != nil && context.Cause(ctx) == error(overdue) && !errors.As(err, new(errOverdue)) {
 			err = fmt.Errorf("%w: %w", overdue, err)
 		}
 	}()
@@ -98,16 +98,30 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 			j.phase(j.stepWords(st.name))
 			if st.name == "workspace" && budget.Stop() {
 				t := time.Now()
-				defer func() {
+				err := st.run(ctx)
+				if err == nil {
+					// Not after a failure: the start ends with the step's
+					// own error, not a limit that ran out meanwhile.
 					due = due.Add(time.Since(t))
 					budget.Reset(time.Until(due))
-				}()
+				}
+				return err
 			}
 			return st.run(ctx)
 		}
 	}
 	return runSteps(ctx, s.log, "start", steps, func(name string, ms float64) { times = append(times, name+"_ms", ms) })
 }
+
+// errOverdue ends a start that used up its time limit (the workspace's
+// first copy not counted); it is a context.DeadlineExceeded.
+type errOverdue struct{ limit time.Duration }
+
+func (e errOverdue) Error() string {
+	return fmt.Sprintf("the start took longer than %v (not counting the workspace's first copy)", e.limit)
+}
+
+func (errOverdue) Is(target error) bool { return target == context.DeadlineExceeded }
 
 // stepWords says what a start's step does, for the command that waits.
 func (j *startJob) stepWords(name string) string {

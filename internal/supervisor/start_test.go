@@ -205,18 +205,18 @@ func TestBootLimitLeavesTheFirstCopyOut(t *testing.T) {
 	}
 	t.Run("long first copy", func(t *testing.T) {
 		j, _ := newStartJob(t)
-		j.o.BootTimeout = 300 * time.Millisecond
+		j.o.BootTimeout = time.Second
 		// A step may start work that a later one waits for: the context
 		// the first step got still serves the last.
 		var first context.Context
 		steps := []step{
-			{"network", func(ctx context.Context) error { first = ctx; return wait(50 * time.Millisecond)(ctx) }},
-			{"workspace", wait(600 * time.Millisecond)},
+			{"network", func(ctx context.Context) error { first = ctx; return wait(100 * time.Millisecond)(ctx) }},
+			{"workspace", wait(1500 * time.Millisecond)},
 			{"ports", func(ctx context.Context) error {
 				if first.Err() != nil {
 					return fmt.Errorf("the first step's context ended before the last step: %w", context.Cause(first))
 				}
-				return wait(150 * time.Millisecond)(ctx)
+				return wait(300 * time.Millisecond)(ctx)
 			}},
 		}
 		if err := j.run(context.Background(), steps); err != nil {
@@ -240,7 +240,7 @@ func TestBootLimitLeavesTheFirstCopyOut(t *testing.T) {
 // The first copy's bound is its progress: touched, the watch lets it run
 // past its limit; left alone, it ends the context with errStalled.
 func TestFirstCopyStall(t *testing.T) {
-	ctx, g, stop := watchStall(context.Background(), "the copy", 200*time.Millisecond, time.Hour)
+	ctx, g, stop := watchStall(context.Background(), "the copy", "retry", 200*time.Millisecond, time.Hour)
 	defer stop()
 	for range 8 {
 		time.Sleep(50 * time.Millisecond)
@@ -259,7 +259,7 @@ func TestFirstCopyStall(t *testing.T) {
 		t.Fatalf("cause %v", context.Cause(ctx))
 	}
 	// A reader that moves is progress.
-	ctx2, g2, stop2 := watchStall(context.Background(), "the copy", 200*time.Millisecond, time.Hour)
+	ctx2, g2, stop2 := watchStall(context.Background(), "the copy", "retry", 200*time.Millisecond, time.Hour)
 	defer stop2()
 	r := movingReader{io.NopCloser(&slowReader{n: 8, every: 50 * time.Millisecond}), g2}
 	if _, err := io.Copy(io.Discard, r); err != nil || ctx2.Err() != nil {
@@ -269,7 +269,7 @@ func TestFirstCopyStall(t *testing.T) {
 
 // The ceiling ends a first copy that keeps moving, but too long.
 func TestFirstCopyCeiling(t *testing.T) {
-	ctx, g, stop := watchStall(context.Background(), "the copy", time.Hour, 300*time.Millisecond)
+	ctx, g, stop := watchStall(context.Background(), "the copy", "retry", time.Hour, 300*time.Millisecond)
 	defer stop()
 	for ctx.Err() == nil {
 		g.touch()

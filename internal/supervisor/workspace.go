@@ -147,6 +147,12 @@ type syncState struct {
 	manifest, guest, journal map[string]*wsync.Entry
 }
 
+// firstPassGuest is the guest side of the sync for attach: each batch of
+// a scan's entries is progress for the first pass's stall guard.
+func firstPassGuest(client *guest.Client, root string, maxFile int64, moved *stallGuard) *wsync.GuestSide {
+	return &wsync.GuestSide{C: client, Root: root, MaxFile: maxFile, Progress: moved.touch}
+}
+
 // attach mounts the workspace in the guest (client's), brings both sides
 // in step from st by first (the first time: copies the folder in) and
 // keeps them so.
@@ -154,7 +160,11 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 	cfg := w.sb.Config.Workspace
 	// Not the boot's time limit (startJob.run): the first pass lasts as
 	// long as it makes progress.
-	ctx, moved, stop := watchStall(ctx, "the workspace's first copy", firstCopyStall, firstCopyMax)
+	what, hint := "the workspace's first copy", "'kosa8 logs "+w.sb.Config.Name+"' shows the last steps; start it again to retry"
+	if first == rewindPass {
+		what, hint = "the workspace's sync after the rewind", "'kosa8 logs "+w.sb.Config.Name+"' shows the last steps"
+	}
+	ctx, moved, stop := watchStall(ctx, what, hint, firstCopyStall, firstCopyMax)
 	defer stop()
 	stalled := func(err error) error {
 		if cause := context.Cause(ctx); errors.As(cause, new(errStalled)) {
@@ -162,7 +172,7 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 		}
 		return err
 	}
-	w.guest = &wsync.GuestSide{C: client, Root: cfg.Path, MaxFile: w.root.MaxFile}
+	w.guest = firstPassGuest(client, cfg.Path, w.root.MaxFile, moved)
 	w.readGuest = w.guest.Read
 	if err := w.guest.Mount(ctx); err != nil {
 		return stalled(err)
@@ -190,7 +200,9 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 	host := &wsync.HostSide{Root: w.root, OnSkip: func(p string, err error) { w.log.Info("not synced", "path", p, "err", err) }}
 	counted := &countingGuest{GuestSide: w.guest, tell: w.progress, moved: moved}
 	w.engine = wsync.NewEngine(host, counted, st.manifest, opts, save)
-	host.Skip = w.engine.Excluded
+	// The host's scan hashes each file (every start: its cache lives in
+	// this process): each path it visits is progress too.
+	host.Skip = func(p string) bool { moved.touch(); return w.engine.Excluded(p) }
 	t := time.Now()
 	var err error
 	switch first {
@@ -214,6 +226,11 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 			break
 		}
 		if try == 2 {
+			// The last try cut short by the guard (a stall, or the
+			// ceiling) is no reason to go on with half a workspace.
+			if err := stalled(nil); err != nil {
+				return fmt.Errorf("workspace sync: %w", err)
+			}
 			w.log.Error("workspace sync: paths not in step", "failed", n, "first", strings.Join(why, "; "))
 			break
 		}

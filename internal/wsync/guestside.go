@@ -25,6 +25,10 @@ type GuestSide struct {
 	// guest answers a scan, and a hostile one could name paths without
 	// end, each held in the host's memory.
 	MaxEntries int
+	// Progress, when set, is told of each batch of entries a scan
+	// receives: a scan that hashes a big tree (a cold boot's, under
+	// emulation) moves while it lasts.
+	Progress func()
 }
 
 // DefaultMaxEntries is the most paths a workspace scan takes: far above a
@@ -70,6 +74,9 @@ func (g *GuestSide) Scan(ctx context.Context, paths []string) (map[string]*Entry
 			var batch []guest.WSEntry
 			if err := json.Unmarshal(f.Payload, &batch); err != nil {
 				return nil, fmt.Errorf("guest scan: %w", err)
+			}
+			if len(batch) > 0 && g.Progress != nil {
+				g.Progress()
 			}
 			for _, e := range batch {
 				if len(out) >= max {
