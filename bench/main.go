@@ -108,7 +108,9 @@ func setupHome() (string, func()) {
 		// it in this home, and hostAccel says tcg from then on.
 		fmt.Fprintln(os.Stderr, "checking that", hostAccel(), "boots a sandbox...")
 		if out, err := exec.Command(filepath.Join(*binDir, "kosa8"), "run", "--rm", "--", "true").CombinedOutput(); err != nil {
-			must(fmt.Errorf("a first sandbox did not run: %v\n%s", err, out))
+			// No image yet (the image benchmark builds its own): the
+			// tables name the probe's choice, as the first boot may not.
+			fmt.Fprintf(os.Stderr, "could not check it (%v); the tables say %s, which a first boot may not confirm:\n%s\n", err, hostAccel(), out)
 		}
 	}
 	return home, cleanup
