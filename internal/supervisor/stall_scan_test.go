@@ -22,17 +22,10 @@ import (
 // TCG) answers the scan in batches for longer than the stall limit: each
 // batch is progress, and the first copy must not be ended as stalled.
 func TestFirstCopyScanBatchesAreProgress(t *testing.T) {
-	host, port := net.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	handle := func(ctx context.Context, s net.Conn) {
-		defer s.Close()
-		f, err := guest.ReadFrame(s)
-		if err != nil {
-			return
-		}
-		var req guest.Request
-		if json.Unmarshal(f.Payload, &req) != nil || req.Op != guest.OpWSScan {
+	c := pipeAgent(t, ctx, func(ctx context.Context, s net.Conn, req guest.Request) {
+		if req.Op != guest.OpWSScan {
 			_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{})
 			return
 		}
@@ -45,13 +38,7 @@ func TestFirstCopyScanBatchesAreProgress(t *testing.T) {
 			}
 		}
 		_ = guest.WriteFrame(s, guest.FrameEOF, nil)
-	}
-	go agent.ServeChannel(ctx, port, handle, slog.New(slog.DiscardHandler))
-	c, err := guest.Connect(ctx, host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	})
 
 	sctx, moved, stop := watchStall(ctx, "the workspace's first copy", "retry", 200*time.Millisecond, time.Hour)
 	defer stop()
@@ -73,20 +60,10 @@ func TestFirstCopyScanBatchesAreProgress(t *testing.T) {
 func TestFirstCopyStallInTheLastTryFailsTheStart(t *testing.T) {
 	defer func(d time.Duration) { firstCopyStall = d }(firstCopyStall)
 	firstCopyStall = 200 * time.Millisecond
-	host, port := net.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	puts := 0
-	handle := func(ctx context.Context, s net.Conn) {
-		defer s.Close()
-		f, err := guest.ReadFrame(s)
-		if err != nil {
-			return
-		}
-		var req guest.Request
-		if json.Unmarshal(f.Payload, &req) != nil {
-			return
-		}
+	c := pipeAgent(t, ctx, func(ctx context.Context, s net.Conn, req guest.Request) {
 		switch req.Op {
 		case guest.OpWSScan:
 			_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{})
@@ -112,13 +89,7 @@ func TestFirstCopyStallInTheLastTryFailsTheStart(t *testing.T) {
 		default:
 			_ = guest.WriteJSON(s, guest.FrameResponse, &guest.Response{})
 		}
-	}
-	go agent.ServeChannel(ctx, port, handle, slog.New(slog.DiscardHandler))
-	c, err := guest.Connect(ctx, host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	})
 
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644); err != nil {
@@ -139,4 +110,29 @@ func TestFirstCopyStallInTheLastTryFailsTheStart(t *testing.T) {
 	if !errors.As(err, &st) {
 		t.Fatalf("attach whose last try its guard ended: %v, want errStalled", err)
 	}
+}
+
+// pipeAgent serves handle, given each request read, through the agent's
+// own channel code over a pipe, and returns a client of it.
+func pipeAgent(t *testing.T, ctx context.Context, handle func(ctx context.Context, s net.Conn, req guest.Request)) *guest.Client {
+	t.Helper()
+	host, port := net.Pipe()
+	go agent.ServeChannel(ctx, port, func(ctx context.Context, s net.Conn) {
+		defer s.Close()
+		f, err := guest.ReadFrame(s)
+		if err != nil {
+			return
+		}
+		var req guest.Request
+		if json.Unmarshal(f.Payload, &req) != nil {
+			return
+		}
+		handle(ctx, s, req)
+	}, slog.New(slog.DiscardHandler))
+	c, err := guest.Connect(ctx, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
