@@ -171,19 +171,26 @@ func accelCheck(arch vmspec.Arch) check {
 	}
 	why := strings.TrimRight(oneLine(h.WhyNot(arch), 2048), ". ")
 	c := check{Name: "acceleration", OK: true, Warn: true, Detail: "tcg: " + why + "; " + vmm.IsolationWarning}
-	switch {
-	case runtime.GOOS == "darwin":
-		c.Fix = "use an Apple silicon Mac with macOS 12 or later"
-	case len(h.Failed) > 0:
-		c.Fix = "this host's KVM cannot boot a standard guest (common on nested, paravirtualized cloud VMs): run kosa8 on a host with full nested virtualization or on bare metal; the record is forgotten at the next reboot"
-	case !fileExists("/dev/kvm"):
-		c.Fix = "enable virtualization: turn it on in the firmware (or the cloud VM's nested virtualization), and load kvm_intel or kvm_amd"
-	case !h.KVMUsable && os.Geteuid() != 0 && strings.Contains(h.KVMReason, "permission denied"):
-		c.Fix = "/dev/kvm exists but is not usable by you: add yourself to its group (usually kvm) and log in again"
-	default:
-		c.Fix = "this host's /dev/kvm cannot run a guest (common on nested, paravirtualized cloud VMs): run kosa8 on a host with full nested virtualization or on bare metal"
-	}
+	c.Fix = accelFix(h, runtime.GOOS, fileExists("/dev/kvm"), os.Geteuid())
 	return c
+}
+
+// accelFix is what to do about a host whose sandboxes run under TCG: the
+// probe's reason first (a recorded boot failure means something only where
+// the probe passed).
+func accelFix(h qemu.Host, goos string, kvmNode bool, euid int) string {
+	switch {
+	case goos == "darwin":
+		return "use an Apple silicon Mac with macOS 12 or later"
+	case !kvmNode:
+		return "enable virtualization: turn it on in the firmware (or the cloud VM's nested virtualization), and load kvm_intel or kvm_amd"
+	case !h.KVMUsable && euid != 0 && strings.Contains(h.KVMReason, "permission denied"):
+		return "/dev/kvm exists but is not usable by you: add yourself to its group (usually kvm) and log in again"
+	case h.KVMUsable && len(h.Failed) > 0:
+		return "this host's KVM cannot boot a standard guest (common on nested, paravirtualized cloud VMs): run kosa8 on a host with full nested virtualization or on bare metal; the record is forgotten at the next reboot"
+	default:
+		return "this host's /dev/kvm cannot run a guest (common on nested, paravirtualized cloud VMs): run kosa8 on a host with full nested virtualization or on bare metal"
+	}
 }
 
 func fileExists(p string) bool {

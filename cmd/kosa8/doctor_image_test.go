@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/kosa8/kosa8/internal/image"
+	"github.com/kosa8/kosa8/internal/vmm"
+	"github.com/kosa8/kosa8/internal/vmm/qemu"
 	"github.com/kosa8/kosa8/internal/vmspec"
 )
 
@@ -77,5 +79,33 @@ func TestSetupFixNamesTheFasterBuilder(t *testing.T) {
 	os.Remove(filepath.Join(bin, "mmdebstrap"))
 	if fix := setupFix(vmspec.HostArch()); fix != "kosa8 setup" {
 		t.Fatalf("without mmdebstrap: %q", fix)
+	}
+}
+
+// doctor's fix for a TCG host follows the probe first: a host whose KVM
+// the probe refuses gets the probe's fix even where a boot failure was
+// recorded earlier (that record's "forgotten at the next reboot" is about
+// a KVM that passes the probe and then fails a sandbox).
+func TestAccelFixFollowsTheProbe(t *testing.T) {
+	failed := map[vmm.Accel]qemu.Failure{vmm.KVM: {BootID: "b", Reason: "MSR 0x10a"}}
+	cases := []struct {
+		name string
+		h    qemu.Host
+		node bool
+		euid int
+		want string
+	}{
+		{"no /dev/kvm", qemu.Host{}, false, 0, "enable virtualization"},
+		{"probe refused, record kept", qemu.Host{KVMReason: "API version", Failed: failed}, true, 0, "cannot run a guest"},
+		{"not in the group", qemu.Host{KVMReason: "open /dev/kvm: permission denied"}, true, 1000, "add yourself to its group"},
+		{"probe passed, sandbox failed", qemu.Host{KVMUsable: true, Failed: failed}, true, 0, "forgotten at the next reboot"},
+	}
+	for _, c := range cases {
+		if got := accelFix(c.h, "linux", c.node, c.euid); !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q, want %q in it", c.name, got, c.want)
+		}
+	}
+	if got := accelFix(qemu.Host{}, "darwin", false, 501); !strings.Contains(got, "Apple silicon") {
+		t.Errorf("darwin: %q", got)
 	}
 }
