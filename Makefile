@@ -123,7 +123,7 @@ soak-kills: build
 	$(GO) run ./bench -bin $(abspath $(BIN)) -kill-every 1m $(SOAK) soak
 
 # Not in CI (which tries 2): the crash tests with 10 kill points in a
-# checkpoint and 10 in a rewind. About 12 minutes under TCG.
+# checkpoint and 10 in a rewind: under TCG about 3 minutes on a quiet machine, 12 on a loaded one.
 test-crash: build
 	KOSA8_CRASH_POINTS=10 KOSA8_E2E=1 KOSA8_BIN=$(abspath $(BIN)) $(GO) test -count=1 -timeout 40m -run 'TestCrash' -v ./test/e2e/...
 
