@@ -15,21 +15,47 @@ import (
 
 // countingGuest is the guest side of the sync with the files it writes
 // counted, during the first pass only: the engine sees the same GuestSide,
-// Put included. Every call that the guest answers, file opened and chunk
-// read also tells moved: the first copy is bounded by its progress.
+// Put included. During that pass every call that the guest answers, batch
+// of a scan, file opened and chunk read also touches the pass's stall
+// guard: the first copy is bounded by its progress. After done the live
+// sync goes straight through.
 type countingGuest struct {
 	*wsync.GuestSide
 	mu    sync.Mutex
 	total launch.CopyProgress
 	last  time.Time
 	tell  func(launch.CopyProgress) // at most every interval; nil: nobody listens
-	moved *stallGuard
+	moved atomic.Pointer[stallGuard]
+}
+
+// newCountingGuest counts g's first pass for tell and tells moved of its
+// progress, scan batches included (g.Progress).
+func newCountingGuest(g *wsync.GuestSide, tell func(launch.CopyProgress), moved *stallGuard) *countingGuest {
+	c := &countingGuest{GuestSide: g, tell: tell}
+	c.moved.Store(moved)
+	g.Progress = c.touch
+	return c
 }
 
 const progressInterval = time.Second
 
+// touch is progress of the first pass (nothing after done).
+func (c *countingGuest) touch() { c.moved.Load().touch() }
+
+// moving is r, telling the first pass's guard of each chunk read (r
+// itself after done).
+func (c *countingGuest) moving(r io.ReadCloser) io.ReadCloser {
+	if g := c.moved.Load(); g != nil {
+		return movingReader{r, g}
+	}
+	return r
+}
+
 func (c *countingGuest) Put(ctx context.Context, items []wsync.PutItem) (map[string]error, error) {
-	defer c.moved.touch()
+	if c.moved.Load() == nil {
+		return c.GuestSide.Put(ctx, items)
+	}
+	defer c.touch()
 	// One Put carries a whole pass: count each file as it is opened to be
 	// streamed, so a large first copy reports as it goes, and each chunk
 	// read of it as progress (one file of gigabytes is one open).
@@ -42,56 +68,56 @@ func (c *countingGuest) Put(ctx context.Context, items []wsync.PutItem) (map[str
 		open, size := it.Open, it.Entry.Size
 		counted[i].Open = func() (io.ReadCloser, error) {
 			c.count(size)
-			c.moved.touch()
+			c.touch()
 			r, err := open()
 			if err != nil {
 				return nil, err
 			}
-			return movingReader{r, c.moved}, nil
+			return c.moving(r), nil
 		}
 	}
 	return c.GuestSide.Put(ctx, counted)
 }
 
 func (c *countingGuest) Scan(ctx context.Context, paths []string) (map[string]*wsync.Entry, error) {
-	defer c.moved.touch()
+	defer c.touch()
 	return c.GuestSide.Scan(ctx, paths)
 }
 
 func (c *countingGuest) Read(ctx context.Context, p string) (io.ReadCloser, error) {
-	defer c.moved.touch()
+	defer c.touch()
 	r, err := c.GuestSide.Read(ctx, p)
 	if err != nil {
 		return nil, err
 	}
-	return movingReader{r, c.moved}, nil
+	return c.moving(r), nil
 }
 
 func (c *countingGuest) Write(ctx context.Context, p string, mode fs.FileMode, r io.Reader, hash string, was *wsync.Entry) (string, error) {
-	defer c.moved.touch()
+	defer c.touch()
 	if r != nil {
-		r = movingReader{io.NopCloser(r), c.moved}
+		r = c.moving(io.NopCloser(r))
 	}
 	return c.GuestSide.Write(ctx, p, mode, r, hash, was)
 }
 
 func (c *countingGuest) Mkdir(ctx context.Context, p string, mode fs.FileMode) error {
-	defer c.moved.touch()
+	defer c.touch()
 	return c.GuestSide.Mkdir(ctx, p, mode)
 }
 
 func (c *countingGuest) Symlink(ctx context.Context, p, target string, was *wsync.Entry) error {
-	defer c.moved.touch()
+	defer c.touch()
 	return c.GuestSide.Symlink(ctx, p, target, was)
 }
 
 func (c *countingGuest) Remove(ctx context.Context, p string, was *wsync.Entry) error {
-	defer c.moved.touch()
+	defer c.touch()
 	return c.GuestSide.Remove(ctx, p, was)
 }
 
 func (c *countingGuest) Sync(ctx context.Context) error {
-	defer c.moved.touch()
+	defer c.touch()
 	return c.GuestSide.Sync(ctx)
 }
 
@@ -190,8 +216,10 @@ func (c *countingGuest) count(size int64) {
 }
 
 // done tells the final count of the first pass (when it copied anything)
-// and stops telling: later passes are the live sync, not the copy.
+// and stops telling and touching: later passes are the live sync, not the
+// copy.
 func (c *countingGuest) done() {
+	c.moved.Store(nil)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.tell != nil && c.total.Files > 0 && !c.last.IsZero() {

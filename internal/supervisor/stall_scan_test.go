@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,8 +44,7 @@ func TestFirstCopyScanBatchesAreProgress(t *testing.T) {
 
 	sctx, moved, stop := watchStall(ctx, "the workspace's first copy", "retry", 200*time.Millisecond, time.Hour)
 	defer stop()
-	g := firstPassGuest(c, "/workspace", wsync.DefaultMaxFile, moved)
-	counted := &countingGuest{GuestSide: g, moved: moved}
+	counted := newCountingGuest(&wsync.GuestSide{C: c, Root: "/workspace", MaxFile: wsync.DefaultMaxFile}, nil, moved)
 	got, err := counted.Scan(sctx, nil)
 	if err != nil {
 		t.Fatalf("a scan that kept sending entries was ended: %v (cause %v)", err, context.Cause(sctx))
@@ -135,4 +136,22 @@ func pipeAgent(t *testing.T, ctx context.Context, handle func(ctx context.Contex
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// After the first pass the live sync no longer touches its guard: done
+// drops it, and the scan hook and readers go straight through.
+func TestCountingGuestDoneStopsTouching(t *testing.T) {
+	g := &stallGuard{}
+	g.touch()
+	gs := &wsync.GuestSide{}
+	c := newCountingGuest(gs, nil, g)
+	c.done()
+	before := g.moved.Load()
+	time.Sleep(2 * time.Millisecond)
+	c.touch()
+	gs.Progress()
+	r := io.NopCloser(strings.NewReader("x"))
+	if c.moving(r) != r || g.moved.Load() != before {
+		t.Fatal("the live sync still touches the first pass's guard")
+	}
 }

@@ -147,12 +147,6 @@ type syncState struct {
 	manifest, guest, journal map[string]*wsync.Entry
 }
 
-// firstPassGuest is the guest side of the sync for attach: each batch of
-// a scan's entries is progress for the first pass's stall guard.
-func firstPassGuest(client *guest.Client, root string, maxFile int64, moved *stallGuard) *wsync.GuestSide {
-	return &wsync.GuestSide{C: client, Root: root, MaxFile: maxFile, Progress: moved.touch}
-}
-
 // attach mounts the workspace in the guest (client's), brings both sides
 // in step from st by first (the first time: copies the folder in) and
 // keeps them so.
@@ -172,8 +166,9 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 		}
 		return err
 	}
-	w.guest = firstPassGuest(client, cfg.Path, w.root.MaxFile, moved)
+	w.guest = &wsync.GuestSide{C: client, Root: cfg.Path, MaxFile: w.root.MaxFile}
 	w.readGuest = w.guest.Read
+	counted := newCountingGuest(w.guest, w.progress, moved)
 	if err := w.guest.Mount(ctx); err != nil {
 		return stalled(err)
 	}
@@ -198,11 +193,10 @@ func (w *workspace) attach(ctx context.Context, client *guest.Client, st syncSta
 		w.saveManifest(m)
 	}
 	host := &wsync.HostSide{Root: w.root, OnSkip: func(p string, err error) { w.log.Info("not synced", "path", p, "err", err) }}
-	counted := &countingGuest{GuestSide: w.guest, tell: w.progress, moved: moved}
 	w.engine = wsync.NewEngine(host, counted, st.manifest, opts, save)
 	// The host's scan hashes each file (every start: its cache lives in
-	// this process): each path it visits is progress too.
-	host.Skip = func(p string) bool { moved.touch(); return w.engine.Excluded(p) }
+	// this process): each path it visits is progress of the first pass.
+	host.Skip = func(p string) bool { counted.touch(); return w.engine.Excluded(p) }
 	t := time.Now()
 	var err error
 	switch first {
