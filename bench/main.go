@@ -102,15 +102,15 @@ func setupHome() (string, func()) {
 		os.RemoveAll(home)
 	}
 	benchCleanup = cleanup
-	if hostAccel() != vmm.TCG {
+	if a := hostAccel(); a != vmm.TCG {
 		// One boot says whether the accelerator the probe passed boots a
 		// sandbox: if not, the supervisor falls back to TCG and records
 		// it in this home, and hostAccel says tcg from then on.
-		fmt.Fprintln(os.Stderr, "checking that", hostAccel(), "boots a sandbox...")
+		fmt.Fprintln(os.Stderr, "checking that", a, "boots a sandbox...")
 		if out, err := exec.Command(filepath.Join(*binDir, "kosa8"), "run", "--rm", "--", "true").CombinedOutput(); err != nil {
 			// No image yet (the image benchmark builds its own): the
 			// tables name the probe's choice, as the first boot may not.
-			fmt.Fprintf(os.Stderr, "could not check it (%v); the tables say %s, which a first boot may not confirm:\n%s\n", err, hostAccel(), out)
+			fmt.Fprintf(os.Stderr, "could not check it (%v); the tables say %s, which a first boot may not confirm:\n%s\n", err, a, out)
 		}
 	}
 	return home, cleanup
