@@ -388,8 +388,8 @@ func TestBrokenFoldersListedAndRemoved(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(half, "checkpoints"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	b := m.ListBroken()
-	if len(b) != 1 || b[0].Name != "half" || b[0].Err == nil {
+	_, b, err := m.ListAll()
+	if err != nil || len(b) != 1 || b[0].Name != "half" || b[0].Err == nil {
 		t.Fatalf("broken: %+v, want half alone", b)
 	}
 	if err := m.RemoveBroken("good"); err == nil {
@@ -398,7 +398,10 @@ func TestBrokenFoldersListedAndRemoved(t *testing.T) {
 	if err := m.RemoveBroken("half"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Lstat(half); !errors.Is(err, os.ErrNotExist) || len(m.ListBroken()) != 0 {
+	if _, b, _ := m.ListAll(); len(b) != 0 {
+		t.Fatalf("still broken: %+v", b)
+	}
+	if _, err := os.Lstat(half); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("half is still there: %v", err)
 	}
 	if _, err := m.Open("good"); err != nil {

@@ -236,13 +236,7 @@ type Broken struct {
 	Err  error
 }
 
-// ListBroken returns the folders List skips because they do not open.
-func (m *Manager) ListBroken() []Broken {
-	_, broken, _ := m.ListAll()
-	return broken
-}
-
-// RemoveBroken deletes a folder of ListBroken's (renamed aside first, as
+// RemoveBroken deletes a broken folder of ListAll's (renamed aside first, as
 // Remove does); it refuses a sandbox that opens.
 func (m *Manager) RemoveBroken(name string) error {
 	if err := ValidateName(name); err != nil {
