@@ -104,10 +104,7 @@ func (p *progress) run() {
 			if time.Since(p.start) >= p.quiet {
 				// Each step said so far, not only the current one: a
 				// script's log shows what the wait went through.
-				for _, u := range p.unsaid {
-					fmt.Fprintf(p.out, "%s\n", u)
-				}
-				p.unsaid = nil
+				p.sayUnsaid()
 			}
 		case p.tty:
 			fmt.Fprintf(p.out, "\r\033[K%c %s%s  %s", frames[i%len(frames)], p.step, p.countText(true), elapsed(time.Since(p.stepStart)))
@@ -167,10 +164,7 @@ func (p *progress) setStep(s string, logIt bool) {
 		if time.Since(p.start) < p.quiet {
 			p.unsaid = append(p.unsaid, s)
 		} else {
-			for _, u := range p.unsaid {
-				fmt.Fprintf(p.out, "%s\n", u)
-			}
-			p.unsaid = nil
+			p.sayUnsaid()
 			fmt.Fprintf(p.out, "%s\n", s)
 		}
 	}
@@ -219,11 +213,16 @@ func (p *progress) Note(s string) {
 		fmt.Fprint(p.out, "\r\033[K")
 	}
 	// After the steps said before it, in order.
+	p.sayUnsaid()
+	fmt.Fprintf(p.out, "%s\n", sanitize(s, false))
+}
+
+// sayUnsaid writes the steps said while quiet, in order (p.mu held).
+func (p *progress) sayUnsaid() {
 	for _, u := range p.unsaid {
 		fmt.Fprintf(p.out, "%s\n", u)
 	}
 	p.unsaid = nil
-	fmt.Fprintf(p.out, "%s\n", sanitize(s, false))
 }
 
 // Count sets how far the current step has come: done of total.
