@@ -63,10 +63,33 @@ func TestMain(m *testing.M) {
 		for _, d := range dirs {
 			printLogs(d)
 		}
+		// So do sandboxes a failed program left crashed (an SDK example
+		// ends at its first error, its deferred removal never run):
+		// reap is about to remove them.
+		for _, d := range crashedSandboxes() {
+			printLogs(d)
+		}
 	}
 	reap()
 	os.RemoveAll(home)
 	os.Exit(code)
+}
+
+// crashedSandboxes are the folders of this run's sandboxes whose state is
+// crashed.
+func crashedSandboxes() []string {
+	states, _ := filepath.Glob(filepath.Join(home, "sandboxes", "*", "state.json"))
+	var out []string
+	for _, p := range states {
+		var st struct {
+			State string `json:"state"`
+		}
+		b, _ := os.ReadFile(p)
+		if json.Unmarshal(b, &st) == nil && st.State == "crashed" {
+			out = append(out, filepath.Dir(p))
+		}
+	}
+	return out
 }
 
 // dumpSupervisors sends SIGQUIT to the supervisor of every sandbox of
