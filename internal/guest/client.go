@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -125,6 +126,24 @@ func (a *ackSkipper) Close() error                { return a.c.Close() }
 
 // Close ends the session (the agent goes back to waiting for a HELLO).
 func (c *Client) Close() error { return c.sess.Close() }
+
+// ConnectionLost tells whether err is the guest's channel breaking (a
+// stream or the session ending under a call, the socket reset) rather than
+// an answer the agent gave: what a guest whose QEMU or kernel died leaves
+// a caller with.
+func ConnectionLost(err error) bool {
+	var ae *AgentError
+	if err == nil || errors.As(err, &ae) {
+		return false
+	}
+	for _, lost := range []error{io.EOF, io.ErrUnexpectedEOF, net.ErrClosed, yamux.ErrSessionShutdown,
+		yamux.ErrStreamClosed, yamux.ErrConnectionReset, syscall.ECONNRESET, syscall.EPIPE} {
+		if errors.Is(err, lost) {
+			return true
+		}
+	}
+	return false
+}
 
 // Done is closed when the session ends.
 func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }

@@ -3,8 +3,10 @@ package guest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,5 +56,27 @@ func TestOpenEndsWithContextOnSilentGuest(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Open still waits on a silent guest 10 s after its context ended")
+	}
+}
+
+// A broken channel is told apart from the agent's own answers: only the
+// former makes a start look for a QEMU that died.
+func TestConnectionLost(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		lost bool
+	}{
+		{fmt.Errorf("agent: %w", io.EOF), true},
+		{fmt.Errorf("agent: %w", io.ErrUnexpectedEOF), true},
+		{fmt.Errorf("agent: %w", yamux.ErrSessionShutdown), true},
+		{fmt.Errorf("write: %w", syscall.EPIPE), true},
+		{&AgentError{Msg: "mount the workspace: EOF"}, false},
+		{fmt.Errorf("agent ws_mount: %w", context.DeadlineExceeded), false},
+		{errors.New("agent: bad response"), false},
+		{nil, false},
+	} {
+		if got := ConnectionLost(c.err); got != c.lost {
+			t.Errorf("ConnectionLost(%v) = %v, want %v", c.err, got, c.lost)
+		}
 	}
 }

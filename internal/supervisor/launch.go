@@ -191,20 +191,12 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 		// A QEMU that dies resets the agent's socket a moment before its
 		// exit is reaped: give the exit a moment to arrive, as QEMU's own
 		// words say more than the reset.
-		wait := 2 * time.Second
+		wait := vmExitGrace
 		if ctx.Err() != nil {
 			wait = 0
 		}
-		grace := time.NewTimer(wait)
-		defer grace.Stop()
-		select {
-		case <-m.Done():
-			why := "QEMU exited: the guest's kernel stopped (a panic, or a power-off)"
-			if werr := m.Wait(context.Background()); werr != nil {
-				why = werr.Error()
-			}
-			return fmt.Errorf("the VM stopped while booting: %s%s", why, consoleTail(s.sb.Path(sandbox.ConsoleLog)))
-		case <-grace.C:
+		if gone := s.vmStopped(m, wait, "booting"); gone != nil {
+			return gone
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			return fmt.Errorf("the guest agent did not answer%s", consoleTail(s.sb.Path(sandbox.ConsoleLog)))
@@ -235,6 +227,37 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 	s.setStatus(func(st *api.Status) { st.RAMShared = v.private })
 	return nil
 }
+
+// vmExitGrace is how long a guest connection that broke waits for QEMU's
+// exit: a QEMU that dies resets the agent's socket a moment before its
+// exit is reaped.
+const vmExitGrace = 2 * time.Second
+
+// vmStopped returns the error that says m's QEMU exited while the sandbox
+// was doing what (its exit status, or the guest's kernel stopping, with
+// the console's last lines), if it has or does within wait; else nil.
+func (s *supervisor) vmStopped(m vmm.Machine, wait time.Duration, what string) error {
+	if m == nil {
+		return nil
+	}
+	grace := time.NewTimer(wait)
+	defer grace.Stop()
+	select {
+	case <-m.Done():
+	case <-grace.C:
+		return nil
+	}
+	why := "QEMU exited: the guest's kernel stopped (a panic, or a power-off)"
+	if werr := m.Wait(context.Background()); werr != nil {
+		why = werr.Error()
+	}
+	return errVMStopped{fmt.Sprintf("the VM stopped while %s: %s%s", what, why, consoleTail(s.sb.Path(sandbox.ConsoleLog)))}
+}
+
+// errVMStopped says QEMU exited under a start, and why.
+type errVMStopped struct{ msg string }
+
+func (e errVMStopped) Error() string { return e.msg }
 
 // loadAll loads a device state that carries the RAM too.
 func loadAll(ctx context.Context, m vmm.Machine, dev *os.File) error {

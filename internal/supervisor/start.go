@@ -13,6 +13,7 @@ import (
 
 	"github.com/kosa8/kosa8/internal/api"
 	"github.com/kosa8/kosa8/internal/checkpoint"
+	"github.com/kosa8/kosa8/internal/guest"
 	"github.com/kosa8/kosa8/internal/image"
 	"github.com/kosa8/kosa8/internal/launch"
 	"github.com/kosa8/kosa8/internal/netstack"
@@ -31,9 +32,15 @@ import (
 // Each step's time goes to the log ("boot steps"): where a start's time
 // beyond the guest's own boot goes.
 func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (*http.Server, error) {
-	j := &startJob{s: s, m: m, o: o}
 	s.cache, s.home = m.Paths.Cache, m.Paths.Home
-	err := j.run(ctx, []step{
+	j := &startJob{s: s, m: m, o: o}
+	err := j.run(ctx, j.allSteps())
+	return j.srv, err
+}
+
+// allSteps are a start's steps, in order.
+func (j *startJob) allSteps() []step {
+	return []step{
 		{"image", j.image},
 		{"driver", j.driver},
 		{"network", j.network},
@@ -43,8 +50,7 @@ func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (
 		{"guest_setup", j.guestSetupDone}, // what was left of it after the workspace
 		{"ports", j.ports},
 		{"api", j.serve},
-	})
-	return j.srv, err
+	}
 }
 
 // run runs steps in order, within the boot timeout.
@@ -79,6 +85,12 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 			return
 		}
 		j.srv = nil
+		// A guest connection that broke after the boot (a step's "agent:
+		// EOF") most often means QEMU or the guest's kernel died: its
+		// exit and the console say why, the broken stream does not.
+		if gone := j.vmStopped(err); gone != nil {
+			err = fmt.Errorf("%w (%w)", gone, err)
+		}
 		err = j.undo.run(err)
 		s.setStatus(func(st *api.Status) {
 			st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
@@ -111,6 +123,21 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 		}
 	}
 	return runSteps(ctx, s.log, "start", steps, func(name string, ms float64) { times = append(times, name+"_ms", ms) })
+}
+
+// vmStopped returns the error that says the VM stopped, if a step after
+// the boot failed because it did: QEMU has exited, or exits within a
+// moment of a broken guest connection.
+func (j *startJob) vmStopped(err error) error {
+	m := j.s.currentMachine()
+	if m == nil || errors.As(err, new(errVMStopped)) {
+		return nil
+	}
+	wait := time.Duration(0)
+	if guest.ConnectionLost(err) {
+		wait = vmExitGrace
+	}
+	return j.s.vmStopped(m, wait, "starting")
 }
 
 // errOverdue ends a start that used up its time limit (the workspace's

@@ -296,3 +296,33 @@ func (r *slowReader) Read(b []byte) (int, error) {
 	b[0] = 'x'
 	return 1, nil
 }
+
+// A step after the boot whose guest connection breaks because QEMU died
+// (an "agent: EOF" in the workspace's mount) ends the start with what
+// QEMU's exit says, not only the broken stream; one whose QEMU still runs
+// keeps its own error.
+func TestStartSaysTheVMStopped(t *testing.T) {
+	lost := fmt.Errorf("workspace: agent: %w", io.EOF)
+	for _, dies := range []bool{true, false} {
+		t.Run(fmt.Sprintf("QEMU dies: %v", dies), func(t *testing.T) {
+			j, _ := newStartJob(t)
+			steps := append(j.fakeSteps()[:2], step{"workspace", func(context.Context) error {
+				if dies {
+					j.s.currentMachine().Kill()
+				}
+				return lost
+			}})
+			err := j.run(context.Background(), steps)
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("start: %v, want the step's error kept", err)
+			}
+			said := strings.Contains(err.Error(), "the VM stopped while starting")
+			if said != dies {
+				t.Errorf("start: %q; says the VM stopped: %v, want %v", err, said, dies)
+			}
+			if st := j.s.getStatus(); !strings.Contains(st.Error, err.Error()) {
+				t.Errorf("the status's error %q is not the start's %q", st.Error, err)
+			}
+		})
+	}
+}
