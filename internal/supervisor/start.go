@@ -31,11 +31,31 @@ import (
 //
 // Each step's time goes to the log ("boot steps"): where a start's time
 // beyond the guest's own boot goes.
+//
+// A machine restored from a boot template that dies during the rest of
+// the start (its QEMU exits, or its kernel stops) costs the template, not
+// the start: the template is removed and the start runs again, booting.
 func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (*http.Server, error) {
 	s.cache, s.home = m.Paths.Cache, m.Paths.Home
-	j := &startJob{s: s, m: m, o: o}
-	err := j.run(ctx, j.allSteps())
+	j, err := s.runStart(ctx, func() *startJob { return &startJob{s: s, m: m, o: o} }, (*startJob).allSteps)
 	return j.srv, err
+}
+
+// runStart runs a new job's steps, and once more, with another new job,
+// if the first restored a template whose machine stopped under it.
+func (s *supervisor) runStart(ctx context.Context, newJob func() *startJob, steps func(*startJob) []step) (*startJob, error) {
+	j := newJob()
+	err := j.run(ctx, steps(j))
+	if err == nil || j.template == "" || !errors.As(err, new(errVMStopped)) || ctx.Err() != nil {
+		return j, err
+	}
+	os.RemoveAll(filepath.Join(s.templatesDir(), j.template))
+	s.log.Warn("the machine started from a template stopped during the start: removed the template, booting instead", "template", j.template, "err", err)
+	s.setStatus(func(st *api.Status) {
+		st.State, st.Error, st.Stopped, st.Template = api.Starting, "", time.Time{}, ""
+	})
+	j = newJob()
+	return j, j.run(ctx, steps(j))
 }
 
 // allSteps are a start's steps, in order.
@@ -190,13 +210,14 @@ type startJob struct {
 	o    Options
 	undo undoStack
 
-	img    *image.Image
-	initrd string
-	forced vmm.Accel    // the accelerator the user asked for, if any
-	setup  chan error   // the guest's setup, run beside the workspace's first copy
-	cold   bool         // a checkpoint's disks booted without its memory
-	fork   string       // a fork's first start: its source's checkpoint's folder
-	srv    *http.Server // the API, once served
+	img      *image.Image
+	initrd   string
+	forced   vmm.Accel    // the accelerator the user asked for, if any
+	setup    chan error   // the guest's setup, run beside the workspace's first copy
+	cold     bool         // a checkpoint's disks booted without its memory
+	fork     string       // a fork's first start: its source's checkpoint's folder
+	template string       // the boot template the machine was restored from, if any
+	srv      *http.Server // the API, once served
 
 	step, steps int // the step under way, of how many (for phase)
 }
@@ -361,6 +382,7 @@ func (j *startJob) machine(ctx context.Context) error {
 	if template != "" {
 		j.phase("starting from a boot template")
 		if s.startFromTemplate(ctx, template) {
+			j.template = template
 			return nil
 		}
 		j.phase(j.stepWords("machine"))

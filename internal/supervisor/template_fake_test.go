@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -37,6 +39,13 @@ type templateStart struct {
 }
 
 func (r *templateRig) start(name string, prepare func(*vmmtest.Machine)) (*templateStart, error) {
+	return r.startWith(name, prepare, nil)
+}
+
+// startWith is start with more steps after the machine's, through
+// runStart (a second job if the first restored a template whose machine
+// stopped under it).
+func (r *templateRig) startWith(name string, prepare func(*vmmtest.Machine), more func(*startJob) []step) (*templateStart, error) {
 	t := r.t
 	j, drv := newStartJob(t)
 	ts := &templateStart{j: j, drv: drv}
@@ -60,7 +69,21 @@ func (r *templateRig) start(name string, prepare func(*vmmtest.Machine)) (*templ
 	}
 	s.setStatus(func(st *api.Status) { st.State, st.Started = api.Starting, time.Now() })
 	j.s.cache = r.cache
-	err := j.run(context.Background(), []step{{"network", j.network}, {"machine", j.machine}})
+	first := true
+	j, err := s.runStart(context.Background(), func() *startJob {
+		if first {
+			first = false
+			return j
+		}
+		return &startJob{s: s, m: j.m, o: j.o, img: j.img}
+	}, func(j *startJob) []step {
+		steps := []step{{"network", j.network}, {"machine", j.machine}}
+		if more != nil {
+			steps = append(steps, more(j)...)
+		}
+		return steps
+	})
+	ts.j = j
 	t.Cleanup(func() {
 		if s.net != nil {
 			s.net.close()
@@ -209,6 +232,57 @@ func TestTemplateFailedStartBootsAndOffMeansOff(t *testing.T) {
 	}
 	if names := c.drv.Machines()[0].CallNames(); !slices.Equal(names, []string{"Start"}) || len(r.templates()) != 0 {
 		t.Errorf("KOSA8_TEMPLATES=0: calls %v, templates %v; want a boot and none made", names, r.templates())
+	}
+}
+
+// A machine restored from a template that dies later in the start (the
+// guest connection breaks under the workspace's mount: QEMU exited) costs
+// the template, not the start: it is removed and the start runs again,
+// booting on the copied disks. The start's error would otherwise have
+// been "workspace: agent: EOF".
+func TestTemplateMachineThatDiesInTheStartBootsInstead(t *testing.T) {
+	r := &templateRig{t: t, cache: t.TempDir()}
+	if _, err := r.start("first", nil); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	b, err := r.startWith("second", nil, func(j *startJob) []step {
+		return []step{{"workspace", func(context.Context) error {
+			if calls++; calls == 1 {
+				j.s.currentMachine().Kill()
+				return fmt.Errorf("workspace: agent: %w", io.EOF)
+			}
+			return nil
+		}}}
+	})
+	if err != nil {
+		t.Fatalf("a start whose restored machine died: %v, want a boot", err)
+	}
+	ms := b.drv.Machines()
+	if len(ms) != 2 || calls != 2 || !slices.Contains(ms[0].CallNames(), "LoadDevices") || slices.Contains(ms[1].CallNames(), "LoadDevices") {
+		t.Fatalf("machines: %d, workspace steps %d; want the restore that died, then a boot, each with its workspace step", len(ms), calls)
+	}
+	if st := b.j.s.getStatus(); st.Template != "" || st.State != api.Starting || st.Error != "" {
+		t.Errorf("status after the boot: %+v", st)
+	}
+	if len(r.templates()) != 0 {
+		t.Errorf("templates after the boot: %v, want the one whose machine died gone (the boot's disks are not new: no other made)", r.templates())
+	}
+
+	// A step failing on its own (QEMU still running) fails the start:
+	// the template is kept.
+	if _, err := r.start("third", nil); err != nil {
+		t.Fatal(err)
+	}
+	injected := errors.New("injected")
+	calls = 0
+	if _, err := r.startWith("fourth", nil, func(*startJob) []step {
+		return []step{{"workspace", func(context.Context) error { calls++; return injected }}}
+	}); !errors.Is(err, injected) || calls != 1 {
+		t.Errorf("a step failing with the machine up: %v after %d tries, want its error after one", err, calls)
+	}
+	if len(r.templates()) != 1 {
+		t.Errorf("templates: %v, want the third's kept", r.templates())
 	}
 }
 
