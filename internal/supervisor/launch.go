@@ -195,7 +195,7 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 		if ctx.Err() != nil {
 			wait = 0
 		}
-		if gone := s.vmStopped(m, wait, "booting"); gone != nil {
+		if gone := s.vmStopped(m, wait, "booting", nil); gone != nil {
 			return gone
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
@@ -230,13 +230,14 @@ func (s *supervisor) bringUp(ctx context.Context, v *startedVMM, restore *checkp
 
 // vmExitGrace is how long a guest connection that broke waits for QEMU's
 // exit: a QEMU that dies resets the agent's socket a moment before its
-// exit is reaped.
-const vmExitGrace = 2 * time.Second
+// exit is reaped. A var: tests shorten it.
+var vmExitGrace = 2 * time.Second
 
 // vmStopped returns the error that says m's QEMU exited while the sandbox
 // was doing what (its exit status, or the guest's kernel stopping, with
-// the console's last lines), if it has or does within wait; else nil.
-func (s *supervisor) vmStopped(m vmm.Machine, wait time.Duration, what string) error {
+// the console's last lines), after cause if any, if it has or does
+// within wait; else nil.
+func (s *supervisor) vmStopped(m vmm.Machine, wait time.Duration, what string, cause error) error {
 	if m == nil {
 		return nil
 	}
@@ -251,13 +252,24 @@ func (s *supervisor) vmStopped(m vmm.Machine, wait time.Duration, what string) e
 	if werr := m.Wait(context.Background()); werr != nil {
 		why = werr.Error()
 	}
-	return errVMStopped{fmt.Sprintf("the VM stopped while %s: %s%s", what, why, consoleTail(s.sb.Path(sandbox.ConsoleLog)))}
+	return errVMStopped{what: what, why: why, console: consoleTail(s.sb.Path(sandbox.ConsoleLog)), cause: cause}
 }
 
-// errVMStopped says QEMU exited under a start, and why.
-type errVMStopped struct{ msg string }
+// errVMStopped says QEMU exited under a start, why, and what the step it
+// stopped under saw (cause: "agent: EOF", say).
+type errVMStopped struct {
+	what, why, console string
+	cause              error
+}
 
-func (e errVMStopped) Error() string { return e.msg }
+func (e errVMStopped) Error() string {
+	if e.cause != nil {
+		return fmt.Sprintf("the VM stopped while %s (%v): %s%s", e.what, e.cause, e.why, e.console)
+	}
+	return fmt.Sprintf("the VM stopped while %s: %s%s", e.what, e.why, e.console)
+}
+
+func (e errVMStopped) Unwrap() error { return e.cause }
 
 // loadAll loads a device state that carries the RAM too.
 func loadAll(ctx context.Context, m vmm.Machine, dev *os.File) error {

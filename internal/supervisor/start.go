@@ -33,8 +33,8 @@ import (
 // beyond the guest's own boot goes.
 //
 // A machine restored from a boot template that dies during the rest of
-// the start (its QEMU exits, or its kernel stops) costs the template, not
-// the start: the template is removed and the start runs again, booting.
+// the start (its QEMU exits, or its kernel stops) does not end the start:
+// it runs again, booting (runStart).
 func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (*http.Server, error) {
 	s.cache, s.home = m.Paths.Cache, m.Paths.Home
 	j, err := s.runStart(ctx, func() *startJob { return &startJob{s: s, m: m, o: o} }, (*startJob).allSteps)
@@ -42,20 +42,40 @@ func (s *supervisor) start(ctx context.Context, m *sandbox.Manager, o Options) (
 }
 
 // runStart runs a new job's steps, and once more, with another new job,
-// if the first restored a template whose machine stopped under it.
+// if the first restored a template whose machine stopped under it (the
+// first job's run decides: retry). The second gets what the first left of
+// the start's time limit, appends its console lines to the first's (the
+// restored guest's last words), and removes the template once it has got
+// past where the first died: a machine the sandbox itself kills (its
+// first copy running the guest out of memory) dies in the boot too, and
+// the template, shared with other sandboxes, stays.
 func (s *supervisor) runStart(ctx context.Context, newJob func() *startJob, steps func(*startJob) []step) (*startJob, error) {
 	j := newJob()
 	err := j.run(ctx, steps(j))
-	if err == nil || j.template == "" || !errors.As(err, new(errVMStopped)) || ctx.Err() != nil {
+	if err == nil || !j.retry {
 		return j, err
 	}
-	os.RemoveAll(filepath.Join(s.templatesDir(), j.template))
-	s.log.Warn("the machine started from a template stopped during the start: removed the template, booting instead", "template", j.template, "err", err)
-	s.setStatus(func(st *api.Status) {
-		st.State, st.Error, st.Stopped, st.Template = api.Starting, "", time.Time{}, ""
-	})
+	first := j
+	s.log.Warn("the machine started from a template stopped during the start: booting instead", "template", first.template, "err", err)
+	if first.setupDone != nil {
+		// The first job's guest setup ends with its context (ended):
+		// nothing of it runs beside the second.
+		select {
+		case <-first.setupDone:
+		case <-time.After(guestCallTimeout):
+		}
+	}
+	first.phase("the VM restored from a boot template stopped: booting instead")
+	s.setStatus(func(st *api.Status) { st.Error, st.Template = "", "" })
 	j = newJob()
-	return j, j.run(ctx, steps(j))
+	j.o.BootTimeout = first.left
+	j.keepConsole = true
+	if err2 := j.run(ctx, steps(j)); err2 != nil {
+		return j, fmt.Errorf("%w (after a start from a boot template whose machine stopped: %v)", err2, err)
+	}
+	os.RemoveAll(filepath.Join(s.templatesDir(), first.template))
+	s.log.Warn("removed the boot template whose machine stopped in a start", "template", first.template)
+	return j, nil
 }
 
 // allSteps are a start's steps, in order.
@@ -108,10 +128,18 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 		// A guest connection that broke after the boot (a step's "agent:
 		// EOF") most often means QEMU or the guest's kernel died: its
 		// exit and the console say why, the broken stream does not.
-		if gone := j.vmStopped(err); gone != nil {
-			err = fmt.Errorf("%w (%w)", gone, err)
+		if gone := j.vmStopped(ctx, err); gone != nil {
+			err = gone
 		}
 		err = j.undo.run(err)
+		// A template's machine that stopped is retried (runStart) while
+		// the limit has time left: the sandbox is still starting.
+		j.left = time.Until(due)
+		j.retry = j.template != "" && errors.As(err, new(errVMStopped)) && !errors.As(err, new(errOverdue)) &&
+			!errors.As(err, new(errStalled)) && context.Cause(ctx) == nil && j.left > 0
+		if j.retry {
+			return
+		}
 		s.setStatus(func(st *api.Status) {
 			st.State, st.Error, st.Stopped, st.QEMUPID = api.Crashed, err.Error(), time.Now().UTC(), 0
 		})
@@ -131,10 +159,10 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 			if st.name == "workspace" && budget.Stop() {
 				t := time.Now()
 				err := st.run(ctx)
+				due = due.Add(time.Since(t))
 				if err == nil {
 					// Not after a failure: the start ends with the step's
 					// own error, not a limit that ran out meanwhile.
-					due = due.Add(time.Since(t))
 					budget.Reset(time.Until(due))
 				}
 				return err
@@ -148,16 +176,17 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 // vmStopped returns the error that says the VM stopped, if a step after
 // the boot failed because it did: QEMU has exited, or exits within a
 // moment of a broken guest connection.
-func (j *startJob) vmStopped(err error) error {
-	m := j.s.currentMachine()
-	if m == nil || errors.As(err, new(errVMStopped)) {
+// Only this job's machine counts: a retry's failure before its own
+// QEMU runs is not the first's machine stopping again.
+func (j *startJob) vmStopped(ctx context.Context, err error) error {
+	if j.machineUp == nil || errors.As(err, new(errVMStopped)) {
 		return nil
 	}
 	wait := time.Duration(0)
-	if guest.ConnectionLost(err) {
+	if guest.ConnectionLost(err) && ctx.Err() == nil {
 		wait = vmExitGrace
 	}
-	return j.s.vmStopped(m, wait, "starting")
+	return j.s.vmStopped(j.machineUp, wait, "starting", err)
 }
 
 // errOverdue ends a start that used up its time limit (the workspace's
@@ -218,6 +247,14 @@ type startJob struct {
 	fork     string       // a fork's first start: its source's checkpoint's folder
 	template string       // the boot template the machine was restored from, if any
 	srv      *http.Server // the API, once served
+
+	machineUp   vmm.Machine   // the machine this job's machine step brought up
+	setupDone   chan struct{} // closed when the guest setup's goroutine has ended
+	keepConsole bool          // the console log goes on from a failed start's (runStart's second job)
+	// A failed run: what was left of the time limit, and whether the
+	// start is tried again (runStart).
+	left  time.Duration
+	retry bool
 
 	step, steps int // the step under way, of how many (for phase)
 }
@@ -329,7 +366,9 @@ func (j *startJob) machine(ctx context.Context) error {
 		AgentPort:  guestPortName,
 		Net:        &vmspec.Net{MAC: netstack.GuestMAC.String()},
 	}
-	s.resetConsoleLog() // one log per start; restores append to it
+	if !j.keepConsole {
+		s.resetConsoleLog() // one log per start; restores append to it
+	}
 	var restore *checkpoint.Meta
 	switch {
 	case j.o.Restore != "":
@@ -382,7 +421,7 @@ func (j *startJob) machine(ctx context.Context) error {
 	if template != "" {
 		j.phase("starting from a boot template")
 		if s.startFromTemplate(ctx, template) {
-			j.template = template
+			j.template, j.machineUp = template, s.currentMachine()
 			return nil
 		}
 		j.phase(j.stepWords("machine"))
@@ -391,6 +430,7 @@ func (j *startJob) machine(ctx context.Context) error {
 	if err := s.launchFirst(ctx, restore, j.forced); err != nil {
 		return err
 	}
+	j.machineUp = s.currentMachine()
 	if j.fork != "" {
 		s.forkRestored()
 	}
@@ -419,7 +459,9 @@ func (j *startJob) machine(ctx context.Context) error {
 func (j *startJob) guestSetup(ctx context.Context) error {
 	s := j.s
 	j.setup = make(chan error, 1)
+	j.setupDone = make(chan struct{})
 	go func() {
+		defer close(j.setupDone)
 		info, err := s.currentClient().Info(ctx)
 		if err == nil {
 			s.setStatus(func(st *api.Status) { st.Kernel = info.Kernel })

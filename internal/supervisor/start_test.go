@@ -302,6 +302,8 @@ func (r *slowReader) Read(b []byte) (int, error) {
 // QEMU's exit says, not only the broken stream; one whose QEMU still runs
 // keeps its own error.
 func TestStartSaysTheVMStopped(t *testing.T) {
+	defer func(g time.Duration) { vmExitGrace = g }(vmExitGrace)
+	vmExitGrace = 100 * time.Millisecond
 	lost := fmt.Errorf("workspace: agent: %w", io.EOF)
 	for _, dies := range []bool{true, false} {
 		t.Run(fmt.Sprintf("QEMU dies: %v", dies), func(t *testing.T) {

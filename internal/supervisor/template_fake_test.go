@@ -237,9 +237,10 @@ func TestTemplateFailedStartBootsAndOffMeansOff(t *testing.T) {
 
 // A machine restored from a template that dies later in the start (the
 // guest connection breaks under the workspace's mount: QEMU exited) costs
-// the template, not the start: it is removed and the start runs again,
-// booting on the copied disks. The start's error would otherwise have
-// been "workspace: agent: EOF".
+// the template, not the start: the start runs again, booting on the
+// copied disks, and the template is removed once the boot got past where
+// the restore died. The start's error would otherwise have been
+// "workspace: agent: EOF".
 func TestTemplateMachineThatDiesInTheStartBootsInstead(t *testing.T) {
 	r := &templateRig{t: t, cache: t.TempDir()}
 	if _, err := r.start("first", nil); err != nil {
@@ -268,22 +269,60 @@ func TestTemplateMachineThatDiesInTheStartBootsInstead(t *testing.T) {
 	if len(r.templates()) != 0 {
 		t.Errorf("templates after the boot: %v, want the one whose machine died gone (the boot's disks are not new: no other made)", r.templates())
 	}
+}
 
-	// A step failing on its own (QEMU still running) fails the start:
-	// the template is kept.
-	if _, err := r.start("third", nil); err != nil {
+// The retry is no cover for what it is not: a step failing on its own
+// (QEMU still running) fails the start; a sandbox whose booted machine
+// dies the same way fails with its own machine's stop, and the template,
+// shared with other sandboxes, stays; a retry that fails before its own
+// QEMU runs says so, not that the first's stopped again.
+func TestTemplateRetryOnlyForTheTemplatesMachine(t *testing.T) {
+	defer func(g time.Duration) { vmExitGrace = g }(vmExitGrace)
+	vmExitGrace = 100 * time.Millisecond
+	r := &templateRig{t: t, cache: t.TempDir()}
+	if _, err := r.start("first", nil); err != nil {
 		t.Fatal(err)
 	}
 	injected := errors.New("injected")
-	calls = 0
-	if _, err := r.startWith("fourth", nil, func(*startJob) []step {
+	calls := 0
+	if _, err := r.startWith("own-failure", nil, func(*startJob) []step {
 		return []step{{"workspace", func(context.Context) error { calls++; return injected }}}
-	}); !errors.Is(err, injected) || calls != 1 {
+	}); !errors.Is(err, injected) || calls != 1 || errors.As(err, new(errVMStopped)) {
 		t.Errorf("a step failing with the machine up: %v after %d tries, want its error after one", err, calls)
 	}
-	if len(r.templates()) != 1 {
-		t.Errorf("templates: %v, want the third's kept", r.templates())
+
+	calls = 0
+	b, err := r.startWith("dies-twice", nil, func(j *startJob) []step {
+		return []step{{"workspace", func(context.Context) error {
+			calls++
+			j.s.currentMachine().Kill()
+			return fmt.Errorf("workspace: agent: %w", io.EOF)
+		}}}
+	})
+	if !errors.As(err, new(errVMStopped)) || !errors.Is(err, io.EOF) || calls != 2 || len(b.drv.Machines()) != 2 {
+		t.Errorf("a sandbox whose booted machine dies too: %v after %d tries, %d machines; want the boot's stop after two", err, calls, len(b.drv.Machines()))
 	}
+	if st := b.j.s.getStatus(); st.State != api.Crashed || !strings.Contains(st.Error, "the VM stopped while starting") {
+		t.Errorf("status: %+v, want crashed with the stop", st)
+	}
+	if len(r.templates()) != 1 {
+		t.Errorf("templates: %v, want the template kept", r.templates())
+	}
+
+	calls = 0
+	qemuGone := errors.New("qemu: could not start (injected)")
+	c, err := r.startWith("retry-fails-early", nil, func(j *startJob) []step {
+		return []step{{"workspace", func(context.Context) error {
+			calls++
+			j.s.currentMachine().Kill()
+			j.s.drv.(*vmmtest.Driver).FailStart(qemuGone)
+			return fmt.Errorf("workspace: agent: %w", io.EOF)
+		}}}
+	})
+	if !errors.Is(err, qemuGone) || calls != 1 || strings.HasPrefix(err.Error(), "the VM stopped") || !strings.Contains(err.Error(), "agent: EOF") {
+		t.Errorf("a retry whose QEMU does not start: %v after %d workspace steps; want QEMU's failure first, the first's after", err, calls)
+	}
+	_ = c
 }
 
 // Only a sandbox's first start, on the disks Create made, is a template's
