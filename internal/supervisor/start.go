@@ -175,9 +175,9 @@ func (j *startJob) run(ctx context.Context, steps []step) (err error) {
 
 // vmStopped returns the error that says the VM stopped, if a step after
 // the boot failed because it did: QEMU has exited, or exits within a
-// moment of a broken guest connection.
-// Only this job's machine counts: a retry's failure before its own
-// QEMU runs is not the first's machine stopping again.
+// moment of a broken guest connection. Only this job's machine counts: a
+// retry's failure before its own QEMU runs is not the first's machine
+// stopping again.
 func (j *startJob) vmStopped(ctx context.Context, err error) error {
 	if j.machineUp == nil || errors.As(err, new(errVMStopped)) {
 		return nil
